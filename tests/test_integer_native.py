@@ -33,3 +33,27 @@ def test_native_matches_reference(
     ref = ia.dequantize(sums, scales, top * 3, bucket, torch.empty(n))
     out = ia._dequantize_native(native.int_kernels(), sums, scales, top * 3, bucket, torch.empty(n))
     assert torch.equal(out, ref)
+
+
+def test_native_floor_on_exact_grid_points() -> None:
+    """Values exactly on the level grid (t integer, negative too) and just off it: the
+    truncation-based floor of the C loop must agree with torch.floor everywhere."""
+    top, bucket, n = 7, 16, 16 * 15
+    grid = torch.arange(-top, top + 1, dtype=torch.float32) / top  # t = -7 .. 7 exactly
+    x = torch.cat([grid, grid * (1 - 2**-20), grid * (1 + 2**-23)]).repeat(6)[:n]
+    x[::bucket] = 1.0  # each bucket's max |x| is 1, so s = 1 and t = x * top
+    scales = buckets(x, bucket).abs().amax(dim=1)
+    key = Key(seed=1, step=2, rank=0)
+    want = ia.quantize(x, scales, uniform_reference(key, 0, n), top, bucket).to(torch.int8)
+    got = ia._quantize_native(native.int_kernels(), x, scales, top, bucket, key, 0, torch.int8)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(("n", "bucket"), [(1, 4), (10_007, 512), (4096, 128)])
+def test_native_bucket_absmax_matches_torch(n: int, bucket: int) -> None:
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n)) * 3
+    x[: min(n, bucket)] = 0.0
+    want = buckets(x, bucket).abs().amax(dim=1)
+    got = torch.empty_like(want)
+    assert native.int_kernels().qb_bucket_absmax(x.data_ptr(), n, bucket, got.data_ptr()) == 0
+    assert torch.equal(got, want)

@@ -21,7 +21,7 @@
 #error "qbench_cpu.c stores 16-bit codes and packed words in host byte order: little-endian only"
 #endif
 
-#define QB_ABI_VERSION 1
+#define QB_ABI_VERSION 2
 #define QB_EINVAL 1
 #define QB_ENOMEM 2
 #define QB_CHUNK 2048         // codes per stack buffer; a multiple of 8 (one packing group)
@@ -449,44 +449,74 @@ QB_EXPORT void qb_uniform_fill(uint32_t key_hash, uint32_t offset, int64_t n, fl
 /* Integer allreduce (qbench/aggregate/integer_allreduce.py): the same float32 operations, in
  * the same order, as its torch `quantize` / `dequantize`, so both give identical integers.
  * quantize: t = (x / s) * top; q = floor(t) + (u < t - floor(t)), clamped to [-top, top];
- * s <= 0 (an all-zero bucket) divides by 1. out is int8 (width 1) or int32 (width 4) or
- * int16 (width 2). */
+ * s <= 0 (an all-zero bucket) divides by 1. out is int8 (width 1), int16 (width 2) or int32
+ * (width 4); each width has its own straight-line loop so that the compiler vectorises it. */
+// floor(t) as truncation minus (truncation > t), in integers: it vectorises without SSE4.1
+// rounding and equals floorf since |t| <= top < 2^24 (|x| <= s, the max over ranks).
+#define QB_INT_QUANTIZE(T)                                                                   \
+  QB_INLINE void int_quantize_##T(const float *restrict x, int64_t m, float s, int32_t top,  \
+                                  uint32_t counter, T *restrict out) {                       \
+    const float ftop = (float)top;                                                           \
+    for (int64_t i = 0; i < m; i++, counter += QB_GOLDEN) {                                  \
+      const float t = (x[i] / s) * ftop;                                                     \
+      const int32_t trunc = (int32_t)t;                                                      \
+      const int32_t low = trunc - ((float)trunc > t);                                        \
+      const float u = qb_uniform_counter(counter);                                           \
+      int32_t q = low + (u < t - (float)low);                                                \
+      q = q < -top ? -top : (q > top ? top : q);                                             \
+      out[i] = (T)q;                                                                         \
+    }                                                                                        \
+  }
+QB_INT_QUANTIZE(int8_t)
+QB_INT_QUANTIZE(int16_t)
+QB_INT_QUANTIZE(int32_t)
+
 QB_EXPORT int qb_int_quantize(const float *restrict x, const float *restrict scales, int64_t n,
                               int64_t bucket, int32_t top, uint32_t key_hash, uint32_t offset,
                               void *restrict out, int32_t width) {
-  if (width != 1 && width != 2 && width != 4) return -1;
-  const float ftop = (float)top;
+  if ((width != 1 && width != 2 && width != 4) || bucket < 1 || n < 0) return QB_EINVAL;
   for (int64_t b0 = 0; b0 < n; b0 += bucket) {
-    const int64_t end = b0 + bucket < n ? b0 + bucket : n;
+    const int64_t m = min64(bucket, n - b0);
     const float s = scales[b0 / bucket] > 0.0f ? scales[b0 / bucket] : 1.0f;
-    for (int64_t i = b0; i < end; i++) {
-      const float t = (x[i] / s) * ftop;
-      const float low = floorf(t);
-      const float u = qb_uniform32(key_hash, offset + (uint32_t)i);
-      float q = low + (u < t - low ? 1.0f : 0.0f);
-      q = q < -ftop ? -ftop : (q > ftop ? ftop : q);
-      if (width == 1) ((int8_t *)out)[i] = (int8_t)q;
-      else if (width == 2) ((int16_t *)out)[i] = (int16_t)q;
-      else ((int32_t *)out)[i] = (int32_t)q;
-    }
+    const uint32_t counter = qb_counter(key_hash, offset + (uint32_t)b0);
+    if (width == 1) int_quantize_int8_t(x + b0, m, s, top, counter, (int8_t *)out + b0);
+    else if (width == 2) int_quantize_int16_t(x + b0, m, s, top, counter, (int16_t *)out + b0);
+    else int_quantize_int32_t(x + b0, m, s, top, counter, (int32_t *)out + b0);
   }
   return 0;
 }
 
-/* value = s * (sum / denom), float32, written to out. */
+/* value = (sum / denom) * s, float32, written to out. */
+#define QB_INT_DEQUANTIZE(T)                                                                 \
+  QB_INLINE void int_dequantize_##T(const T *restrict q, int64_t m, float fd, float s,      \
+                                    float *restrict out) {                                   \
+    for (int64_t i = 0; i < m; i++) out[i] = ((float)q[i] / fd) * s;                         \
+  }
+QB_INT_DEQUANTIZE(int8_t)
+QB_INT_DEQUANTIZE(int16_t)
+QB_INT_DEQUANTIZE(int32_t)
+
 QB_EXPORT int qb_int_dequantize(const void *restrict sums, const float *restrict scales, int64_t n,
                                 int64_t bucket, int32_t denom, float *restrict out, int32_t width) {
-  if (width != 1 && width != 2 && width != 4) return -1;
+  if ((width != 1 && width != 2 && width != 4) || bucket < 1 || n < 0) return QB_EINVAL;
   const float fd = (float)denom;
   for (int64_t b0 = 0; b0 < n; b0 += bucket) {
-    const int64_t end = b0 + bucket < n ? b0 + bucket : n;
+    const int64_t m = min64(bucket, n - b0);
     const float s = scales[b0 / bucket];
-    for (int64_t i = b0; i < end; i++) {
-      float v = width == 1   ? (float)((const int8_t *)sums)[i]
-                : width == 2 ? (float)((const int16_t *)sums)[i]
-                             : (float)((const int32_t *)sums)[i];
-      out[i] = (v / fd) * s;
-    }
+    if (width == 1) int_dequantize_int8_t((const int8_t *)sums + b0, m, fd, s, out + b0);
+    else if (width == 2) int_dequantize_int16_t((const int16_t *)sums + b0, m, fd, s, out + b0);
+    else int_dequantize_int32_t((const int32_t *)sums + b0, m, fd, s, out + b0);
+  }
+  return 0;
+}
+
+/* max |x| of each bucket of x[0..n) into scales[0..ceil(n / bucket)), as torch's
+ * x.abs().amax(dim=1) per bucket (one pass, no temporary). */
+QB_EXPORT int qb_bucket_absmax(const float *restrict x, int64_t n, int64_t bucket,
+                               float *restrict scales) {
+  if (bucket < 1 || n < 0) return QB_EINVAL;
+  for (int64_t b0 = 0, b = 0; b0 < n; b0 += bucket, b++) {
+    scales[b] = absmax(x + b0, min64(bucket, n - b0));
   }
   return 0;
 }

@@ -20,6 +20,12 @@ format and does not apply (levels are symmetric integers); ``norm`` must be max 
 excludes l2, whose scale could not bound the sum), and bits >= 2 (bits 1 leaves no magnitude
 level). Groups the layer policy keeps in full precision (compressor none) take a plain fp32
 allreduce.
+
+``overlap: C`` (C > 1) splits the gradient into C bucket-aligned chunks after the scale
+agreement and pipelines them: chunk c+1 is quantized while chunk c's integer allreduce is in
+flight, and chunk c is dequantized while chunk c+1's is. The integers are the same as without
+overlap (same draws, same scales); only the phases interleave, so the run is recorded in mode
+``overlap`` (iteration time only).
 """
 
 from __future__ import annotations
@@ -28,13 +34,15 @@ from typing import Any
 
 import torch
 
-from qbench.aggregate.base import Aggregator
+from qbench.aggregate.base import Aggregator, split_ranges
 from qbench.comm import Comm
+from qbench.comm.base import Pending
 from qbench.compress import Compressor, Key, native
 from qbench.compress._buckets import buckets as _buckets
 from qbench.compress.none import NoCompression
 from qbench.compress.qsgd import QSGD
 from qbench.compress.rng import MASK32, key_hash, uniform
+from qbench.errors import UserError
 from qbench.timing import PhaseTimer
 
 # Integer dtypes each backend can SUM, narrowest first. Gloo rejects int16 ("Invalid scalar
@@ -61,7 +69,9 @@ def sum_dtype(world_size: int, top: int, backend: str) -> torch.dtype:
 class IntegerAllReduce(Aggregator):
     name = "integer-allreduce"
 
-    def __init__(self, comm: Comm, compressor: Compressor, numel: int, offset: int = 0) -> None:
+    def __init__(
+        self, comm: Comm, compressor: Compressor, numel: int, offset: int = 0, overlap: int = 1
+    ) -> None:
         super().__init__(comm, compressor, numel, offset)
         self.fp32 = isinstance(compressor, NoCompression)
         if self.fp32:
@@ -75,6 +85,25 @@ class IntegerAllReduce(Aggregator):
         self.dtype = sum_dtype(comm.world_size, self.top, comm.backend)
         nbuckets = -(-numel // self.bucket_size)
         self.payload_bytes = numel * torch.empty(0, dtype=self.dtype).element_size() + 4 * nbuckets
+        self.chunks = [
+            (a, b) for a, b in split_ranges(numel, overlap, self.bucket_size) if b > a
+        ] or [(0, numel)]
+        self.overlapped = len(self.chunks) > 1
+
+    @classmethod
+    def check_params(cls, params: dict[str, Any]) -> dict[str, Any]:
+        extra = set(params) - {"overlap"}
+        if extra:
+            raise UserError(
+                f"scheme integer-allreduce: unknown parameter {sorted(extra)[0]!r}; valid: overlap"
+            )
+        overlap = params.get("overlap", 1)
+        if isinstance(overlap, bool) or not isinstance(overlap, int) or overlap < 1:
+            raise UserError(
+                f"scheme integer-allreduce: overlap must be a chunk count >= 1, got {overlap!r}; "
+                "e.g. `{name: integer-allreduce, overlap: 8}`"
+            )
+        return {"overlap": overlap}
 
     def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
         k = self.comm.world_size
@@ -84,28 +113,67 @@ class IntegerAllReduce(Aggregator):
             grad.div_(k)
             timer.mark("decode")
             return grad
-        scales = _buckets(grad, self.bucket_size).abs().amax(dim=1)
+        scales = self._scales(grad)
         timer.mark("encode")
         self.comm.allreduce_(scales, op="max")
         timer.mark("comm")
         key = Key(seed=self.compressor.seed, step=step, rank=self.comm.rank, stream=0)
+        if not self.overlapped:
+            q = self._quantize(grad, scales, key, 0)
+            timer.mark("encode")
+            self.comm.allreduce_(q)
+            timer.mark("comm")
+            self._dequantize(q, scales, grad, 0)
+            timer.mark("decode")
+            return grad
+        in_flight: list[tuple[int, torch.Tensor, Pending]] = []
+        chunks: list[tuple[int, int] | None] = [*self.chunks, None]
+        for chunk in chunks:
+            if chunk is not None:
+                start, end = chunk
+                q = self._quantize(grad[start:end], scales, key, start)
+                in_flight.append((start, grad[start:end], self.comm.iallreduce_(q)))
+            if len(in_flight) > 1 or (chunk is None and in_flight):
+                at, out, pending = in_flight.pop(0)
+                self._dequantize(pending.wait(), scales, out, at)
+        timer.mark("comm")  # interleaved phases: the worker keeps only the iteration time
+        return grad
+
+    def _scales(self, grad: torch.Tensor) -> torch.Tensor:
+        """max |x| per bucket: one C pass on CPU, torch elsewhere (same values)."""
         lib = native.int_kernels() if grad.device.type == "cpu" else None
         if lib is None:
-            u = uniform(key, self.offset, grad.numel(), grad.device)
-            q = quantize(grad, scales, u, self.top, self.bucket_size).to(self.dtype)
-        else:
-            q = _quantize_native(
-                lib, grad, scales, self.top, self.bucket_size, key, self.offset, self.dtype
-            )
-        timer.mark("encode")
-        self.comm.allreduce_(q)
-        timer.mark("comm")
-        if lib is None:
-            out = dequantize(q, scales, self.top * k, self.bucket_size, grad)
-        else:
-            out = _dequantize_native(lib, q, scales, self.top * k, self.bucket_size, grad)
-        timer.mark("decode")
+            return _buckets(grad, self.bucket_size).abs().amax(dim=1)
+        x = grad.contiguous()
+        out = torch.empty(-(-x.numel() // self.bucket_size))
+        rc = lib.qb_bucket_absmax(x.data_ptr(), x.numel(), self.bucket_size, out.data_ptr())
+        if rc != 0:
+            raise RuntimeError(f"qb_bucket_absmax failed ({rc})")
         return out
+
+    def _quantize(self, x: torch.Tensor, scales: torch.Tensor, key: Key, at: int) -> torch.Tensor:
+        """Integers of ``x``, the part of the slice starting at element ``at`` (bucket-aligned)."""
+        first = at // self.bucket_size
+        s = scales[first : first - (-x.numel() // self.bucket_size)]
+        lib = native.int_kernels() if x.device.type == "cpu" else None
+        if lib is None:
+            u = uniform(key, self.offset + at, x.numel(), x.device)
+            return quantize(x, s, u, self.top, self.bucket_size).to(self.dtype)
+        return _quantize_native(
+            lib, x, s, self.top, self.bucket_size, key, self.offset + at, self.dtype
+        )
+
+    def _dequantize(
+        self, q: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, at: int
+    ) -> None:
+        first = at // self.bucket_size
+        s = scales[first : first - (-q.numel() // self.bucket_size)]
+        denom = self.top * self.comm.world_size
+        lib = native.int_kernels() if out.device.type == "cpu" else None
+        if lib is None:
+            dequantize(q, s, denom, self.bucket_size, out)
+        else:
+            _dequantize_native(lib, q, s, denom, self.bucket_size, out)
 
 
 def quantize(

@@ -59,6 +59,12 @@ class Comm(ABC):
         """In-place allreduce; op is ``sum`` or ``max``."""
         raise NotImplementedError
 
+    def iallreduce_(self, tensor: torch.Tensor, op: str = "sum") -> Pending:
+        """Non-blocking in-place allreduce; ``wait()`` returns ``tensor`` once it holds the
+        result. Backends without one complete it here."""
+        self.allreduce_(tensor, op)
+        return Pending(lambda: tensor)
+
     @abstractmethod
     def _alltoallv(
         self, send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int]

@@ -30,6 +30,19 @@ class TorchDistComm(Comm):
         )
         dist.all_reduce(tensor, op=_OPS[op])
 
+    def iallreduce_(self, tensor: torch.Tensor, op: str = "sum") -> Pending:
+        self.bytes_sent += allreduce_bus_bytes(
+            tensor.numel() * tensor.element_size(), self.world_size
+        )
+        work = dist.all_reduce(tensor, op=_OPS[op], async_op=True)
+        assert work is not None
+
+        def wait() -> torch.Tensor:
+            work.wait()
+            return tensor
+
+        return Pending(wait)
+
     def _alltoallv(
         self, send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int]
     ) -> torch.Tensor:

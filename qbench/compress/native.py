@@ -43,7 +43,7 @@ ENV_BACKEND = "QBENCH_COMPRESS_BACKEND"
 ENV_CACHE = "QBENCH_CACHE"
 ENV_KERNELS = "QBENCH_KERNELS"
 
-ABI_VERSION = 1  # kernels/cpu/qbench_cpu.c: QB_ABI_VERSION
+ABI_VERSION = 2  # kernels/cpu/qbench_cpu.c: QB_ABI_VERSION
 LAYOUTS = {"intervals": 0, "sign": 1}  # kernels/qsgd_math.h: QB_LAYOUT_*
 NORMS = {"max": 0, "l2": 1}  # QB_NORM_*
 _SOURCES = ("cpu/qbench_cpu.c", "qsgd_math.h", "qbench_rng.h")
@@ -271,6 +271,7 @@ def _open(path: Path) -> ctypes.CDLL:
         "qb_uniform_fill": [u32, u32, i64, p],
         "qb_int_quantize": [p, p, i64, i64, i32, u32, u32, p, i32],
         "qb_int_dequantize": [p, p, i64, i64, i32, p, i32],
+        "qb_bucket_absmax": [p, i64, i64, p],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
