@@ -17,6 +17,9 @@ from qbench.errors import UserError
 from qbench.scenario import Scenario
 
 
+_OPTIONAL_ID_FIELDS = ("model_params", "repeat")
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunSpec:
     """Everything a worker needs to run one configuration. Its hash is the run id."""
@@ -38,10 +41,14 @@ class RunSpec:
     timeout: float
     telemetry: bool = False
     layers: dict[str, Any] = field(default_factory=dict)
+    """Resolved LayerPolicy (empty for fp32 runs without overrides: nothing to decide)."""
     scheme_params: dict[str, Any] = field(default_factory=dict)
     network: dict[str, Any] = field(default_factory=dict)
     """Emulated link settings; empty = unshaped."""
-    """Resolved LayerPolicy (empty for fp32 runs without overrides: nothing to decide)."""
+    model_params: dict[str, Any] = field(default_factory=dict)
+    """Model parameters from the scenario (e.g. the synthetic model's size); empty = defaults."""
+    repeat: int = 0
+    """Repetition index of an otherwise identical run (scenario ``repeats``)."""
 
     @property
     def run_id(self) -> str:
@@ -49,6 +56,9 @@ class RunSpec:
         d = asdict(self)
         d.pop("timeout")
         d.pop("scenario")
+        for key in _OPTIONAL_ID_FIELDS:  # absent when unset: ids of earlier results stay valid
+            if not d[key]:
+                d.pop(key)
         digest = hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
         parts = (self.model, self.backend, self.scheme_label, self.compressor_label)
         return f"{'-'.join(parts)}-w{self.world_size}-{digest}"
