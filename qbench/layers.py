@@ -133,7 +133,8 @@ def parse(raw: Any) -> LayerPolicy:
     valid = ("full_precision_below", "quantized_fraction", "overrides")
     for k in raw:
         if k not in valid:
-            raise UserError(f"unknown key layers.{k}; valid: {', '.join(valid)}")
+            shown = k if isinstance(k, str) and k.isprintable() else repr(k)  # one line
+            raise UserError(f"unknown key layers.{shown}; valid: {', '.join(valid)}")
     overrides = raw.get("overrides", {}) or {}
     if not isinstance(overrides, dict):
         raise UserError(
@@ -145,7 +146,24 @@ def parse(raw: Any) -> LayerPolicy:
     return LayerPolicy(
         full_precision_below=raw.get("full_precision_below", "auto"),
         quantized_fraction=float(fraction),
-        overrides={
-            str(p): ({"name": s} if isinstance(s, str) else dict(s)) for p, s in overrides.items()
-        },
+        overrides={str(p): _override(str(p), s) for p, s in overrides.items()},
     )
+
+
+def _override(pattern: str, spec: Any) -> dict[str, Any]:
+    """One ``overrides`` entry: a compressor name or ``{name: ..., <parameter>: ...}``, checked
+    the way the scenario's ``compressor:`` entries are (UserError naming the pattern)."""
+    from qbench import compress
+
+    if isinstance(spec, str):
+        spec = {"name": spec}
+    if not isinstance(spec, dict) or "name" not in spec:
+        raise UserError(
+            f"layers.overrides[{pattern!r}] must be a compressor name or a mapping with a name, "
+            f"got {spec!r}; e.g. `'*.bias': none` or `'fc.*': {{name: qsgd, bits: 8}}`"
+        )
+    try:
+        compress.from_spec(spec)
+    except UserError as e:
+        raise UserError(f"layers.overrides[{pattern!r}]: {e}") from None
+    return dict(spec)

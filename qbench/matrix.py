@@ -16,8 +16,8 @@ from qbench import aggregate, compress, data, models, network
 from qbench.errors import UserError
 from qbench.scenario import Scenario
 
-
-_OPTIONAL_ID_FIELDS = ("model_params", "repeat")
+# Fields added after results existed: left out of the hash while they hold their default.
+_OPTIONAL_ID_FIELDS = {"model_params": {}, "repeat": 0, "nodes": 1, "device": ""}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,19 +49,29 @@ class RunSpec:
     """Model parameters from the scenario (e.g. the synthetic model's size); empty = defaults."""
     repeat: int = 0
     """Repetition index of an otherwise identical run (scenario ``repeats``)."""
+    nodes: int = 1
+    """Hosts the ranks are spread over."""
+    device: str = ""
+    """cpu or cuda; empty = the backend's own (cuda for nccl, cpu otherwise)."""
+    price_per_hour: float | None = None
+    """Machine-hour price for cost columns (not part of the run id)."""
 
     @property
     def run_id(self) -> str:
-        """Readable slug + hash of the resolved config (timeout excluded: it changes nothing)."""
+        """Readable slug + hash of the resolved config (timeout and price excluded: they change
+        nothing measured)."""
         d = asdict(self)
         d.pop("timeout")
         d.pop("scenario")
-        for key in _OPTIONAL_ID_FIELDS:  # absent when unset: ids of earlier results stay valid
-            if not d[key]:
+        d.pop("price_per_hour")
+        for key, default in _OPTIONAL_ID_FIELDS.items():  # ids of earlier results stay valid
+            if d[key] == default:
                 d.pop(key)
         digest = hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
         parts = (self.model, self.backend, self.scheme_label, self.compressor_label)
-        return f"{'-'.join(parts)}-w{self.world_size}-{digest}"
+        nodes = f"n{self.nodes}" if self.nodes > 1 else ""
+        rep = f"-r{self.repeat}" if self.repeat else ""
+        return f"{'-'.join(parts)}-w{self.world_size}{nodes}{rep}-{digest}"
 
     @property
     def scheme_label(self) -> str:
@@ -73,6 +83,11 @@ class RunSpec:
     def compressor_label(self) -> str:
         return build_compressor(self.compressor).label
 
+    @property
+    def device_kind(self) -> str:
+        """Where the ranks compute: cuda or cpu."""
+        return self.device or natural_device(self.backend)
+
     def labels(self) -> dict[str, Any]:
         """Flat columns reports group by (stored in run.json)."""
         c = build_compressor(self.compressor)
@@ -80,6 +95,7 @@ class RunSpec:
             "model": self.model,
             "dataset": self.dataset,
             "backend": self.backend,
+            "device": self.device_kind,
             "scheme": self.scheme_label,
             "mode": "overlap" if self.scheme_params.get("overlap", 1) > 1 else "breakdown",
             "compressor": c.label,
@@ -92,9 +108,12 @@ class RunSpec:
             # reduce the gradients; every table and figure must say so.
             "simulated": self.scheme == "simulated-lowprec",
             "network": network.label(self.network),
-            "numel": models.parameter_count(self.model),
+            "numel": models.parameter_count(self.model, self.model_params),
+            "model_params": dict(self.model_params),
             "seed": self.seed,
-            "repeat": 0,
+            "repeat": self.repeat,
+            "nodes": self.nodes,
+            "price_per_hour": self.price_per_hour,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -118,14 +137,12 @@ class Matrix:
 
 
 def build_compressor(params: dict[str, Any]) -> compress.Compressor:
-    p = dict(params)
-    return compress.build(p.pop("name"), **p)
+    return compress.from_spec(params)
 
 
 def expand(sc: Scenario) -> Matrix:
     """Cross-product of the scenario's axes; validates names and parameters first."""
-    for m in sc.model:
-        models.get(m)
+    model_entries = [(m["name"], models.check_params(m["name"], _params(m))) for m in sc.model]
     for d in sc.dataset:
         if d not in data.DATASETS:
             from qbench.errors import choice_error
@@ -136,15 +153,30 @@ def expand(sc: Scenario) -> Matrix:
     for s in sc.scheme:
         if s["name"] != "auto":
             aggregate.check_params(s["name"], _params(s))
+            continue
+        for comp in sc.compressor:  # auto: the parameters must suit what it resolves to
+            resolved = resolve_scheme("auto", comp)
+            try:
+                aggregate.check_params(resolved, _params(s))
+            except UserError as e:
+                raise UserError(
+                    f"scheme auto is {resolved} for compressor {comp['name']}, and {e}; "
+                    f"name the scheme, e.g. `scheme: [{{name: reduce-broadcast, overlap: 4}}]`"
+                ) from None
     runs: list[RunSpec] = []
     excluded: list[Excluded] = []
     seen: set[str] = set()
-    axes = itertools.product(
-        sc.model, sc.dataset, sc.network, sc.world_size, sc.backend, sc.compressor, sc.scheme,
-        sc.seed,
-    )  # fmt: skip
-    for model, dataset, net, ws, backend, comp, scheme_spec, seed in axes:
+    # Nested products (same order as one flat product): typed, where an 11-way one is not.
+    places = list(itertools.product(sc.world_size, sc.nodes, sc.backend, sc.device))
+    variants = list(itertools.product(sc.compressor, sc.scheme))
+    draws = list(itertools.product(sc.seed, range(sc.repeats)))
+    axes = itertools.product(model_entries, sc.dataset, sc.network, places, variants, draws)
+    for (model, mparams), dataset, net, (ws, nodes, backend, dev), (comp, scheme_spec), (
+        seed,
+        rep,
+    ) in axes:
         resolved = resolve_scheme(scheme_spec["name"], comp)
+        device, device_problem = _device_for(backend, dev)
         why = next(
             (
                 w
@@ -162,10 +194,25 @@ def expand(sc: Scenario) -> Matrix:
                 "network.bandwidth emulates links between CPU processes (gloo, mpi); nccl would "
                 "talk GPU to GPU inside one host and bypass them; use gloo or remove `network:`"
             )
+        if not why:
+            why = device_problem or _placement_problem(
+                ws, nodes, device or natural_device(backend), sc.gpus_per_node
+            )
+        label = build_compressor(comp).label
         desc = (
-            f"{model} {backend} {resolved} {build_compressor(comp).label} w{ws} "
-            f"{network.label(net)} seed{seed}"
+            f"{model} {backend} {resolved} {label} w{ws}{f' n{nodes}' if nodes > 1 else ''} "
+            f"{network.label(net)} seed{seed}{f' repeat{rep}' if rep else ''}"
         )
+        if not why:
+            values = {
+                "model": (model, {"name": model, **mparams}), "dataset": (dataset,),
+                "world_size": (ws,), "nodes": (nodes,), "backend": (backend,),
+                "device": (dev, device or natural_device(backend)),
+                "scheme": (resolved, scheme_spec["name"], dict(scheme_spec)),
+                "compressor": (comp["name"], label, dict(comp)),
+                "network": (network.label(net), dict(net)), "seed": (seed,), "repeat": (rep,),
+            }  # fmt: skip
+            why = _filtered(values, sc.include, sc.exclude)
         if why:
             excluded.append(Excluded(desc, why))
             continue
@@ -174,7 +221,8 @@ def expand(sc: Scenario) -> Matrix:
             scheme=resolved, compressor=dict(comp), batch_size=sc.batch_for(ws),
             warmup=sc.warmup, iterations=sc.iterations, lr=sc.lr, momentum=sc.momentum,
             seed=seed, timeout=sc.timeout, telemetry=sc.telemetry, layers=_layers_for(comp, sc),
-            scheme_params=_params(scheme_spec), network=dict(net),
+            scheme_params=_params(scheme_spec), network=dict(net), model_params=mparams,
+            repeat=rep, nodes=nodes, price_per_hour=sc.price_per_hour, device=device,
         )  # fmt: skip
         if spec.run_id not in seen:  # "auto" may resolve to a scheme also listed explicitly
             seen.add(spec.run_id)
@@ -182,6 +230,57 @@ def expand(sc: Scenario) -> Matrix:
     if not runs:
         raise UserError(f"scenario {sc.name!r} expands to no runnable combination; see --dry-run")
     return Matrix(runs, excluded)
+
+
+def natural_device(backend: str) -> str:
+    return "cuda" if backend == "nccl" else "cpu"
+
+
+def _device_for(backend: str, device: str) -> tuple[str, str | None]:
+    """RunSpec.device ('' when it is the backend's own) and why the pair cannot run."""
+    kind = natural_device(backend) if device == "auto" else device
+    if backend == "nccl" and kind == "cpu":
+        return "", "nccl reduces GPU tensors only; use device cuda (or auto) or backend gloo"
+    if backend == "gloo" and kind == "cuda":
+        return "", (
+            "gloo has no CUDA all-to-all for the compressed schemes; use nccl or mpi for "
+            "device cuda"
+        )
+    return ("" if kind == natural_device(backend) else kind), None
+
+
+def _placement_problem(ws: int, nodes: int, device: str, gpus_per_node: int | None) -> str | None:
+    if ws % nodes:
+        return f"world_size {ws} does not split evenly over nodes {nodes}"
+    if device == "cuda" and gpus_per_node is not None and ws // nodes > gpus_per_node:
+        return (
+            f"{ws // nodes} ranks per node but gpus_per_node is {gpus_per_node}; each CUDA rank "
+            "needs its own GPU"
+        )
+    return None
+
+
+def _filtered(
+    values: dict[str, tuple[Any, ...]],
+    include: tuple[dict[str, Any], ...],
+    exclude: tuple[dict[str, Any], ...],
+) -> str | None:
+    """Why include / exclude drop a run (None: it stays). An entry matches when every axis it
+    names has one of its values; a value may be a name, a label or the full mapping."""
+
+    def matches(entry: dict[str, Any]) -> bool:
+        for key, want in entry.items():
+            options = want if isinstance(want, list) else [want]
+            if not any(o == v for o in options for v in values[key]):
+                return False
+        return True
+
+    for i, entry in enumerate(exclude):
+        if matches(entry):
+            return f"dropped by exclude entry {i + 1} {entry}"
+    if include and not any(matches(e) for e in include):
+        return "matches no include entry"
+    return None
 
 
 def _short(v: Any) -> str:

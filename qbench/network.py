@@ -5,6 +5,7 @@ Pure validation and labelling; the namespaces and ``tc`` shaping live in ``qbenc
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -31,19 +32,21 @@ def parse(raw: Any) -> dict[str, Any]:
 def check(net: dict[str, Any]) -> None:
     for k in net:
         if k not in KEYS:
-            raise UserError(f"unknown key network.{k}; valid: {', '.join(KEYS)}")
+            shown = k if isinstance(k, str) and k.isprintable() else repr(k)  # one line
+            raise UserError(f"unknown key network.{shown}; valid: {', '.join(KEYS)}")
     if "bandwidth" in net:
         bits_per_s(net["bandwidth"])
 
 
 def bits_per_s(rate: Any) -> float:
     m = _RATE.match(str(rate).strip().lower())
-    if not m or float(m.group(1)) <= 0:
+    bits = float(m.group(1)) * _UNIT[m.group(2)] if m else math.nan
+    if not 1 <= bits < math.inf:  # nan: no match; inf: hundreds of digits; tc needs >= 1 bit/s
         raise UserError(
             f"network.bandwidth must be a positive rate in kbit/mbit/gbit, got {rate!r}; "
             "e.g. `bandwidth: 1gbit`"
         )
-    return float(m.group(1)) * _UNIT[m.group(2)]
+    return bits
 
 
 def label(net: dict[str, Any]) -> str:

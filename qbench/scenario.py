@@ -16,6 +16,13 @@ from qbench import layers, network
 from qbench.errors import UserError
 
 BACKENDS = ("gloo", "mpi", "nccl")
+LAUNCHERS = ("local", "slurm")
+DEVICES = ("auto", "cpu", "cuda")
+# Keys an include / exclude entry may match on (values: one value or a list of values).
+FILTER_KEYS = (
+    "model", "dataset", "world_size", "nodes", "backend", "device", "scheme", "compressor",
+    "network", "seed", "repeat",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,14 +31,23 @@ class Scenario:
 
     name: str
     """Sweep name; results go to ``results/<name>/`` unless ``--out`` is given."""
-    model: tuple[str, ...]
-    """Workloads by registry name (``qbench models`` lists them)."""
+    model: tuple[dict[str, Any], ...]
+    """Workloads, each a registry name (``qbench models`` lists them) or
+    ``{name: synthetic, params: 25M, gflops: 1}`` with model parameters."""
     dataset: tuple[str, ...] = ("synthetic",)
     """Input data; ``synthetic`` makes random inputs of the model's shape."""
     world_size: tuple[int, ...] = (1, 2)
-    """Numbers of ranks (processes); CPU ranks get one thread each."""
+    """Numbers of ranks (processes) in all; CPU ranks get one thread each."""
+    nodes: tuple[int, ...] = (1,)
+    """Hosts the ranks are spread over (world_size / nodes each); > 1 needs ``launcher: slurm``
+    or a multi-node set-up (see docs/launchers.md)."""
+    gpus_per_node: int | None = None
+    """GPUs each host offers (nccl: ranks per node must not exceed it); none = not checked."""
     backend: tuple[str, ...] = ("gloo",)
     """Communication library: gloo (torch.distributed), mpi (mpi4py), nccl (GPUs)."""
+    device: tuple[str, ...] = ("auto",)
+    """Where each rank computes: ``auto`` (cuda for nccl, cpu otherwise), ``cpu`` or ``cuda``
+    (mpi stages GPU tensors through host memory)."""
     scheme: tuple[dict[str, Any], ...] = ({"name": "auto"},)
     """Aggregation schemes, each a name or ``{name: ..., <parameter>: ...}``; ``auto`` is
     allreduce for fp32 and reduce-broadcast otherwise."""
@@ -51,6 +67,18 @@ class Scenario:
     """SGD momentum."""
     seed: tuple[int, ...] = (0,)
     """Seeds for model init, data and stochastic rounding; a list sweeps them."""
+    repeats: int = 1
+    """Identical repetitions of every run (separate run ids ``repeat`` 0..n-1), for noise."""
+    include: tuple[dict[str, Any], ...] = ()
+    """Keep only runs matching at least one entry, e.g. ``[{backend: mpi, world_size: [2, 4]}]``."""
+    exclude: tuple[dict[str, Any], ...] = ()
+    """Drop runs matching any entry, e.g. ``[{backend: gloo, compressor: onebit}]``."""
+    price_per_hour: float | None = None
+    """Price of one machine hour (any currency) for cost per epoch / to accuracy in reports."""
+    launcher: str = "local"
+    """How runs start: ``local`` (torchrun / mpirun here) or ``slurm``; ``--launcher`` overrides."""
+    slurm: dict[str, Any] = field(default_factory=dict)
+    """Slurm options (partition, time, account, mode, array, ...; see docs/launchers.md)."""
     timeout: float = 600.0
     """Seconds a run may take before its processes are killed and it is marked timeout."""
     telemetry: bool = False
@@ -63,13 +91,34 @@ class Scenario:
     def __post_init__(self) -> None:
         _check_name(self.name)
         _check_choices("backend", self.backend, BACKENDS)
+        _check_choices("device", self.device, DEVICES)
+        for m in self.model:
+            if not isinstance(m.get("name"), str):
+                raise UserError(
+                    f"model {m!r} has no name; e.g. `model: mlp` or "
+                    "`- {name: synthetic, params: 25M}`"
+                )
         for s in self.scheme:
             if "name" not in s:
                 raise UserError(f"scheme {s!r} has no name; e.g. `- {{name: reduce-broadcast}}`")
         for net in self.network:
             network.check(net)
         _check_positive("world_size", self.world_size, example="world_size: [1, 2, 4]")
+        _check_positive("nodes", self.nodes, example="nodes: [1, 2]")
+        if self.gpus_per_node is not None:
+            _check_range("gpus_per_node", self.gpus_per_node, 1, 1024, example="gpus_per_node: 8")
+        _check_range("repeats", self.repeats, 1, 1000, example="repeats: 3")
+        if self.price_per_hour is not None:
+            _check_range(
+                "price_per_hour", self.price_per_hour, 0.0, 1e6, example="price_per_hour: 32.77"
+            )
+        _check_choices("launcher", (self.launcher,), LAUNCHERS)
+        for key, entries in (("include", self.include), ("exclude", self.exclude)):
+            for entry in entries:
+                _check_filter(key, entry)
         _check_batch(self.batch_size, self.world_size)
+        for seed in self.seed:
+            _check_range("seed", seed, 0, 2**32 - 1, example="seed: [0, 1, 2]")
         _check_range("warmup", self.warmup, 0, 10**6)
         _check_range("iterations", self.iterations, 1, 10**7)
         _check_range("lr", self.lr, 0.0, 1e3, example="lr: 0.05")
@@ -87,13 +136,18 @@ class Scenario:
 
 # -- loading -------------------------------------------------------------------------------------
 _AXES = {
-    "model": str,
     "dataset": str,
     "world_size": int,
+    "nodes": int,
     "backend": str,
+    "device": str,
     "seed": int,
 }
 _SCALARS = {
+    "gpus_per_node": int,
+    "repeats": int,
+    "price_per_hour": float,
+    "launcher": str,
     "warmup": int,
     "iterations": int,
     "lr": float,
@@ -120,7 +174,27 @@ def loads(text: str, source: str = "<embedded>") -> Scenario:
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise UserError(f"{source}:{where} is not valid YAML ({problem}); fix the syntax") from None
-    return parse(raw, source=source)
+    except (ValueError, TypeError, OverflowError) as e:  # e.g. a 5000-digit integer
+        raise UserError(
+            f"{source}: a YAML value cannot be read ({_short(e)}); use an ordinary number or string"
+        ) from None
+    except RecursionError:
+        raise UserError(
+            f"{source}: YAML nested too deeply to read; a scenario needs at most a few levels "
+            "(e.g. `compressor: [{name: qsgd, bits: 4}]`)"
+        ) from None
+    try:
+        return parse(raw, source=source)
+    except RecursionError:
+        raise UserError(
+            f"{source}: a value is nested too deeply; a scenario needs at most a few levels "
+            "(e.g. `world_size: [1, 2]`)"
+        ) from None
+
+
+def _short(e: BaseException, limit: int = 80) -> str:
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def parse(raw: Any, source: str = "<embedded>") -> Scenario:
@@ -144,7 +218,7 @@ def parse(raw: Any, source: str = "<embedded>") -> Scenario:
     for key, typ in _SCALARS.items():
         if key in raw:
             kw[key] = _typed(key, raw[key], typ)
-    for key in ("compressor", "scheme"):
+    for key in ("model", "compressor", "scheme"):
         if key in raw:
             kw[key] = tuple(_named(key, c) for c in _as_list(key, raw[key]))
     if "network" in raw:
@@ -153,6 +227,11 @@ def parse(raw: Any, source: str = "<embedded>") -> Scenario:
         kw["batch_size"] = _batch(raw["batch_size"])
     if "layers" in raw:
         kw["layers"] = layers.parse(raw["layers"])
+    for key in ("include", "exclude"):
+        if key in raw:
+            kw[key] = tuple(_mapping(key, e) for e in _as_list(key, raw[key]))
+    if "slurm" in raw:
+        kw["slurm"] = _mapping("slurm", raw["slurm"])
     return Scenario(**kw)
 
 
@@ -180,6 +259,16 @@ def _named(key: str, c: Any) -> dict[str, Any]:
     if not isinstance(c, dict):
         raise UserError(f"{key} entry {c!r} must be a name or a mapping like {{name: ...}}")
     return dict(c)
+
+
+def _mapping(key: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise UserError(
+            f"{key} entry {value!r} must be a mapping; e.g. `{key}: [{{backend: mpi}}]`"
+            if key in ("include", "exclude")
+            else f"{key} must be a mapping, got {value!r}; e.g. `{key}: {{partition: gpu}}`"
+        )
+    return {str(k): v for k, v in value.items()}
 
 
 def _batch(b: Any) -> int | dict[int, int]:
@@ -215,16 +304,39 @@ def _check_choices(key: str, values: tuple[str, ...], valid: tuple[str, ...]) ->
             )
 
 
-def _check_positive(key: str, values: tuple[int, ...], example: str) -> None:
+def _show(v: Any, limit: int = 40) -> str:
+    """repr() for error messages, short even for a 5000-digit integer."""
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 128:
+        return f"{'-' if v < 0 else ''}an integer of {v.bit_length()} bits"
+    text = repr(v)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_positive(key: str, values: tuple[int, ...], example: str, hi: int = 1 << 20) -> None:
     for v in values:
         if v < 1:
-            raise UserError(f"{key} must be >= 1, got {v}; e.g. `{example}`")
+            raise UserError(f"{key} must be >= 1, got {_show(v)}; e.g. `{example}`")
+        if v > hi:
+            raise UserError(f"{key} must be at most {hi}, got {_show(v)}; e.g. `{example}`")
 
 
 def _check_range(key: str, v: float, lo: float, hi: float, example: str = "") -> None:
     if not lo <= v <= hi:
         fix = f"; e.g. `{example}`" if example else ""
-        raise UserError(f"{key} must be in [{lo:g}, {hi:g}], got {v!r}{fix}")
+        raise UserError(f"{key} must be in [{lo:g}, {hi:g}], got {_show(v)}{fix}")
+
+
+def _check_filter(key: str, entry: dict[str, Any]) -> None:
+    if not entry:
+        raise UserError(
+            f"{key} has an empty entry; give axes to match, e.g. `{key}: [{{backend: mpi}}]`"
+        )
+    for k in entry:
+        if k not in FILTER_KEYS:
+            hint = _close_match(k, list(FILTER_KEYS))
+            raise UserError(
+                f"{key} entry matches on unknown axis {k!r}{hint}; valid: {', '.join(FILTER_KEYS)}"
+            )
 
 
 def _check_batch(batch: int | dict[int, int], world_sizes: tuple[int, ...]) -> None:

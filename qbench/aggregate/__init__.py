@@ -34,7 +34,7 @@ __all__ = ["SCHEMES", "Aggregator", "build", "check_params", "split_ranges"]
 
 def check_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
     """Validate a scheme's name and parameters (UserError naming the bad one)."""
-    if name not in SCHEMES:
+    if not isinstance(name, str) or name not in SCHEMES:  # a YAML list or mapping, too
         raise choice_error("scheme", name, ["auto", *SCHEMES])
     return SCHEMES[name].check_params(params)
 

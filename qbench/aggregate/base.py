@@ -43,7 +43,8 @@ class Aggregator(ABC):
         """Validate scheme parameters from the scenario; returns the keyword arguments for
         ``__init__``. Default: the scheme takes none."""
         if params:
-            raise UserError(f"scheme {cls.name} takes no parameters, got {', '.join(params)}")
+            got = ", ".join(map(repr, params))  # YAML keys: any type, any characters
+            raise UserError(f"scheme {cls.name} takes no parameters, got {got}")
         return {}
 
     def after_step(self, params: torch.Tensor, step: int, timer: PhaseTimer) -> None:

@@ -84,7 +84,7 @@ class Gossip(Aggregator):
 
     @classmethod
     def check_params(cls, params: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(params) - set(DEFAULTS))
+        unknown = sorted(set(params) - set(DEFAULTS), key=repr)  # YAML keys: any type
         if unknown:
             raise UserError(
                 f"scheme gossip: unknown parameter {unknown[0]!r}; valid: {', '.join(DEFAULTS)}"

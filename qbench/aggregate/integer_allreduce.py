@@ -94,8 +94,9 @@ class IntegerAllReduce(Aggregator):
     def check_params(cls, params: dict[str, Any]) -> dict[str, Any]:
         extra = set(params) - {"overlap"}
         if extra:
+            first = min(extra, key=repr)  # YAML keys: any type
             raise UserError(
-                f"scheme integer-allreduce: unknown parameter {sorted(extra)[0]!r}; valid: overlap"
+                f"scheme integer-allreduce: unknown parameter {first!r}; valid: overlap"
             )
         overlap = params.get("overlap", 1)
         if isinstance(overlap, bool) or not isinstance(overlap, int) or overlap < 1:

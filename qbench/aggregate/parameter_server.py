@@ -23,7 +23,7 @@ import torch
 
 from qbench.aggregate.base import Aggregator
 from qbench.comm import Comm
-from qbench.compress import Compressor, build
+from qbench.compress import Compressor, build, from_spec
 from qbench.errors import UserError
 from qbench.timing import PhaseTimer
 
@@ -48,7 +48,7 @@ class ParameterServer(Aggregator):
 
     @classmethod
     def check_params(cls, params: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(params) - {"down"})
+        unknown = sorted(set(params) - {"down"}, key=repr)  # YAML keys: any type
         if unknown:
             raise UserError(
                 f"scheme parameter-server: unknown parameter {unknown[0]!r}; valid: down "
@@ -139,6 +139,5 @@ def _check_down(down: object) -> dict[str, Any] | None:
         raise UserError(
             "parameter-server: down takes the run's seed; remove `seed` from the down compressor"
         )
-    params = {k: v for k, v in spec.items() if k != "name"}
-    build(spec["name"], **params)  # raises UserError naming the bad name or value
+    from_spec(spec)  # raises UserError naming the bad name, parameter or value
     return dict(spec)

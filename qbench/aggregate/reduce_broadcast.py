@@ -52,9 +52,8 @@ class ReduceBroadcast(Aggregator):
     def check_params(cls, params: dict[str, Any]) -> dict[str, Any]:
         extra = set(params) - {"overlap"}
         if extra:
-            raise UserError(
-                f"scheme reduce-broadcast: unknown parameter {sorted(extra)[0]!r}; valid: overlap"
-            )
+            first = min(extra, key=repr)  # YAML keys: any type
+            raise UserError(f"scheme reduce-broadcast: unknown parameter {first!r}; valid: overlap")
         overlap = params.get("overlap", 1)
         if isinstance(overlap, bool) or not isinstance(overlap, int) or overlap < 1:
             raise UserError(

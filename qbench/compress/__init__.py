@@ -7,7 +7,9 @@ COMPRESSORS.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
+from collections.abc import Mapping
 from typing import Any
 
 from qbench.compress.adaptive import Adaptive
@@ -20,7 +22,9 @@ from qbench.compress.qsgd import QSGD
 from qbench.compress.topk import TopK
 from qbench.errors import UserError, choice_error
 
-__all__ = ["COMPRESSORS", "Compressor", "Key", "Payload", "WireField", "build", "parameters"]
+__all__ = [
+    "COMPRESSORS", "Compressor", "Key", "Payload", "WireField", "build", "from_spec", "parameters",
+]  # fmt: skip
 
 COMPRESSORS: dict[str, type[Compressor]] = {
     NoCompression.name: NoCompression,
@@ -46,18 +50,39 @@ def build(name: str, **params: Any) -> Compressor:
 
     Names and types are checked here; value ranges in each class's ``__post_init__``.
     """
-    if name not in COMPRESSORS:
+    if not isinstance(name, str) or name not in COMPRESSORS:  # a YAML list or mapping, too
         raise choice_error("compressor", name, list(COMPRESSORS))
     cls = COMPRESSORS[name]
     valid = parameters(cls)
-    hints = typing.get_type_hints(cls)
+    hints = _hints(name)
     for param, value in params.items():
         if param not in valid:
-            raise UserError(
-                f"{name}: unknown parameter {param!r}; valid: {', '.join(sorted(valid))}"
-            )
+            raise _unknown(name, param, valid)
         params[param] = _check_type(name, valid[param], hints[param], value)
     return cls(**params)
+
+
+def from_spec(spec: Mapping[Any, Any]) -> Compressor:
+    """Build from a scenario mapping ``{name: ..., <parameter>: ...}`` as YAML gives it: a
+    missing name or a parameter name that is not a string is a UserError too."""
+    if "name" not in spec:
+        raise UserError(f"compressor {dict(spec)!r} has no name; e.g. `{{name: qsgd, bits: 4}}`")
+    name = spec["name"]
+    params = {k: v for k, v in spec.items() if k != "name"}
+    odd = next((k for k in params if not isinstance(k, str)), None)
+    if odd is not None:
+        build(name)  # an unknown name first, as for any other spec
+        raise _unknown(name, odd, parameters(COMPRESSORS[name]))
+    return build(name, **params)
+
+
+def _unknown(name: str, param: object, valid: Mapping[str, object]) -> UserError:
+    return UserError(f"{name}: unknown parameter {param!r}; valid: {', '.join(sorted(valid))}")
+
+
+@functools.cache
+def _hints(name: str) -> dict[str, Any]:
+    return typing.get_type_hints(COMPRESSORS[name])  # slow (evaluates annotations): once each
 
 
 def _check_type(name: str, field: dataclasses.Field[Any], expected: Any, value: object) -> Any:
