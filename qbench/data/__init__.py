@@ -1,16 +1,29 @@
-"""Datasets by name. Synthetic data is learnable: labels come from a fixed random teacher."""
+"""Datasets by name. Synthetic data is learnable: labels come from a fixed random teacher.
+
+Inputs have the model's shape and dtype (``ModelInfo.input_shape`` / ``input_dtype``):
+
+* float inputs are standard normal; the label is the argmax of a fixed random linear map of the
+  input. Inputs larger than ``_TEACHER_MAX`` teacher weights (ImageNet-sized images) are first
+  average-pooled (images to 16x16 per channel, other shapes to 1024 values), so the teacher stays
+  small and the labels depend on coarse structure a network can pick up;
+* integer (token) inputs are uniform in [0, vocab_size); the label is a fixed random permutation
+  of the last token (a random bigram model), which a language model learns quickly.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch.nn import functional as F
 
 from qbench.errors import choice_error
 from qbench.models import ModelInfo
 
 DATASETS = ("synthetic",)
 _POOL = 8  # distinct batches per rank, made before timing and cycled through
+_TEACHER_MAX = 1 << 24  # teacher weights (input values x classes) above which inputs are pooled
 
 
 @dataclass
@@ -36,14 +49,54 @@ def make(
 def _synthetic(
     model: ModelInfo, batch_size: int, *, seed: int, rank: int, device: torch.device
 ) -> BatchSource:
+    if model.input_dtype.is_floating_point:
+        return _float_batches(model, batch_size, seed=seed, rank=rank, device=device)
+    return _token_batches(model, batch_size, seed=seed, rank=rank, device=device)
+
+
+def _float_batches(
+    model: ModelInfo, batch_size: int, *, seed: int, rank: int, device: torch.device
+) -> BatchSource:
     dim = 1
     for d in model.input_shape:
         dim *= d
-    teacher = torch.randn(dim, model.num_classes, generator=torch.Generator().manual_seed(seed))
+    features = _features(model.input_shape, dim, model.num_classes)
+    teacher = torch.randn(
+        features(torch.zeros(1, *model.input_shape)).shape[1], model.num_classes,
+        generator=torch.Generator().manual_seed(seed),
+    )  # fmt: skip
     gen = torch.Generator().manual_seed(seed * 1000003 + rank + 1)  # different data per rank
     inputs, labels = [], []
     for _ in range(_POOL):
         x = torch.randn(batch_size, *model.input_shape, generator=gen)
-        labels.append((x.reshape(batch_size, dim) @ teacher).argmax(1).to(device))
-        inputs.append(x.to(device))
+        labels.append((features(x) @ teacher).argmax(1).to(device))
+        inputs.append(x.to(model.input_dtype).to(device))
+    return BatchSource(inputs, labels)
+
+
+def _features(
+    shape: tuple[int, ...], dim: int, classes: int
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What the teacher sees: the flat input, or a pooled version of a large one."""
+    if dim * classes <= _TEACHER_MAX:
+        return lambda x: x.reshape(x.shape[0], dim)
+    if len(shape) == 3 and shape[1] > 16 and shape[2] > 16:  # (C, H, W) image
+        return lambda x: F.adaptive_avg_pool2d(x, 16).flatten(1)
+    return lambda x: F.adaptive_avg_pool1d(x.reshape(x.shape[0], 1, dim), 1024).flatten(1)
+
+
+def _token_batches(
+    model: ModelInfo, batch_size: int, *, seed: int, rank: int, device: torch.device
+) -> BatchSource:
+    vocab = model.vocab_size
+    if vocab < 1:
+        raise ValueError(f"model {model.name}: integer inputs need vocab_size, got {vocab}")
+    bigram = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))
+    gen = torch.Generator().manual_seed(seed * 1000003 + rank + 1)  # different data per rank
+    inputs, labels = [], []
+    for _ in range(_POOL):
+        x = torch.randint(0, vocab, (batch_size, *model.input_shape), generator=gen)
+        last = x.reshape(batch_size, -1)[:, -1]
+        labels.append((bigram[last] % model.num_classes).to(device))
+        inputs.append(x.to(model.input_dtype).to(device))
     return BatchSource(inputs, labels)

@@ -1,10 +1,17 @@
-"""Small CPU-friendly models: the MLP of seed 004 and ResNet-20 (He et al. 2016, CIFAR variant)."""
+"""Small CPU-friendly models: logistic regression (seeds 000, 003), the MLP of seed 004, the CIFAR
+ResNets (He et al. 2016: ResNet-20 of seed 001, ResNet-110 of seed 002) and VGG-16 with batch norm
+for 32x32 input (seed 000)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+
+def logreg() -> nn.Module:
+    """Multinomial logistic regression on 784 inputs (MNIST-sized), 10 classes: one Linear."""
+    return nn.Linear(784, 10)
 
 
 def mlp() -> nn.Module:
@@ -56,3 +63,46 @@ class CifarResNet(nn.Module):
 
 def resnet20() -> nn.Module:
     return CifarResNet(3)
+
+
+def resnet110() -> nn.Module:
+    return CifarResNet(18)
+
+
+# VGG-16 configuration: channels per conv, "M" = 2x2 max pool.
+_VGG16 = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
+
+
+class CifarVGG(nn.Module):
+    """VGG-16 with batch norm for 32x32 input (the SWA code of Izmailov et al. 2018 that seed 000
+    follows): 13 convs, five pools down to 1x1x512, then a 512-512-classes classifier."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        cin = 3
+        for c in _VGG16:
+            if c == "M":
+                layers.append(nn.MaxPool2d(2))
+            else:
+                assert isinstance(c, int)
+                layers += [nn.Conv2d(cin, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU(True)]
+                cin = c
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(
+            nn.Dropout(), nn.Linear(512, 512), nn.ReLU(True),
+            nn.Dropout(), nn.Linear(512, 512), nn.ReLU(True),
+            nn.Linear(512, num_classes),
+        )  # fmt: skip
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                assert m.bias is not None
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x).flatten(1))
+
+
+def vgg16_cifar() -> nn.Module:
+    return CifarVGG()
