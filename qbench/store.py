@@ -44,9 +44,11 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 def atomic_write_parquet(path: Path, frame: pd.DataFrame) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
     try:
-        frame.to_parquet(tmp, index=False)
+        with os.fdopen(fd, "wb") as f:
+            frame.to_parquet(f, index=False)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

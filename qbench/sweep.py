@@ -1,12 +1,15 @@
 """Sweep driver: run each RunSpec of a matrix as its own set of processes, record everything.
 
-Re-running skips runs whose run.json says ok. A run that fails, times out or is interrupted keeps
-its status, exit code and the tail of stderr; it is redone on the next sweep.
+Re-running skips runs whose run.json says ok. A run that fails or times out keeps its status,
+exit code and the tail of stderr, and is skipped too unless ``retry_failed`` (a deterministic
+failure, e.g. out of memory, would only fail again). A run that was interrupted, or whose driver
+died mid-run (run.json still says running), is redone.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +25,13 @@ from qbench.launch import local, procs, shaped
 from qbench.matrix import Matrix, RunSpec
 from qbench.records import WORKER_FAILED as FAILED_TAG
 from qbench.records import RunRecord
-from qbench.store import TELEMETRY, ResultStore, atomic_write_json, atomic_write_parquet
+from qbench.store import (
+    TELEMETRY,
+    ResultStore,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_parquet,
+)
 
 STDERR_TAIL_LINES = 30
 
@@ -38,11 +47,34 @@ class Provenance:
         return cls(machine.collect(), machine.versions(), machine.git_commit())
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How runs start: ``local`` (torchrun / mpirun on this host) or ``slurm``."""
+
+    kind: str = "local"
+    slurm: Any = None
+    """qbench.launch.slurm.SlurmOptions when kind is slurm."""
+
+    @property
+    def array(self) -> bool:
+        return self.kind == "slurm" and bool(getattr(self.slurm, "array", False))
+
+
+@dataclass
+class Plan:
+    """What a sweep will do: runs to launch, runs already ok, failed runs kept as they are."""
+
+    todo: list[RunSpec]
+    done: list[RunSpec]
+    kept_failed: list[RunSpec]
+
+
 @dataclass
 class SweepSummary:
     out: Path
     total: int
     skipped: int = 0
+    kept_failed: int = 0
     statuses: dict[str, str] = field(default_factory=dict)  # run_id -> status
 
     @property
@@ -50,14 +82,24 @@ class SweepSummary:
         return [r for r, s in self.statuses.items() if s != "ok"]
 
 
-def pending(matrix: Matrix, store: ResultStore) -> list[RunSpec]:
-    """Runs without an ok record (new, failed, timed out, interrupted or killed mid-run)."""
-    return [s for s in matrix.runs if not _completed(store, s.run_id)]
+def plan(matrix: Matrix, store: ResultStore, retry_failed: bool = False) -> Plan:
+    """Sort the matrix by what is on disk. New, interrupted and killed-mid-run (still
+    ``running``) runs are launched; failed and timed-out ones only with ``retry_failed``."""
+    p = Plan([], [], [])
+    for spec in matrix.runs:
+        rec = store.read_record(spec.run_id)
+        if rec is not None and rec.status == "ok" and store.iterations_path(spec.run_id).exists():
+            p.done.append(spec)
+        elif rec is not None and rec.status in ("failed", "timeout") and not retry_failed:
+            p.kept_failed.append(spec)
+        else:
+            p.todo.append(spec)
+    return p
 
 
-def _completed(store: ResultStore, run_id: str) -> bool:
-    rec = store.read_record(run_id)
-    return rec is not None and rec.status == "ok" and store.iterations_path(run_id).exists()
+def pending(matrix: Matrix, store: ResultStore, retry_failed: bool = False) -> list[RunSpec]:
+    """The runs a sweep would launch (see :func:`plan`)."""
+    return plan(matrix, store, retry_failed).todo
 
 
 def run_sweep(
@@ -65,32 +107,56 @@ def run_sweep(
     out: Path,
     scenario_text: str,
     on_progress: Callable[[RunSpec, RunRecord | None], None] | None = None,
+    *,
+    launch: Launch = Launch(),
+    retry_failed: bool = False,
+    resolved: dict[str, Any] | None = None,
 ) -> SweepSummary:
+    """Run what :func:`plan` says, holding the directory's lock so that no second driver
+    writes into it at the same time."""
+    from qbench.lock import sweep_lock
+
     store = ResultStore(out)
-    prov = Provenance.collect()
-    _write_sweep_files(store, matrix, scenario_text, prov)
-    todo = pending(matrix, store)
-    summary = SweepSummary(out=out, total=len(matrix.runs), skipped=len(matrix.runs) - len(todo))
-    for spec in todo:
-        if on_progress:
-            on_progress(spec, None)
-        record = execute(spec, store, prov)
-        summary.statuses[spec.run_id] = record.status
-        if on_progress:
-            on_progress(spec, record)
+    store.root.mkdir(parents=True, exist_ok=True)
+    with sweep_lock(store.root):
+        prov = Provenance.collect()
+        _write_sweep_files(store, matrix, scenario_text, prov, launch, resolved)
+        todo = plan(matrix, store, retry_failed)
+        summary = SweepSummary(
+            out=out, total=len(matrix.runs), skipped=len(todo.done),
+            kept_failed=len(todo.kept_failed),
+        )  # fmt: skip
+        if launch.array and todo.todo:
+            _run_array(todo.todo, store, prov, launch, summary, on_progress)
+            return summary
+        for spec in todo.todo:
+            if on_progress:
+                on_progress(spec, None)
+            record = execute(spec, store, prov, launch)
+            summary.statuses[spec.run_id] = record.status
+            if on_progress:
+                on_progress(spec, record)
     return summary
 
 
 def _write_sweep_files(
-    store: ResultStore, matrix: Matrix, scenario_text: str, prov: Provenance
-) -> None:
+    store: ResultStore, matrix: Matrix, scenario_text: str, prov: Provenance, launch: Launch,
+    resolved: dict[str, Any] | None,
+) -> None:  # fmt: skip
     store.root.mkdir(parents=True, exist_ok=True)
-    (store.root / "scenario.yaml").write_text(scenario_text)
+    atomic_write_bytes(store.root / "scenario.yaml", scenario_text.encode())
+    atomic_write_json(
+        store.root / "scenario.resolved.json",
+        {"scenario": resolved or {}, "launcher": launch.kind,
+         "runs": [s.to_dict() for s in matrix.runs]},
+    )  # fmt: skip
+    atomic_write_json(store.root / "machine.json", _machine_doc(prov))
     atomic_write_json(
         store.root / "sweep.json",
         {
             "runs": [s.run_id for s in matrix.runs],
             "excluded": [{"run": e.description, "reason": e.reason} for e in matrix.excluded],
+            "launcher": launch.kind,
             "machine": prov.machine,
             "versions": prov.versions,
             "git_commit": prov.git_commit,
@@ -99,28 +165,83 @@ def _write_sweep_files(
     )
 
 
-def execute(spec: RunSpec, store: ResultStore, prov: Provenance) -> RunRecord:
+def _machine_doc(prov: Provenance, spec: RunSpec | None = None) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        **prov.machine, "versions": prov.versions, "git_commit": prov.git_commit,
+    }  # fmt: skip
+    if spec is not None:
+        doc["network"] = shaped.describe(spec.network) if spec.network else {"shaped": False}
+        doc["driver_host"] = prov.machine.get("hostname")
+    return doc
+
+
+def execute(
+    spec: RunSpec, store: ResultStore, prov: Provenance, launch: Launch = Launch()
+) -> RunRecord:
     """Launch one run, wait for it (with its timeout) and write run.json + iterations.parquet."""
-    run_dir = store.run_dir(spec.run_id)
+    record = _start_record(spec, store, prov)
+    t0 = time.monotonic()
+    with _interrupt_marks(store, [record]):
+        status, code = _launch(spec, store, launch)
+    return _finish(spec, store, record, status, code, time.monotonic() - t0)
+
+
+def _start_record(spec: RunSpec, store: ResultStore, prov: Provenance) -> RunRecord:
     _reset_run_dir(store, spec)
+    atomic_write_json(store.run_dir(spec.run_id) / "machine.json", _machine_doc(prov, spec))
     record = RunRecord(
         run_id=spec.run_id, status="running", labels=spec.labels(), spec=spec.to_dict(),
         started=_now(), machine=prov.machine, versions=prov.versions, git_commit=prov.git_commit,
     )  # fmt: skip
     store.write_record(record)
+    return record
+
+
+def _launch(spec: RunSpec, store: ResultStore, launch: Launch) -> tuple[str, int | None]:
+    run_dir, spec_path = store.run_dir(spec.run_id), store.spec_path(spec.run_id)
+    if launch.kind == "slurm":
+        from qbench.launch import slurm
+
+        return slurm.run(spec, spec_path, run_dir, spec.timeout, launch.slurm)
+    if spec.network:  # emulated link: every rank in its own shaped network namespace
+        return shaped.run_shaped(spec, spec_path, run_dir, spec.timeout)
+    argv = local.argv_for(spec.backend, spec_path, spec.world_size)
+    return procs.run_jobs([(argv, local.worker_env())], run_dir, spec.timeout)
+
+
+def _run_array(
+    specs: list[RunSpec], store: ResultStore, prov: Provenance, launch: Launch,
+    summary: SweepSummary, on_progress: Callable[[RunSpec, RunRecord | None], None] | None,
+) -> None:  # fmt: skip
+    """All pending runs as one Slurm job array; the records are finished when it ends."""
+    from qbench.launch import slurm
+
+    records = [_start_record(spec, store, prov) for spec in specs]
+    items = [(s, store.spec_path(s.run_id), store.run_dir(s.run_id)) for s in specs]
     t0 = time.monotonic()
-    argv = local.argv_for(spec.backend, store.spec_path(spec.run_id), spec.world_size)
-    with _interrupt_marks(store, record):
-        if spec.network:  # emulated link: every rank in its own shaped network namespace
-            status, code = shaped.run_shaped(
-                spec, store.spec_path(spec.run_id), run_dir, spec.timeout
-            )
-        else:
-            status, code = procs.run_jobs([(argv, local.worker_env())], run_dir, spec.timeout)
-    record.duration_s = round(time.monotonic() - t0, 3)
+    for spec in specs:
+        if on_progress:
+            on_progress(spec, None)
+    with _interrupt_marks(store, records):
+        results = slurm.run_array(items, max(s.timeout for s in specs), launch.slurm)
+    elapsed = time.monotonic() - t0
+    for spec, record, (status, code) in zip(specs, records, results, strict=True):
+        record = _finish(spec, store, record, status, code, elapsed)
+        summary.statuses[spec.run_id] = record.status
+        if on_progress:
+            on_progress(spec, record)
+
+
+def _finish(
+    spec: RunSpec, store: ResultStore, record: RunRecord, status: str, code: int | None,
+    elapsed: float,
+) -> RunRecord:  # fmt: skip
+    run_dir = store.run_dir(spec.run_id)
+    record.duration_s = round(elapsed, 3)
     record.finished = _now()
     record.exit_code = code
     status = _merge_parts(store, spec, status)
+    _record_hosts(store, spec)
     record.status = status
     if status != "ok":
         record.stderr_tail = _tail(run_dir / "stderr.log")
@@ -140,15 +261,18 @@ def _reset_run_dir(store: ResultStore, spec: RunSpec) -> None:
 
 
 @contextmanager
-def _interrupt_marks(store: ResultStore, record: RunRecord) -> Iterator[None]:
-    """On Ctrl-C / SIGTERM, mark the run interrupted before propagating."""
+def _interrupt_marks(store: ResultStore, records: list[RunRecord]) -> Iterator[None]:
+    """On Ctrl-C / SIGTERM, mark the runs interrupted before propagating."""
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         yield
     except KeyboardInterrupt:
-        record.status, record.finished = "interrupted", _now()
-        record.error = "interrupted by the user (Ctrl-C or SIGTERM); re-run the sweep to redo it"
-        store.write_record(record)
+        for record in records:
+            record.status, record.finished = "interrupted", _now()
+            record.error = (
+                "interrupted by the user (Ctrl-C or SIGTERM); re-run the sweep to redo it"
+            )
+            store.write_record(record)
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -171,6 +295,24 @@ def _merge_parts(store: ResultStore, spec: RunSpec, status: str) -> str:
     if status == "ok" and len(parts) != spec.world_size:
         return "failed"
     return status
+
+
+def _record_hosts(store: ResultStore, spec: RunSpec) -> None:
+    """Add the ranks' hosts (parts/host-<r>.json) to the run's machine.json."""
+    path = store.run_dir(spec.run_id) / "machine.json"
+    hosts = []
+    for p in sorted(store.parts_dir(spec.run_id).glob("host-*.json")):
+        try:
+            hosts.append(json.loads(p.read_text()))
+        except (OSError, ValueError):
+            continue
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    doc["ranks"] = sorted(hosts, key=lambda h: int(h.get("rank", 0)))
+    doc["hostnames"] = sorted({str(h.get("hostname")) for h in hosts})
+    atomic_write_json(path, doc)
 
 
 def _tail(path: Path) -> str:

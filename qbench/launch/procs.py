@@ -1,18 +1,30 @@
 """Run a run's processes as one group: wait for all, and kill the whole group when one fails,
-the timeout passes or the driver is interrupted, so no rank is left waiting for a dead peer."""
+the timeout passes or the driver is interrupted, so no rank is left waiting for a dead peer.
+
+The group is also tied to the driver's life: on Linux every job asks the kernel for SIGTERM
+when the driver dies (``PR_SET_PDEATHSIG``), even by SIGKILL, which no handler of the driver
+sees. torchrun and mpirun then stop their ranks as they do on Ctrl-C, so a killed sweep leaves
+no rank behind to write into a run directory that the resumed sweep is redoing.
+"""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 from typing import IO
 
 POLL_S = 0.05
 GRACE_S = 10.0  # for launchers to stop their ranks after SIGTERM
+PARENT_DEATH_SIGNAL = signal.SIGTERM  # torchrun and mpirun stop their ranks on it; SIGKILL cannot
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 Job = tuple[list[str], dict[str, str]]  # argv, environment
 
 
@@ -35,7 +47,46 @@ def start(
         # process_group=0: a new group led by the first job, not the terminal's foreground
         # group, so Ctrl-C reaches only the driver, which then kills the group.
         group = procs[0].pid if procs else 0
-        procs.append(subprocess.Popen(argv, stdout=out, stderr=err, env=env, process_group=group))
+        child = subprocess.Popen(
+            argv, stdout=out, stderr=err, env=env, process_group=group,
+            preexec_fn=die_with_parent(),
+        )  # fmt: skip
+        procs.append(child)
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get PARENT_DEATH_SIGNAL when this process dies.
+
+    Linux only (None elsewhere: children outlive a killed driver there). The signal survives
+    the exec of the job (torchrun, mpirun, ``ip netns exec``: none is set-user-ID); it is sent
+    when the thread that started the child ends, so call this from the thread that waits.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = _libc()
+    if libc is None:
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:  # runs in the child, between fork and exec
+        libc.prctl(_PR_SET_PDEATHSIG, int(PARENT_DEATH_SIGNAL), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl: no signal will come
+            os._exit(128 + PARENT_DEATH_SIGNAL)
+
+    return preexec
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """This process's libc with prctl, looked up in the parent (not between fork and exec)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)  # the symbols already loaded: libc's among them
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return libc
 
 
 def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float) -> tuple[str, int | None]:

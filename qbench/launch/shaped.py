@@ -38,6 +38,17 @@ def unsupported(backend: str) -> str | None:
     )
 
 
+def describe(net: dict[str, object]) -> dict[str, object]:
+    """Provenance of an emulated link: the setting and the tbf parameters applied to it."""
+    tbf = netns.tbf_for(network.bits_per_s(net["bandwidth"]))
+    return {
+        "shaped": True, "setting": dict(net), "label": network.label(net),
+        "method": "netns + veth per rank, tc tbf both directions",
+        "tbf": {"rate_bits": tbf.rate_bits, "burst_bytes": tbf.burst_bytes,
+                "latency_ms": tbf.latency_ms},
+    }  # fmt: skip
+
+
 def gloo_rank_argv(net: netns.ShapedNetwork, rank: int, program: list[str]) -> list[str]:
     return netns.netns_exec(net.rank_ns(rank), program)
 
