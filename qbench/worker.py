@@ -18,10 +18,11 @@ import torch
 from torch import nn
 
 from qbench import aggregate, comm, data, layers, models
+from qbench.launch.slurm import apply_worker_env
 from qbench.matrix import RunSpec, build_compressor
 from qbench.records import WORKER_FAILED as FAILED_TAG
 from qbench.records import iterations_frame
-from qbench.store import atomic_write_parquet
+from qbench.store import atomic_write_json, atomic_write_parquet
 from qbench.telemetry import Telemetry
 from qbench.timing import PhaseTimer
 
@@ -42,13 +43,24 @@ def _flatten(params: list[nn.Parameter]) -> tuple[torch.Tensor, torch.Tensor]:
     return flat_p, flat_g
 
 
+def _device(kind: str) -> torch.device:
+    """The run's device; a CUDA rank takes the GPU of its local rank (torchrun, mpirun, srun)."""
+    if kind != "cuda":
+        return torch.device("cpu")
+    for var in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"):
+        if var in os.environ:
+            torch.cuda.set_device(int(os.environ[var]) % max(torch.cuda.device_count(), 1))
+            break
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 class Run:
     def __init__(self, spec: RunSpec, cm: comm.Comm) -> None:
         self.spec, self.comm = spec, cm
-        self.device = torch.device("cuda" if spec.backend == "nccl" else "cpu")
+        self.device = _device(spec.device_kind)
         torch.manual_seed(spec.seed)  # same initial model on every rank
-        info = models.get(spec.model)
-        self.model = info.build().to(self.device)
+        info = models.info(spec.model, spec.model_params)
+        self.model = models.build(spec.model, spec.model_params).to(self.device)
         named = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         policy = layers.LayerPolicy(**spec.layers) if spec.layers else layers.LayerPolicy()
         self.groups = layers.plan(
@@ -172,12 +184,14 @@ def _fault_injection(rank: int) -> tuple[int, str] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    apply_worker_env()  # a rank started by srun: torch env:// variables from SLURM_* (else no-op)
     args = sys.argv[1:] if argv is None else argv
     spec_path = Path(args[0])
     spec = RunSpec.from_dict(json.loads(spec_path.read_text()))
     if spec.backend != "nccl":
         torch.set_num_threads(1)  # one thread per CPU rank
     cm = comm.connect(spec.backend, timeout_s=spec.timeout)
+    _write_host(spec_path.parent / "parts", cm.rank, spec)
     run: Run | None = None
     failed = False
     try:
@@ -205,6 +219,15 @@ def main(argv: list[str] | None = None) -> int:
         if failed:
             cm.abort(1)  # peers may be blocked in a collective: end the whole job now
         cm.close()
+
+
+def _write_host(parts: Path, rank: int, spec: RunSpec) -> None:
+    """Where this rank ran (the driver lists the hosts in the run's machine.json)."""
+    import socket
+
+    doc = {"rank": rank, "hostname": socket.gethostname(), "pid": os.getpid(),
+           "device": spec.device_kind}  # fmt: skip
+    atomic_write_json(parts / f"host-{rank}.json", doc)
 
 
 def _write_parts(parts: Path, rank: int, run: Run) -> None:

@@ -1,0 +1,298 @@
+"""A real single-node Slurm cluster for the tests: munged + slurmctld + slurmd on localhost.
+
+The session fixture :func:`slurm_cluster` writes a minimal slurm.conf into a temporary directory,
+starts a munged of its own (own key, own socket: a system munged is left alone), slurmctld and
+slurmd on free ports, waits until ``sinfo`` shows the node idle and exports SLURM_CONF to the
+tests. At the end it cancels what is left in the queue and stops the daemons, also when a test
+failed. Without Debian's slurm-wlm and munge (``make slurm``) the tests that need it are skipped;
+so are they, with the last lines of the daemons' logs, when the daemons cannot start.
+
+The daemons run under a small supervisor (``python tests/slurm_cluster.py supervise DIR``)
+that is a child subreaper: slurmd double-forks a slurmstepd per job, which would otherwise end
+up a zombie of PID 1 (containers often have no init that reaps). The supervisor reaps them all,
+and on SIGTERM stops its daemons and every process they left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import getpass
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+DAEMONS = ("munged", "slurmctld", "slurmd")
+CLIENTS = ("sbatch", "srun", "salloc", "scancel", "squeue", "sinfo")
+START_TIMEOUT_S = 60.0
+STOP_GRACE_S = 10.0
+NODE = "localhost"
+
+
+@dataclass
+class Cluster:
+    root: Path
+    conf: Path
+    cpus: int
+
+    def log_tails(self, lines: int = 8) -> str:
+        out = []
+        for name in ("munged.log", "slurmctld.log", "slurmd.log", "supervisor.log"):
+            path = self.root / name
+            with contextlib.suppress(OSError):
+                tail = path.read_text(errors="replace").strip().splitlines()[-lines:]
+                out.append(f"{name}: " + " | ".join(tail))
+        return "; ".join(out) or "no logs"
+
+
+def binary(name: str) -> str | None:
+    return shutil.which(name) or next(
+        (str(p) for d in ("/usr/sbin", "/sbin") if (p := Path(d) / name).exists()), None
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def memory_mb() -> int:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024
+    return 1024
+
+
+def slurm_conf(root: Path, user: str, cpus: int, memory: int) -> str:
+    """A minimal single-node configuration: everything in ``root``, no accounting, no cgroups."""
+    return "\n".join([
+        "ClusterName=qbench-test",
+        f"SlurmctldHost={NODE}",
+        f"SlurmctldPort={free_port()}",
+        f"SlurmdPort={free_port()}",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={root / 'munge.sock'}",
+        f"SlurmUser={user}",
+        f"SlurmdUser={user}",
+        f"StateSaveLocation={root / 'state'}",
+        f"SlurmdSpoolDir={root / 'spool'}",
+        f"SlurmctldPidFile={root / 'slurmctld.pid'}",
+        f"SlurmdPidFile={root / 'slurmd.pid'}",
+        f"SlurmctldLogFile={root / 'slurmctld.log'}",
+        f"SlurmdLogFile={root / 'slurmd.log'}",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "MpiDefault=none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/none",
+        "SchedulerType=sched/backfill",
+        "ReturnToService=2",
+        "SlurmctldTimeout=30",
+        "SlurmdTimeout=30",
+        "InactiveLimit=0",
+        "KillWait=5",
+        "MinJobAge=300",
+        f"NodeName={NODE} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory} State=UNKNOWN",
+        f"PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP",
+        "",
+    ])  # fmt: skip
+
+
+def daemon_commands(root: Path) -> list[list[str]]:
+    """Each in the foreground, so that the supervisor is their parent."""
+    munged, slurmctld, slurmd = (binary(d) or d for d in DAEMONS)
+    return [
+        [munged, "--foreground", f"--key-file={root / 'munge.key'}",
+         f"--socket={root / 'munge.sock'}", f"--log-file={root / 'munged.log'}",
+         f"--pid-file={root / 'munged.pid'}", f"--seed-file={root / 'munged.seed'}"],
+        [slurmctld, "-D", "-i"],
+        [slurmd, "-D", "-N", NODE],
+    ]  # fmt: skip
+
+
+def _sinfo_state(env: dict[str, str]) -> str:
+    try:
+        p = subprocess.run(
+            ["sinfo", "--noheader", "--Node", "--format", "%N %t"],
+            capture_output=True, text=True, timeout=10, env=env,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return p.stdout.strip()
+
+
+@contextlib.contextmanager
+def running_cluster() -> Iterator[Cluster]:
+    """Start the daemons; yield once the node is idle; always stop them. pytest.skip (with the
+    reason) when they are not installed or do not come up."""
+    missing = [d for d in (*DAEMONS, *CLIENTS) if binary(d) is None]
+    if missing:
+        pytest.skip(f"slurm-wlm not installed: run `make slurm` (missing {', '.join(missing)})")
+    root = Path(tempfile.mkdtemp(prefix="qbench-slurm-"))
+    root.chmod(0o755)  # munged wants its socket directory searchable by all
+    for d in ("state", "spool"):
+        (root / d).mkdir()
+    key = root / "munge.key"
+    key.write_bytes(os.urandom(128))
+    key.chmod(0o600)
+    cluster = Cluster(root, root / "slurm.conf", os.cpu_count() or 1)
+    cluster.conf.write_text(
+        slurm_conf(root, getpass.getuser(), cluster.cpus, max(memory_mb() // 2, 256))
+    )
+    (root / "daemons.json").write_text(json.dumps(daemon_commands(root)))
+    env = {**os.environ, "SLURM_CONF": str(cluster.conf)}
+    log = open(root / "supervisor.log", "wb")  # noqa: SIM115 (closed below)
+    supervisor = subprocess.Popen(
+        [sys.executable, __file__, "supervise", str(root)], env=env, stdout=log, stderr=log,
+        stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    previous = os.environ.get("SLURM_CONF")
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while f"{NODE} idle" not in _sinfo_state(env):
+            if supervisor.poll() is not None or time.monotonic() > deadline:
+                pytest.skip(f"slurm daemons did not start: {cluster.log_tails()}")
+            time.sleep(0.5)
+        os.environ["SLURM_CONF"] = str(cluster.conf)
+        yield cluster
+    finally:
+        if previous is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = previous
+        _cancel_jobs(env)
+        supervisor.send_signal(signal.SIGTERM)
+        try:
+            supervisor.wait(timeout=STOP_GRACE_S * 3)
+        except subprocess.TimeoutExpired:
+            supervisor.kill()
+            supervisor.wait()
+        log.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _cancel_jobs(env: dict[str, str]) -> None:
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        p = subprocess.run(
+            ["squeue", "--noheader", "--format", "%i"], capture_output=True, text=True,
+            timeout=10, env=env,
+        )  # fmt: skip
+        jobs = p.stdout.split()
+        if jobs:
+            subprocess.run(["scancel", *jobs], capture_output=True, timeout=10, env=env)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[Cluster]:
+    with running_cluster() as cluster:
+        yield cluster
+
+
+# ---------------------------------------------------------------------------------------------
+# The supervisor (a process of its own)
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def supervise(root: Path) -> int:
+    """Start the daemons in order, reap every child (adopted ones too) until SIGTERM, then stop
+    the daemons and whatever processes they left behind, and reap those as well."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    daemons: list[subprocess.Popen[bytes]] = []
+    commands = json.loads((root / "daemons.json").read_text())
+    for i, argv in enumerate(commands):
+        if stopping:
+            break
+        out = open(root / f"{Path(argv[0]).name}.out", "wb")  # noqa: SIM115 (lives as long)
+        daemons.append(subprocess.Popen(argv, stdout=out, stderr=out, stdin=subprocess.DEVNULL))
+        if i == 0:  # munged: its socket before slurmctld / slurmd authenticate
+            deadline = time.monotonic() + 15
+            while not (root / "munge.sock").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+    while not stopping:
+        _reap()
+        if all(d.poll() is not None for d in daemons):
+            break
+        time.sleep(0.1)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in [*(d.pid for d in reversed(daemons)), *_descendants_of_cluster(root)]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline:
+            _reap()
+            if all(d.poll() is not None for d in daemons) and not _children():
+                break
+            time.sleep(0.05)
+    _reap()
+    return 0
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _children() -> list[int]:
+    me = str(os.getpid())
+    out = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        with contextlib.suppress(OSError):
+            fields = dict(
+                line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line
+            )
+            if fields.get("PPid", "").strip() == me and not fields.get("State", "").startswith("Z"):
+                out.append(int(status.parent.name))
+    return out
+
+
+def _descendants_of_cluster(root: Path) -> list[int]:
+    """Processes started by this cluster's daemons (slurmstepd, job steps): their environment
+    names this cluster's slurm.conf."""
+    marker = f"SLURM_CONF={root / 'slurm.conf'}".encode()
+    out = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        pid = int(environ.parent.name)
+        if pid == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if marker in environ.read_bytes().split(b"\0"):
+                out.append(pid)
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "supervise":
+        sys.exit(supervise(Path(sys.argv[2])))
+    sys.exit("usage: python tests/slurm_cluster.py supervise DIR")
