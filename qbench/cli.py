@@ -23,24 +23,49 @@ def cli() -> None:
 @click.option(
     "--dry-run", is_flag=True, help="Print the run matrix and excluded rows; run nothing."
 )
-def sweep(scenario: str | None, out: str | None, dry_run: bool) -> None:
-    """Run every combination of SCENARIO's axes (default: the embedded smoke scenario)."""
+@click.option(
+    "--launcher", type=click.Choice(["local", "slurm"]), default=None,
+    help="How runs start [the scenario's `launcher:`, else local].",
+)  # fmt: skip
+@click.option(
+    "--retry-failed", is_flag=True,
+    help="Also redo runs that failed or timed out in an earlier sweep (by default they are "
+    "kept; interrupted runs are always redone).",
+)  # fmt: skip
+def sweep(
+    scenario: str | None, out: str | None, dry_run: bool, launcher: str | None,
+    retry_failed: bool,
+) -> None:  # fmt: skip
+    """Run every combination of SCENARIO's axes (default: the embedded smoke scenario).
+
+    Re-running skips runs already complete, so an interrupted sweep resumes where it stopped."""
     from qbench import console
 
     text, source = _scenario_text(scenario)
-    console.sweep(text, source, Path(out) if out else None, dry_run)
+    console.sweep(
+        text, source, Path(out) if out else None, dry_run, launcher=launcher,
+        retry_failed=retry_failed,
+    )  # fmt: skip
 
 
 @cli.command()
 @click.argument("directory")
+@click.argument("other", required=False)
 @click.option(
     "--format", "fmt", type=click.Choice(["table", "csv", "md", "json"]), default="table",
     help="How to print the summary (files are always written to DIR/report/).",
 )  # fmt: skip
-def report(directory: str, fmt: str) -> None:
-    """Summarise DIRECTORY's runs: tables and figures in DIRECTORY/report/."""
+def report(directory: str, other: str | None, fmt: str) -> None:
+    """Summarise DIRECTORY's runs: tables and figures in DIRECTORY/report/.
+
+    With OTHER: compare OTHER (B) against DIRECTORY (A, the baseline) per matching
+    configuration, with the ratio of iteration times and whether it is beyond the noise
+    (written to OTHER/report/compare.{csv,md})."""
     from qbench import console
 
+    if other is not None:
+        console.compare(Path(directory), Path(other), fmt)
+        return
     console.report(Path(directory), fmt)
 
 

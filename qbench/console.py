@@ -5,8 +5,10 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -22,31 +24,79 @@ from qbench import scenario as scenario_mod
 from qbench.matrix import Matrix, RunSpec
 from qbench.records import RunRecord
 
+if TYPE_CHECKING:
+    from qbench.sweep import Launch
+
 # Wide when writing to a file or CI log, so run ids are never cut.
 out = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 
-def sweep(text: str, source: str, out_dir: Path | None, dry_run: bool) -> None:
+def sweep(
+    text: str, source: str, out_dir: Path | None, dry_run: bool, *,
+    launcher: str | None = None, retry_failed: bool = False,
+) -> None:  # fmt: skip
     sc = scenario_mod.loads(text, source)
     m = matrix_mod.expand(sc)
     target = out_dir or Path("results") / sc.name
+    from qbench import sweep as sweep_mod
+
+    launch = _launch_for(sc, launcher, m)
     if dry_run:
         _print_matrix(m, target)
         return
-    from qbench import sweep as sweep_mod
     from qbench.launch import local
     from qbench.store import ResultStore
 
-    local.check_available(sc.backend, max(sc.world_size), shaped=any(s.network for s in m.runs))
-    todo = sweep_mod.pending(m, ResultStore(target))
-    err.print(f"sweep {sc.name!r}: {len(m.runs)} runs ({len(m.runs) - len(todo)} already done), "
-              f"{len(m.excluded)} excluded -> {target}")  # fmt: skip
-    with _progress(len(todo)) as tick:
-        summary = sweep_mod.run_sweep(m, target, text, on_progress=tick)
+    if launch.kind == "local":
+        shaped = any(s.network for s in m.runs)
+        local.check_available(sc.backend, max(sc.world_size), shaped=shaped)
+    else:
+        from qbench.launch import slurm
+
+        slurm.check_available()
+    p = sweep_mod.plan(m, ResultStore(target), retry_failed)
+    kept = (
+        f", {len(p.kept_failed)} failed kept (--retry-failed redoes them)" if p.kept_failed else ""
+    )
+    err.print(f"sweep {sc.name!r}: {len(m.runs)} runs ({len(p.done)} already done{kept}), "
+              f"{len(m.excluded)} excluded, launcher {launch.kind} -> {target}")  # fmt: skip
+    with _progress(len(p.todo)) as tick:
+        summary = sweep_mod.run_sweep(
+            m, target, text, on_progress=tick, launch=launch, retry_failed=retry_failed,
+            resolved=_resolved(sc, launch),
+        )  # fmt: skip
     _print_outcome(summary)
-    if summary.failed:
+    if summary.failed or summary.kept_failed:
         sys.exit(1)
+
+
+def _launch_for(sc: scenario_mod.Scenario, launcher: str | None, m: Matrix) -> Launch:
+    """The launcher (``--launcher`` over the scenario's ``launcher:``) with its options."""
+    from qbench import sweep as sweep_mod
+    from qbench.errors import UserError
+
+    kind = launcher or sc.launcher
+    if kind == "local":
+        multi = next((s for s in m.runs if s.nodes > 1), None)
+        if multi is not None:
+            raise UserError(
+                f"nodes: {multi.nodes} needs a multi-node launcher; use --launcher slurm "
+                "(or see docs/launchers.md for torchrun rendezvous and mpirun hostfiles)"
+            )
+        return sweep_mod.Launch("local")
+    from qbench.launch import slurm
+
+    return sweep_mod.Launch("slurm", slurm.SlurmOptions.parse(sc.slurm))
+
+
+def _resolved(sc: scenario_mod.Scenario, launch: Launch) -> dict[str, object]:
+    """The scenario with every default filled in, as the runs saw it."""
+    import dataclasses
+
+    d = dataclasses.asdict(sc)
+    d["launcher"] = launch.kind
+    return d
 
 
 def _print_matrix(m: Matrix, target: Path) -> None:
@@ -91,7 +141,7 @@ class _Ticker:
             self.progress.advance(self.task)
             if record.status != "ok":
                 self.progress.console.print(
-                    f"[red]{record.status}[/] {spec.run_id}: {record.error}"
+                    f"[red]{record.status}[/] {spec.run_id}: {escape(record.error or '')}"
                 )
             return
         elapsed = time.monotonic() - self.t0
@@ -132,6 +182,9 @@ def _print_outcome(summary: object) -> None:
               f"(already complete); results in {summary.out}")  # fmt: skip
     if failed:
         err.print(f"not ok: {', '.join(failed)}; details in their run.json and stderr.log")
+    if summary.kept_failed:
+        err.print(f"{summary.kept_failed} runs failed in an earlier sweep and were not redone; "
+                  "`qbench sweep --retry-failed` redoes them")  # fmt: skip
     err.print(f"next: qbench report {summary.out}")
 
 
@@ -146,39 +199,46 @@ def report(directory: Path, fmt: str) -> None:
               f"(in {paths.summary_md.parent})")  # fmt: skip
 
 
-def models() -> None:
-    from qbench.models import MODELS, parameter_count
+def compare(a: Path, b: Path, fmt: str) -> None:
+    from qbench import report as report_mod
 
-    t = Table(title="model zoo")
-    for col in ("name", "parameters", "input", "classes", "description"):
-        t.add_column(col)
-    for m in MODELS.values():
+    csv_path, md_path, frame = report_mod.write_comparison(a, b, fmt)
+    counts = ", ".join(f"{n} {v}" for v, n in frame["verdict"].value_counts().items())
+    err.print(f"comparison: {counts}; written to {md_path} and {csv_path.name}")
+
+
+def models() -> None:
+    from qbench import models as zoo
+    from qbench.models.params import human, significant
+
+    t = Table(title="model zoo (forward GFLOPs per sample: 2 per multiply-add)")
+    for col in ("name", "parameters", "grad MB fp32", "GFLOPs/sample", "input", "classes"):
+        t.add_column(col, justify="left" if col in ("name", "input") else "right")
+    t.add_column("seed")
+    t.add_column("description")
+    for m in zoo.MODELS.values():
+        n = zoo.parameter_count(m.name)
         shape = "x".join(map(str, m.input_shape))
-        t.add_row(m.name, f"{parameter_count(m.name):,}", shape, str(m.num_classes), m.description)
+        if not m.input_dtype.is_floating_point:
+            shape += f" tokens < {m.vocab_size:,}"
+        gflops = zoo.flops_per_sample(m.name) / 1e9
+        t.add_row(
+            m.name, human(n), significant(n * 4 / 1e6), significant(gflops), shape,
+            f"{m.num_classes:,}", m.source, m.description,
+        )  # fmt: skip
     out.print(t)
+    out.print(
+        "lstm and synthetic take parameters, e.g. model: {name: synthetic, params: 25M, "
+        "gflops: 0.5}; the rows show their defaults."
+    )
 
 
 def info() -> None:
     from qbench import machine
-    from qbench.launch import local
 
     t = Table(title="qbench info")
     t.add_column("what")
     t.add_column("status")
-    mach = machine.collect()
-    t.add_row("cpu", f"{mach['cpu']} ({mach['cores']} cores, {mach['memory_gib']} GiB)")
-    gpus = mach["gpus"]
-    t.add_row("gpus", str(gpus["count"]) if gpus["count"] else f"none ({gpus['unavailable']})")
-    t.add_row("backend gloo", "available (torch.distributed)")
-    try:
-        t.add_row("backend mpi", f"available ({local.find_mpirun()})")
-    except Exception as e:
-        t.add_row("backend mpi", f"unavailable: {e}")
-    try:
-        local.check_available(["nccl"], 1)
-        t.add_row("backend nccl", "available")
-    except Exception as e:
-        t.add_row("backend nccl", f"unavailable: {e}")
-    for k, v in machine.versions().items():
-        t.add_row(k, str(v))
+    for what, status in machine.capabilities():
+        t.add_row(what, escape(status))  # reasons quote `qbench[cuda12]`: not rich markup
     out.print(t)

@@ -37,6 +37,11 @@ BAD = {
     "unknown model": ("name: x\nmodel: alexnot\n", "unknown model 'alexnot'"),
     "malformed yaml": ("name: x\nmodel: [mlp\n", "not valid YAML"),
     "wrong type": ("name: x\nmodel: mlp\nwarmup: many\n", "warmup must be int"),
+    "nodes on one host": (
+        "name: x\nmodel: mlp\nworld_size: 2\nnodes: 2\n",
+        "nodes: 2 needs a multi-node launcher; use --launcher slurm",
+    ),
+    "bad filter": ("name: x\nmodel: mlp\nexclude: [{rank: 1}]\n", "unknown axis 'rank'"),
 }
 
 
@@ -103,6 +108,17 @@ def test_sweep_then_report_end_to_end(tmp_path: Path) -> None:
         assert len(frame) == rec["labels"]["world_size"] * 4
         assert frame.loc[~frame.warmup, "t_iteration"].gt(0).all()
         assert rec["machine"]["cores"] >= 1 and "torch" in rec["versions"]
+        machine = json.loads((d / "machine.json").read_text())
+        assert machine["hostname"] and machine["network"] == {"shaped": False}
+        assert "mpi" in machine["versions"] and "gpus" in machine
+        assert [h["rank"] for h in machine["ranks"]] == list(range(rec["labels"]["world_size"]))
+        assert machine["hostnames"] == [machine["hostname"]]
+    # Provenance of the sweep: the scenario as given and as resolved, the machine.
+    assert (out / "scenario.yaml").read_text() == TINY
+    resolved = json.loads((out / "scenario.resolved.json").read_text())
+    assert resolved["scenario"]["iterations"] == 3 and resolved["scenario"]["lr"] == 0.05
+    assert resolved["launcher"] == "local" and len(resolved["runs"]) == 8
+    assert json.loads((out / "machine.json").read_text())["cores"] >= 1
     # Re-running skips what is complete.
     again = qbench("sweep", write(tmp_path, TINY), "--out", str(out))
     assert again.returncode == 0 and "8 already done" in again.stderr
