@@ -199,3 +199,103 @@ def _print_table(summary: pd.DataFrame, out: TextIO) -> None:
         for row in failed:
             errors.add_row(*row)
         console.print(errors)
+
+
+# -- A/B comparison --------------------------------------------------------------------------
+COMPARE_CSV = "compare.csv"
+COMPARE_MD = "compare.md"
+_COMPARE_SHOW = (
+    *("model", "backend", "scheme", "compressor", "world_size", "network", "a_runs", "b_runs"),
+    *("a_median_s", "b_median_s", "ratio", "ci", "verdict"),
+)
+_COMPARE_HEAD = {
+    "world_size": "ranks", "a_median_s": "A ms", "b_median_s": "B ms", "ratio": "B/A",
+    "ci": "95% interval", "a_runs": "A runs", "b_runs": "B runs",
+}  # fmt: skip
+
+
+def write_comparison(
+    a: Path | str, b: Path | str, fmt: str | None = "table", out: TextIO | None = None
+) -> tuple[Path, Path, pd.DataFrame]:
+    """Compare ``b`` against baseline ``a`` (:mod:`qbench.compare`); write
+    ``b/report/compare.{csv,md}`` and print the table in ``fmt``; failed runs of both listed."""
+    from qbench import compare
+
+    if fmt is not None and fmt not in FORMATS:
+        raise choice_error("report format", fmt, FORMATS)
+    sa, sb = load_summary(a), load_summary(b)  # one-line errors for missing / empty dirs
+    frame = compare.compare(a, b)
+    report_dir = ResultStore(b).report_dir()
+    csv_path, md_path = report_dir / COMPARE_CSV, report_dir / COMPARE_MD
+    atomic_write_bytes(csv_path, frame.to_csv(index=False).encode())
+    failed = pd.concat([sa.assign(side="A"), sb.assign(side="B")], ignore_index=True)
+    text = _compare_markdown(frame, failed, str(a), str(b))
+    atomic_write_bytes(md_path, text.encode())
+    if fmt is not None:
+        stream = out if out is not None else sys.stdout
+        if fmt == "csv":
+            stream.write(frame.to_csv(index=False))
+        elif fmt == "json":
+            stream.write(frame.to_json(orient="records", indent=2) + "\n")
+        elif fmt == "md":
+            stream.write(text)
+        else:
+            _print_comparison(frame, failed, stream, str(a), str(b))
+    return csv_path, md_path, frame
+
+
+def _compare_cells(frame: pd.DataFrame) -> list[list[str]]:
+    rows = []
+    for r in frame.to_dict("records"):
+        ci = _NA if _missing(r["ci_low"]) else f"{r['ci_low']:.3f}-{r['ci_high']:.3f}"
+        cells = {**r, "ci": ci}
+        rows.append([
+            _MS(cells[c]) if c in ("a_median_s", "b_median_s")
+            else _num(1.0, 3)(cells[c]) if c == "ratio" else _text(cells[c])
+            for c in _COMPARE_SHOW
+        ])  # fmt: skip
+    return rows
+
+
+def _compare_markdown(frame: pd.DataFrame, failed: pd.DataFrame, a: str, b: str) -> str:
+    head = [_COMPARE_HEAD.get(c, c) for c in _COMPARE_SHOW]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += [
+        "| " + " | ".join(_compare_cells(frame.iloc[[i]])[0]) + " |" for i in range(len(frame))
+    ]
+    counts = frame["verdict"].value_counts()
+    verdicts = ", ".join(f"{n} {v}" for v, n in counts.items())
+    parts = [
+        f"# qbench comparison: B = {b} against A = {a}",
+        f"{len(frame)} configurations: {verdicts}.",
+    ]
+    parts.append(
+        "B/A is the ratio of median iteration times (below 1: B is faster). The 95 % interval "
+        "bootstraps whole runs when both sides have two or more, otherwise iterations (noise "
+        "within one run only). A change is beyond the noise when the interval excludes 1."
+    )
+    parts += ["## Configurations", "\n".join(lines)]
+    bad = failed[failed["status"] != "ok"]
+    parts += ["## Failed runs", _failed_runs(bad.assign(run_id=bad["side"] + ": " + bad["run_id"]))]
+    return "\n\n".join(parts) + "\n"
+
+
+def _print_comparison(
+    frame: pd.DataFrame, failed: pd.DataFrame, out: TextIO, a: str, b: str
+) -> None:
+    table = Table(title=f"B = {b} vs A = {a}", header_style="bold",
+                  caption="B/A < 1: B faster; verdict from a 95 % bootstrap interval")  # fmt: skip
+    for c in _COMPARE_SHOW:
+        textual = c in ("model", "backend", "scheme", "compressor", "network", "verdict")
+        table.add_column(_COMPARE_HEAD.get(c, c), justify="left" if textual else "right")
+    for cells, verdict in zip(_compare_cells(frame), frame["verdict"], strict=True):
+        style = {"slower": "red", "faster": "green"}.get(str(verdict))
+        table.add_row(*cells, style=style)
+    console = Console(file=out, width=None if out.isatty() else _PIPE_WIDTH)
+    console.print(table)
+    bad = failed[failed["status"] != "ok"]
+    if not bad.empty:
+        errors = Table("run", "status", "exit code", "error", title="Failed runs", style="red")
+        for row in _failed_rows(bad.assign(run_id=bad["side"] + ": " + bad["run_id"])):
+            errors.add_row(*row)
+        console.print(errors)
