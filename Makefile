@@ -55,3 +55,36 @@ figures: venv
 
 clean:
 	rm -rf kernels/build .mypy_cache .ruff_cache .pytest_cache
+
+# Slurm for the slurm launcher and its tests (tests/slurm_cluster.py starts a single-node cluster
+# on localhost from these): Debian's slurm-wlm and munge. libpmix-dev is for `slurm: {mpi: pmix}`
+# only: Debian 12's Slurm PMIx plugin loads the unversioned libpmix.so, which only it ships.
+SLURM_PACKAGES ?= slurm-wlm munge libpmix-dev
+.PHONY: slurm
+slurm:
+	@if ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "slurm: no apt-get here; install Slurm (slurmctld, slurmd, sbatch, srun) and munge" \
+	    "with your package manager, or run the slurm tests on Debian/Ubuntu" >&2; exit 1; \
+	elif [ "$$(id -u)" != 0 ]; then \
+	  echo "slurm: installing packages needs root; run: sudo apt-get install -y $(SLURM_PACKAGES)" >&2; \
+	  exit 1; \
+	else \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y $(SLURM_PACKAGES) || { apt-get update && apt-get install -y $(SLURM_PACKAGES); }; \
+	fi
+
+# Real data for accuracy mode: Debian's dataset-fashion-mnist installs the real Fashion-MNIST IDX
+# files in /usr/share/datasets/fashion-mnist (nothing is downloaded at run time; scikit-learn ships
+# the digits set). Where apt-get is missing, set QBENCH_DATA to a directory with fashion-mnist/.
+DATA_PACKAGES ?= dataset-fashion-mnist
+.PHONY: data
+data:
+	@if ls /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte* >/dev/null 2>&1; then \
+	  echo "data: Fashion-MNIST present in /usr/share/datasets/fashion-mnist"; \
+	elif ! command -v apt-get >/dev/null 2>&1 || [ "$$(id -u)" != 0 ]; then \
+	  echo "data: cannot install $(DATA_PACKAGES) here (needs apt-get as root); set QBENCH_DATA" \
+	    "to a directory holding fashion-mnist/ with the four IDX files" >&2; exit 1; \
+	else \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y $(DATA_PACKAGES) || { apt-get update && apt-get install -y $(DATA_PACKAGES); }; \
+	fi
