@@ -17,7 +17,10 @@ from qbench.errors import UserError
 from qbench.scenario import Scenario
 
 # Fields added after results existed: left out of the hash while they hold their default.
-_OPTIONAL_ID_FIELDS = {"model_params": {}, "repeat": 0, "nodes": 1, "device": ""}
+_OPTIONAL_ID_FIELDS: dict[str, Any] = {
+    "model_params": {}, "repeat": 0, "nodes": 1, "device": "", "epochs": 0, "lr_schedule": {},
+    "weight_decay": 0.0, "skew": 0.0,
+}  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +58,14 @@ class RunSpec:
     """cpu or cuda; empty = the backend's own (cuda for nccl, cpu otherwise)."""
     price_per_hour: float | None = None
     """Machine-hour price for cost columns (not part of the run id)."""
+    epochs: int = 0
+    """Accuracy mode: passes over the training split (0 = iteration mode, ``iterations``)."""
+    lr_schedule: dict[str, Any] = field(default_factory=dict)
+    weight_decay: float = 0.0
+    skew: float = 0.0
+    """Label skew of the training partitions (0 = IID)."""
+    target_accuracy: float | None = None
+    """Top-1 accuracy for time-to-accuracy in reports (not part of the run id)."""
 
     @property
     def run_id(self) -> str:
@@ -64,6 +75,7 @@ class RunSpec:
         d.pop("timeout")
         d.pop("scenario")
         d.pop("price_per_hour")
+        d.pop("target_accuracy")
         for key, default in _OPTIONAL_ID_FIELDS.items():  # ids of earlier results stay valid
             if d[key] == default:
                 d.pop(key)
@@ -114,6 +126,9 @@ class RunSpec:
             "repeat": self.repeat,
             "nodes": self.nodes,
             "price_per_hour": self.price_per_hour,
+            "epochs": self.epochs,
+            "skew": self.skew,
+            "target_accuracy": self.target_accuracy,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -169,11 +184,12 @@ def expand(sc: Scenario) -> Matrix:
     # Nested products (same order as one flat product): typed, where an 11-way one is not.
     places = list(itertools.product(sc.world_size, sc.nodes, sc.backend, sc.device))
     variants = list(itertools.product(sc.compressor, sc.scheme))
-    draws = list(itertools.product(sc.seed, range(sc.repeats)))
+    draws = list(itertools.product(sc.seed, range(sc.repeats), sc.skew))
     axes = itertools.product(model_entries, sc.dataset, sc.network, places, variants, draws)
     for (model, mparams), dataset, net, (ws, nodes, backend, dev), (comp, scheme_spec), (
         seed,
         rep,
+        skew,
     ) in axes:
         resolved = resolve_scheme(scheme_spec["name"], comp)
         device, device_problem = _device_for(backend, dev)
@@ -189,6 +205,11 @@ def expand(sc: Scenario) -> Matrix:
             ),
             None,
         )
+        if not why and sc.epochs and resolved == "simulated-lowprec":
+            why = (
+                "simulated-lowprec does not reduce the gradients (speed only, seed 002 "
+                "section 4.4), so it cannot train; drop it from accuracy (epochs) scenarios"
+            )
         if not why and net and backend == "nccl":
             why = (
                 "network.bandwidth emulates links between CPU processes (gloo, mpi); nccl would "
@@ -202,6 +223,7 @@ def expand(sc: Scenario) -> Matrix:
         desc = (
             f"{model} {backend} {resolved} {label} w{ws}{f' n{nodes}' if nodes > 1 else ''} "
             f"{network.label(net)} seed{seed}{f' repeat{rep}' if rep else ''}"
+            f"{f' skew{skew:g}' if skew else ''}"
         )
         if not why:
             values = {
@@ -211,6 +233,7 @@ def expand(sc: Scenario) -> Matrix:
                 "scheme": (resolved, scheme_spec["name"], dict(scheme_spec)),
                 "compressor": (comp["name"], label, dict(comp)),
                 "network": (network.label(net), dict(net)), "seed": (seed,), "repeat": (rep,),
+                "skew": (skew,),
             }  # fmt: skip
             why = _filtered(values, sc.include, sc.exclude)
         if why:
@@ -223,6 +246,8 @@ def expand(sc: Scenario) -> Matrix:
             seed=seed, timeout=sc.timeout, telemetry=sc.telemetry, layers=_layers_for(comp, sc),
             scheme_params=_params(scheme_spec), network=dict(net), model_params=mparams,
             repeat=rep, nodes=nodes, price_per_hour=sc.price_per_hour, device=device,
+            epochs=sc.epochs or 0, lr_schedule=dict(sc.lr_schedule),
+            weight_decay=sc.weight_decay, skew=skew, target_accuracy=sc.target_accuracy,
         )  # fmt: skip
         if spec.run_id not in seen:  # "auto" may resolve to a scheme also listed explicitly
             seen.add(spec.run_id)

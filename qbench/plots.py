@@ -83,6 +83,12 @@ def write_figures(summary: pd.DataFrame, out_dir: Path) -> tuple[list[Path], lis
     return paths, notes
 
 
+def save_all(fig: Figure, stem: Path) -> list[Path]:
+    """``stem``.png and ``stem``.pdf, written atomically, with the shared style."""
+    with matplotlib.rc_context(STYLE):
+        return [_save(fig, stem.with_suffix(f".{ext}"), ext) for ext in ("png", "pdf")]
+
+
 def _save(fig: Figure, path: Path, ext: str) -> Path:
     buffer = io.BytesIO()
     fig.savefig(buffer, format=ext, dpi=DPI)

@@ -4,6 +4,7 @@ Per run directory ``DIR/<run_id>/``:
 
 * ``iterations.parquet``: one row per (rank, iteration), columns ``ITERATION_COLUMNS``.
 * ``run.json``: a :class:`RunRecord` (resolved config, status, error, times, provenance).
+* ``epochs.parquet`` (accuracy mode only): one row per epoch, columns ``EPOCH_COLUMNS``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,23 @@ ITERATION_COLUMNS: dict[str, str] = {
 
 # Workers print "<WORKER_FAILED> <rank> failed: <Exception>: <message>" on stderr when they fail.
 WORKER_FAILED = "qbench worker rank"
+
+# Accuracy mode (epochs:), one row per epoch, written by rank 0 after the ranks evaluated the
+# model averaged over ranks together. Times are seconds of training (evaluation excluded).
+EPOCH_COLUMNS: dict[str, str] = {
+    "run_id": "string",
+    "epoch": "int32",  # 1-based: the row is written after this many passes
+    "iteration": "int64",  # iterations done so far, all epochs
+    "train_time_s": "float64",  # training time so far: per epoch the slowest rank's sum
+    "lr": "float64",  # learning rate during this epoch
+    "train_loss": "float64",  # mean training loss of the epoch's iterations over all ranks
+    "test_loss": "float64",
+    "top1": "float64",  # test accuracy of the averaged model, 0..1
+    "top5": "float64",  # NaN with 10 classes or fewer
+    "grad_norm": "float64",  # full training gradient norm (convex models, seed 000), else NaN
+    "bytes_sent": "int64",  # bytes rank 0 handed to the network so far
+    "consensus_distance": "float64",  # gossip: at the end of the epoch, else NaN
+}
 
 STATUSES = ("ok", "failed", "timeout", "interrupted", "running")
 
@@ -73,3 +91,8 @@ def iterations_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """Build a frame with exactly the schema's columns and dtypes (optional ones NaN)."""
     frame = pd.DataFrame(rows, columns=list(ITERATION_COLUMNS))  # missing columns -> NaN
     return frame.astype(ITERATION_COLUMNS)
+
+
+def epochs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    frame = pd.DataFrame(rows, columns=list(EPOCH_COLUMNS))
+    return frame.astype(EPOCH_COLUMNS)

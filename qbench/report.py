@@ -17,13 +17,14 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from qbench import plots, stats
+from qbench import accuracy, plots, plots_accuracy, stats
 from qbench.errors import UserError, choice_error
 from qbench.store import ResultStore, atomic_write_bytes
 
 FORMATS = ("table", "csv", "md", "json")
 SUMMARY_CSV = "summary.csv"
 SUMMARY_MD = "summary.md"
+ACCURACY_CSV = "accuracy.csv"
 _LABEL_COLUMNS = ("model", "dataset", "backend", "scheme", "network")
 _NA = "-"
 _PIPE_WIDTH = 220
@@ -50,12 +51,19 @@ def write_report(
     """
     if fmt is not None and fmt not in FORMATS:
         raise choice_error("report format", fmt, FORMATS)
-    summary = load_summary(root)
+    results = _load(root)
+    summary = stats.summarize(results)
+    acc = accuracy.table(summary)
     report_dir = ResultStore(root).report_dir()
     csv_path, md_path = report_dir / SUMMARY_CSV, report_dir / SUMMARY_MD
     atomic_write_bytes(csv_path, summary.to_csv(index=False).encode())
-    atomic_write_bytes(md_path, markdown_report(summary, str(root)).encode())
+    atomic_write_bytes(md_path, markdown_report(summary, str(root), acc).encode())
     figures, notes = plots.write_figures(summary, report_dir)
+    if not acc.empty:
+        atomic_write_bytes(report_dir / ACCURACY_CSV, acc.to_csv(index=False).encode())
+        fig = plots_accuracy.accuracy_figure(summary, results.epochs)
+        if fig is not None:
+            figures += plots.save_all(fig, report_dir / "accuracy")
     if fmt is not None:
         render(summary, fmt, out)
     return ReportPaths(csv_path, md_path, tuple(figures), tuple(notes), summary)
@@ -63,13 +71,17 @@ def write_report(
 
 def load_summary(root: Path | str) -> pd.DataFrame:
     """``stats.summarize(stats.load(root))``, or a one-line UserError when there are no runs."""
+    return stats.summarize(_load(root))
+
+
+def _load(root: Path | str) -> stats.Results:
     fix = f"run `qbench sweep SCENARIO.yaml --out {root}` first"
     if not Path(root).is_dir():
         raise UserError(f"results directory {root} does not exist; {fix}")
     results = stats.load(root)
     if results.runs.empty:
         raise UserError(f"no runs found in {root} (no */run.json); {fix}")
-    return stats.summarize(results)
+    return results
 
 
 def render(summary: pd.DataFrame, fmt: str = "table", out: TextIO | None = None) -> None:
@@ -167,7 +179,7 @@ def _failed_runs(summary: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def markdown_report(summary: pd.DataFrame, title: str) -> str:
+def markdown_report(summary: pd.DataFrame, title: str, acc: pd.DataFrame | None = None) -> str:
     """The whole ``summary.md``: counts, the summary table and the failed-runs table."""
     counts = summary["status"].value_counts()
     status = ", ".join(f"{n} {s}" for s, n in counts.items())
@@ -175,6 +187,8 @@ def markdown_report(summary: pd.DataFrame, title: str) -> str:
     parts.append("Times are medians over measured iterations (warm-up dropped); an iteration")
     parts[-1] += " lasts as long as its slowest rank. `(simulated)`: speed-only simulation."
     parts += ["## Summary", _markdown_table(summary, _MD_COLUMNS)]
+    if acc is not None and not acc.empty:
+        parts += ["## Accuracy", _ACC_NOTE, _plain_markdown(_acc_display(acc), _ACC_COLUMNS)]
     parts += ["## Failed runs", _failed_runs(summary)]
     return "\n\n".join(parts) + "\n"
 
@@ -299,3 +313,36 @@ def _print_comparison(
         for row in _failed_rows(bad.assign(run_id=bad["side"] + ": " + bad["run_id"])):
             errors.add_row(*row)
         console.print(errors)
+
+
+_ACC_NOTE = (
+    "Final test top-1 of the model averaged over ranks, mean +/- std over seeds and repeats; "
+    "bits/value is what was actually sent (payload bytes x 8 / values); diff is to the fp32 "
+    "run of the same model, dataset and skew (gossip against fp32 gossip)."
+)
+_ACC_COLUMNS = (
+    "model", "dataset", "scheme", "compressor", "skew", "runs", "bits/value", "top-1 %",
+    "diff vs fp32 (pt)", "time to target (s)",
+)  # fmt: skip
+
+
+def _acc_display(acc: pd.DataFrame) -> pd.DataFrame:
+    out = acc.copy()
+    out["bits/value"] = out["bits_per_value"].map(lambda v: f"{v:.2f}")
+    out["top-1 %"] = [f"{100 * m:.2f} +/- {100 * s:.2f}" for m, s in zip(
+        out["top1_mean"], out["top1_std"], strict=True)]  # fmt: skip
+    out["diff vs fp32 (pt)"] = out["diff_vs_fp32"].map(
+        lambda v: _NA if pd.isna(v) else f"{100 * v:+.2f}"
+    )
+    out["time to target (s)"] = out["time_to_target_s"].map(
+        lambda v: _NA if pd.isna(v) else f"{v:.2f}"
+    )
+    out["skew"] = out["skew"].map(lambda v: f"{v:g}")
+    return out
+
+
+def _plain_markdown(frame: pd.DataFrame, columns: tuple[str, ...]) -> str:
+    """A markdown table of already formatted string columns."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in frame[list(columns)].values]
+    return "\n".join(lines)

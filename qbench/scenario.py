@@ -21,8 +21,9 @@ DEVICES = ("auto", "cpu", "cuda")
 # Keys an include / exclude entry may match on (values: one value or a list of values).
 FILTER_KEYS = (
     "model", "dataset", "world_size", "nodes", "backend", "device", "scheme", "compressor",
-    "network", "seed", "repeat",
+    "network", "seed", "repeat", "skew",
 )  # fmt: skip
+LR_SCHEDULE_KEYS = ("milestones", "every", "gamma")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,7 +61,19 @@ class Scenario:
     warmup: int = 5
     """Iterations run first and kept on disk, but dropped from summaries."""
     iterations: int = 20
-    """Measured iterations."""
+    """Measured iterations (iteration mode; ``epochs`` replaces it)."""
+    epochs: int | None = None
+    """Accuracy mode: train this many passes over the dataset's training split, evaluating on
+    the test split after each (needs a real dataset, not ``synthetic``)."""
+    lr_schedule: dict[str, Any] = field(default_factory=dict)
+    """Learning-rate decay per epoch: ``{milestones: [100, 150], gamma: 0.1}`` or
+    ``{every: 30, gamma: 0.5}``; empty = constant."""
+    weight_decay: float = 0.0
+    """L2 regularisation (SGD weight decay), e.g. seed 000's logistic regression."""
+    skew: tuple[float, ...] = (0.0,)
+    """Label skew of the ranks' training partitions: 0 = IID, 1 = sorted by label (seed 001)."""
+    target_accuracy: float | None = None
+    """Top-1 test accuracy for "time to accuracy" in reports (not part of run ids)."""
     lr: float = 0.05
     """SGD learning rate."""
     momentum: float = 0.9
@@ -121,6 +134,7 @@ class Scenario:
             _check_range("seed", seed, 0, 2**32 - 1, example="seed: [0, 1, 2]")
         _check_range("warmup", self.warmup, 0, 10**6)
         _check_range("iterations", self.iterations, 1, 10**7)
+        _check_accuracy_mode(self)
         _check_range("lr", self.lr, 0.0, 1e3, example="lr: 0.05")
         _check_range("momentum", self.momentum, 0.0, 1.0, example="momentum: 0.9")
         _check_range("timeout", self.timeout, 1.0, 1e7, example="timeout: 600")
@@ -142,6 +156,7 @@ _AXES = {
     "backend": str,
     "device": str,
     "seed": int,
+    "skew": float,
 }
 _SCALARS = {
     "gpus_per_node": int,
@@ -150,6 +165,9 @@ _SCALARS = {
     "launcher": str,
     "warmup": int,
     "iterations": int,
+    "epochs": int,
+    "weight_decay": float,
+    "target_accuracy": float,
     "lr": float,
     "momentum": float,
     "timeout": float,
@@ -232,6 +250,8 @@ def parse(raw: Any, source: str = "<embedded>") -> Scenario:
             kw[key] = tuple(_mapping(key, e) for e in _as_list(key, raw[key]))
     if "slurm" in raw:
         kw["slurm"] = _mapping("slurm", raw["slurm"])
+    if "lr_schedule" in raw:
+        kw["lr_schedule"] = _mapping("lr_schedule", raw["lr_schedule"])
     return Scenario(**kw)
 
 
@@ -261,12 +281,18 @@ def _named(key: str, c: Any) -> dict[str, Any]:
     return dict(c)
 
 
+_MAPPING_EXAMPLES = {
+    "slurm": "{partition: gpu}", "lr_schedule": "{milestones: [30, 45], gamma: 0.1}",
+}  # fmt: skip
+
+
 def _mapping(key: str, value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise UserError(
             f"{key} entry {value!r} must be a mapping; e.g. `{key}: [{{backend: mpi}}]`"
             if key in ("include", "exclude")
-            else f"{key} must be a mapping, got {value!r}; e.g. `{key}: {{partition: gpu}}`"
+            else f"{key} must be a mapping, got {_show(value)}; "
+            f"e.g. `{key}: {_MAPPING_EXAMPLES[key]}`"
         )
     return {str(k): v for k, v in value.items()}
 
@@ -324,6 +350,51 @@ def _check_range(key: str, v: float, lo: float, hi: float, example: str = "") ->
     if not lo <= v <= hi:
         fix = f"; e.g. `{example}`" if example else ""
         raise UserError(f"{key} must be in [{lo:g}, {hi:g}], got {_show(v)}{fix}")
+
+
+def _check_accuracy_mode(sc: Scenario) -> None:
+    for skew in sc.skew:
+        _check_range("skew", skew, 0.0, 1.0, example="skew: [0, 0.8]")
+    _check_range("weight_decay", sc.weight_decay, 0.0, 1e3, example="weight_decay: 0.0001")
+    if sc.target_accuracy is not None:
+        _check_range(
+            "target_accuracy", sc.target_accuracy, 0.0, 1.0, example="target_accuracy: 0.8"
+        )
+    _check_lr_schedule(sc.lr_schedule)
+    if sc.epochs is None:
+        return
+    _check_range("epochs", sc.epochs, 1, 10**5, example="epochs: 10")
+    if "synthetic" in sc.dataset:
+        raise UserError(
+            "epochs needs a dataset with a train/test split, got dataset synthetic; e.g. "
+            "`dataset: digits` (bundled) or `dataset: fashion-mnist` (make data)"
+        )
+
+
+def _check_lr_schedule(sched: dict[str, Any]) -> None:
+    ex = "e.g. `lr_schedule: {milestones: [30, 45], gamma: 0.1}`"
+    for k in sched:
+        if k not in LR_SCHEDULE_KEYS:
+            raise UserError(
+                f"lr_schedule: unknown key {_show(k)}; valid: {', '.join(LR_SCHEDULE_KEYS)}; {ex}"
+            )
+    if "milestones" in sched and "every" in sched:
+        raise UserError(f"lr_schedule takes milestones or every, not both; {ex}")
+    gamma = sched.get("gamma", 0.1)
+    if isinstance(gamma, bool) or not isinstance(gamma, int | float) or not 0 < gamma <= 1:
+        raise UserError(f"lr_schedule.gamma must be in (0, 1], got {_show(gamma)}; {ex}")
+    ms = sched.get("milestones", [])
+    if not isinstance(ms, list) or not all(
+        isinstance(m, int) and not isinstance(m, bool) and 1 <= m <= 10**5 for m in ms
+    ):
+        raise UserError(
+            f"lr_schedule.milestones must be a list of epochs >= 1, got {_show(ms)}; {ex}"
+        )
+    every = sched.get("every", 1)
+    if isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= 10**5:
+        raise UserError(
+            f"lr_schedule.every must be a whole number of epochs >= 1, got {_show(every)}; {ex}"
+        )
 
 
 def _check_filter(key: str, entry: dict[str, Any]) -> None:

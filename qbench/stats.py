@@ -1,4 +1,5 @@
-"""Summaries of a results directory: pure pandas over ``run.json`` and ``iterations.parquet``.
+"""Summaries of a results directory: pure pandas over ``run.json``, ``iterations.parquet`` and,
+in accuracy mode, ``epochs.parquet``.
 
 Reads files only: never torch, the worker or a launcher. Conventions:
 
@@ -12,14 +13,21 @@ Reads files only: never torch, the worker or a launcher. Conventions:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from qbench.records import ITERATION_COLUMNS, RunRecord, iterations_frame
-from qbench.store import ResultStore
+from qbench import accuracy
+from qbench.records import (
+    EPOCH_COLUMNS,
+    ITERATION_COLUMNS,
+    RunRecord,
+    epochs_frame,
+    iterations_frame,
+)
+from qbench.store import EPOCHS, ResultStore
 
 UNREADABLE = "unreadable"
 SIMULATED_SUFFIX = " (simulated)"
@@ -27,7 +35,7 @@ PARTS = ("t_compute", "t_encode", "t_comm", "t_decode", "t_step")
 LABELS = (
     *("model", "dataset", "backend", "scheme", "compressor", "compressor_name", "bits"),
     *("world_size", "batch_size", "global_batch", "simulated", "network", "numel", "seed"),
-    "repeat",
+    *("repeat", "skew", "target_accuracy"),
 )
 RUN_COLUMNS = ("run_id", "status", "error", "exit_code", *LABELS)
 _INT_COLUMNS = ("exit_code", "world_size", "batch_size", "global_batch", "numel", "seed", "repeat")
@@ -39,9 +47,12 @@ _METRICS = (
 SUMMARY_COLUMNS = (
     *("run_id", "model", "dataset", "backend", "scheme", "compressor", "world_size", "network"),
     *("status", "iterations", "samples_per_s", "t_iteration_median", "t_iteration_p95", *PARTS),
-    *("bytes_per_iteration", "compression_ratio", "speedup_vs_fp32", "scalability"),
+    *("bytes_per_iteration", "compression_ratio", "bits_per_value", "speedup_vs_fp32"),
+    "scalability",
+    *accuracy.RUN_METRICS,
     # not in the headline list, but needed by figures, failure tables and CSV readers
-    *("compressor_name", "bits", "simulated", "global_batch", "repeat", "exit_code", "error"),
+    *("compressor_name", "bits", "simulated", "global_batch", "repeat", "skew", "exit_code"),
+    "error",
 )
 
 
@@ -55,6 +66,8 @@ class Results:
 
     runs: pd.DataFrame
     iterations: pd.DataFrame
+    epochs: pd.DataFrame = field(default_factory=lambda: epochs_frame([]))
+    """Accuracy-mode rows (``EPOCH_COLUMNS``) of the runs that have them."""
 
 
 # -- loading ---------------------------------------------------------------------------------
@@ -63,13 +76,32 @@ def load(root: Path | str) -> Results:
     store = ResultStore(root)
     rows: list[dict[str, Any]] = []
     frames: list[pd.DataFrame] = []
+    epoch_frames: list[pd.DataFrame] = []
     for run_id in store.run_ids():
         row, frame = _load_run(store, run_id)
         rows.append(row)
         if frame is not None:
             frames.append(frame)
+        epochs = _read_epochs(store.run_dir(run_id) / EPOCHS, run_id)
+        if epochs is not None:
+            epoch_frames.append(epochs)
     iterations = pd.concat(frames, ignore_index=True) if frames else iterations_frame([])
-    return Results(runs=_runs_frame(rows), iterations=iterations)
+    epochs_all = pd.concat(epoch_frames, ignore_index=True) if epoch_frames else epochs_frame([])
+    return Results(runs=_runs_frame(rows), iterations=iterations, epochs=epochs_all)
+
+
+def _read_epochs(path: Path, run_id: str) -> pd.DataFrame | None:
+    """A run's epoch rows, or None (iteration mode, or an unreadable file: the run's accuracy
+    columns then stay empty rather than failing the report)."""
+    if not path.exists():
+        return None
+    try:
+        frame = pd.read_parquet(path)
+        frame = frame[list(EPOCH_COLUMNS)].astype(EPOCH_COLUMNS)
+    except Exception:  # pyarrow raises many types; a partial file must not stop the report
+        return None
+    frame["run_id"] = pd.Series(run_id, index=frame.index, dtype="string")
+    return frame
 
 
 def _load_run(store: ResultStore, run_id: str) -> tuple[dict[str, Any], pd.DataFrame | None]:
@@ -134,6 +166,7 @@ def _runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     for column in _INT_COLUMNS:
         runs[column] = _as_int(runs[column])
     runs["bits"] = pd.to_numeric(runs["bits"], errors="coerce")
+    runs["skew"] = pd.to_numeric(runs["skew"], errors="coerce").fillna(0.0)  # older runs: IID
     runs["simulated"] = runs["simulated"].map(_truthy).astype(bool)
     return runs
 
@@ -171,8 +204,11 @@ def summarize(results: Results) -> pd.DataFrame:
     table["compression_ratio"] = table["_grad_bytes"] / table["_payload_bytes"].where(
         table["_payload_bytes"] > 0
     )
+    table["bits_per_value"] = 32 / table["compression_ratio"]  # what was actually sent
     table["speedup_vs_fp32"] = _speedup_vs_fp32(table)
     table["scalability"] = _scalability(table)
+    targets = pd.to_numeric(table.set_index("run_id")["target_accuracy"], errors="coerce")
+    table = table.merge(accuracy.run_metrics(results.epochs, targets), "left", "run_id")
     return _sorted(table)[list(SUMMARY_COLUMNS)].reset_index(drop=True)
 
 
@@ -199,7 +235,7 @@ def _global_batch(table: pd.DataFrame) -> pd.Series:
 
 
 def _speedup_vs_fp32(table: pd.DataFrame) -> pd.Series:
-    keys = ["model", "dataset", "backend", "world_size", "network"]
+    keys = ["model", "dataset", "backend", "world_size", "network", "skew"]
     base = table[(table["compressor_name"] == "none") & table["samples_per_s"].notna()]
     not_allreduce = base["scheme"] != "allreduce"  # prefer allreduce, else any scheme
     base = base[not_allreduce == not_allreduce.groupby([base[k] for k in keys]).transform("min")]
@@ -207,7 +243,7 @@ def _speedup_vs_fp32(table: pd.DataFrame) -> pd.Series:
 
 
 def _scalability(table: pd.DataFrame) -> pd.Series:
-    keys = ["model", "dataset", "backend", "scheme", "compressor", "network"]
+    keys = ["model", "dataset", "backend", "scheme", "compressor", "network", "skew"]
     base = table[(table["world_size"] == 1) & table["samples_per_s"].notna()]
     return table["samples_per_s"] / _reference(table, base, keys)
 

@@ -15,6 +15,7 @@ from qbench.records import RunRecord
 
 RUN_JSON = "run.json"
 ITERATIONS = "iterations.parquet"
+EPOCHS = "epochs.parquet"  # accuracy mode: one row per epoch
 TELEMETRY = "telemetry.parquet"  # per-layer compression telemetry, when requested
 SPEC_JSON = "spec.json"
 PARTS = "parts"  # per-rank partial records written by workers, merged by the driver

@@ -26,6 +26,7 @@ from qbench.matrix import Matrix, RunSpec
 from qbench.records import WORKER_FAILED as FAILED_TAG
 from qbench.records import RunRecord
 from qbench.store import (
+    EPOCHS,
     TELEMETRY,
     ResultStore,
     atomic_write_bytes,
@@ -256,7 +257,8 @@ def _reset_run_dir(store: ResultStore, spec: RunSpec) -> None:
         for p in parts.iterdir():
             p.unlink()
     store.iterations_path(spec.run_id).unlink(missing_ok=True)
-    (store.run_dir(spec.run_id) / TELEMETRY).unlink(missing_ok=True)
+    for name in (TELEMETRY, EPOCHS):
+        (store.run_dir(spec.run_id) / name).unlink(missing_ok=True)
     atomic_write_json(store.spec_path(spec.run_id), spec.to_dict())
 
 
@@ -292,7 +294,12 @@ def _merge_parts(store: ResultStore, spec: RunSpec, status: str) -> str:
     if telemetry:
         frame = pd.concat([pd.read_parquet(p) for p in telemetry], ignore_index=True)
         atomic_write_parquet(store.run_dir(spec.run_id) / TELEMETRY, frame)
+    epochs = store.parts_dir(spec.run_id) / EPOCHS
+    if epochs.exists():  # rank 0's; written once, when the ranks finished
+        epochs.replace(store.run_dir(spec.run_id) / EPOCHS)
     if status == "ok" and len(parts) != spec.world_size:
+        return "failed"
+    if status == "ok" and spec.epochs and not (store.run_dir(spec.run_id) / EPOCHS).exists():
         return "failed"
     return status
 

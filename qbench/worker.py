@@ -17,12 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from qbench import aggregate, comm, data, layers, models
+from qbench import aggregate, comm, data, epochs, layers, models
 from qbench.launch.slurm import apply_worker_env
 from qbench.matrix import RunSpec, build_compressor
 from qbench.records import WORKER_FAILED as FAILED_TAG
-from qbench.records import iterations_frame
-from qbench.store import atomic_write_json, atomic_write_parquet
+from qbench.records import epochs_frame, iterations_frame
+from qbench.store import EPOCHS, atomic_write_json, atomic_write_parquet
 from qbench.telemetry import Telemetry
 from qbench.timing import PhaseTimer
 
@@ -70,10 +70,24 @@ class Run:
             column_length={n: p.shape[-1] if p.dim() else 1 for n, p in named.items()},
         )
         self.params, self.flat = _flatten([named[n] for g in self.groups for n in g.names])
-        self.data = data.make(
-            spec.dataset, info, spec.batch_size, seed=spec.seed, rank=cm.rank, device=self.device
-        )
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=spec.lr, momentum=spec.momentum)
+        self.epoch_data: epochs.EpochData | None = None
+        self.data: data.BatchSource | epochs.EpochBatches
+        if spec.dataset == "synthetic":
+            self.data = data.make(
+                spec.dataset, info, spec.batch_size, seed=spec.seed, rank=cm.rank,
+                device=self.device,
+            )  # fmt: skip
+        else:  # a real dataset: this rank's partition of the training split, per-epoch order
+            self.epoch_data = epochs.prepare(
+                spec.dataset, info.input_shape, world_size=cm.world_size, rank=cm.rank,
+                skew=spec.skew, seed=spec.seed, device=self.device,
+            )  # fmt: skip
+            self.data = epochs.EpochBatches(self.epoch_data, spec.batch_size, spec.seed, cm.rank)
+        self.opt = torch.optim.SGD(
+            self.model.parameters(), lr=spec.lr, momentum=spec.momentum,
+            weight_decay=spec.weight_decay,
+        )  # fmt: skip
+        self.epoch_rows: list[dict[str, Any]] = []
         self.aggs = self._aggregators()
         self.telemetry = self._telemetry(named) if spec.telemetry else None
         self.loss_fn = nn.CrossEntropyLoss()
@@ -164,6 +178,55 @@ class Run:
             out["consensus_distance"] = consensus_distance(self.comm, squares, self.device)
         return out
 
+    @property
+    def total_iterations(self) -> int:
+        if self.spec.epochs and isinstance(self.data, epochs.EpochBatches):
+            return self.spec.epochs * self.data.steps
+        return self.spec.warmup + self.spec.iterations
+
+    def before(self, it: int) -> None:
+        """Outside the timed iteration: the epoch's learning rate."""
+        batches = self.data
+        if (
+            self.spec.epochs
+            and isinstance(batches, epochs.EpochBatches)
+            and it % batches.steps == 0
+        ):
+            lr = epochs.lr_at(self.spec.lr, self.spec.lr_schedule, it // batches.steps)
+            for group in self.opt.param_groups:
+                group["lr"] = lr
+
+    def after(self, it: int) -> None:
+        """Outside the timed iteration: evaluate when an epoch ends (accuracy mode)."""
+        if not self.spec.epochs or not isinstance(self.data, epochs.EpochBatches):
+            return
+        if (it + 1) % self.data.steps == 0:
+            self._end_epoch((it + 1) // self.data.steps, it + 1, self.data.steps)
+
+    def _end_epoch(self, epoch: int, done: int, steps: int) -> None:
+        assert self.epoch_data is not None
+        rows = self.rows[-steps:]
+        sums = torch.tensor(
+            [sum(r["t_iteration"] for r in rows), float(torch.stack(self._losses[-steps:]).sum())],
+            dtype=torch.float64, device=self.device,
+        )  # fmt: skip
+        slowest = sums[:1].clone()
+        epochs.quiet_allreduce(self.comm, slowest, op="max")
+        epochs.quiet_allreduce(self.comm, sums)
+        avg = epochs.averaged(self.model, self.comm)
+        scores = epochs.evaluate(avg, self.epoch_data, self.comm)
+        convex = self.spec.model in models.CONVEX
+        gn = epochs.gradient_norm(avg, self.epoch_data, self.comm, self.spec.weight_decay)
+        previous = self.epoch_rows[-1]["train_time_s"] if self.epoch_rows else 0.0
+        self.epoch_rows.append({
+            "run_id": self.spec.run_id, "epoch": epoch, "iteration": done,
+            "train_time_s": previous + float(slowest), "lr": self.opt.param_groups[0]["lr"],
+            "train_loss": float(sums[1]) / (steps * self.comm.world_size), **scores,
+            "grad_norm": gn if convex else float("nan"),
+            "bytes_sent": sum(r["bytes_sent"] for r in self.rows),
+            "consensus_distance": rows[-1].get("consensus_distance", float("nan")),
+        })  # fmt: skip
+
     def frame(self) -> Any:
         for row, loss in zip(self.rows, self._losses, strict=False):
             row["loss"] = float(loss)
@@ -198,12 +261,14 @@ def main(argv: list[str] | None = None) -> int:
         run = Run(spec, cm)
         timer = PhaseTimer(run.device)
         fault = _fault_injection(cm.rank)
-        for it in range(spec.warmup + spec.iterations):
+        for it in range(run.total_iterations):
             if fault is not None and it == fault[0]:
                 if fault[1] == "raise":
                     raise RuntimeError(f"injected fault at iteration {it} (QBENCH_FAULT)")
                 os._exit(3)  # simulate a crashed rank: no clean-up, no message, no records
+            run.before(it)
             run.iteration(it, timer)
+            run.after(it)
         cm.barrier()
         return 0
     except Exception as e:
@@ -232,6 +297,8 @@ def _write_host(parts: Path, rank: int, spec: RunSpec) -> None:
 
 def _write_parts(parts: Path, rank: int, run: Run) -> None:
     atomic_write_parquet(parts / f"rank-{rank}.parquet", run.frame())
+    if rank == 0 and run.epoch_rows:
+        atomic_write_parquet(parts / EPOCHS, epochs_frame(run.epoch_rows))
     if run.telemetry is not None:
         atomic_write_parquet(parts / f"telemetry-{rank}.parquet", run.telemetry.frame())
 

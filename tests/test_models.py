@@ -16,7 +16,7 @@ from qbench.errors import UserError
 from qbench.models import cache, synthetic
 
 IMAGENET = ("alexnet", "vgg16", "vgg19", "resnet50", "resnet152", "bninception", "googlenet")
-SMALL = ("resnet20", "resnet110", "vgg16-cifar", "lstm", "logreg", "mlp", "synthetic")
+SMALL = ("resnet20", "resnet110", "vgg16-cifar", "lstm", "logreg", "mlp", "cnn", "synthetic")
 
 # torchvision's published counts (weights=None builds the same architecture), and ours.
 COUNTS = {
@@ -28,6 +28,7 @@ COUNTS = {
     "googlenet": 6_624_904,  # without the auxiliary classifiers
     "bninception": 11_285_224,  # seed 002: "11M"
     "resnet20": 272_474,  # He et al. 2016: 0.27M
+    "cnn": 431_080,  # conv 520 + conv 25,050 + fc 400,500 + fc 5,010
     "resnet110": 1_730_714,  # He et al. 2016: 1.7M
     "vgg16-cifar": 15_253_578,
     "lstm": 19_780_400,  # Zaremba et al. medium: ~20M

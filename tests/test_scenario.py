@@ -108,7 +108,7 @@ def test_run_id_is_stable_and_config_sensitive() -> None:
         ("model: [mlp, nosuch]\n", "unknown model 'nosuch'; valid: alexnet, "),
         ("compressor: [{name: qsgd, bits: 12}]\n", "bits"),
         ("compressor: [{name: zip}]\n", "unknown compressor 'zip'"),
-        ("dataset: imagenet\n", "unknown dataset 'imagenet'"),
+        ("dataset: cifar100\n", "unknown dataset 'cifar100'"),
     ],
 )
 def test_expand_rejects_unknown_names(extra: str, needle: str) -> None:

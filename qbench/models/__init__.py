@@ -165,7 +165,11 @@ _FIXED: list[tuple[str, Callable[[], nn.Module], tuple[int, ...], int, str, str]
 _SMALL: list[tuple[str, Callable[[], nn.Module], tuple[int, ...], int, str, str]] = [
     ("logreg", small.logreg, (784,), 10, "000, 003", "logistic regression (Linear 784->10)"),
     ("mlp", small.mlp, (784,), 10, "004", "784-392-50-10 tanh MLP"),
+    ("cnn", small.cnn, (1, 28, 28), 10, "002", "small CNN for 28x28 input (LeNet-like)"),
 ]
+
+CONVEX = frozenset({"logreg"})
+"""Models whose loss is convex: accuracy mode also records the full gradient norm (seed 000)."""
 
 _LSTM = _Entry(
     "lstm", _lstm_build, (35,), 10_000, "LSTM language model", "002",

@@ -21,6 +21,17 @@ def mlp() -> nn.Module:
     )
 
 
+def cnn() -> nn.Module:
+    """A small CNN for 1x28x28 input (MNIST-sized): two 5x5 conv + max-pool stages and two
+    fully connected layers, ~0.4M parameters; the accuracy scenarios' stand-in for seed 002's
+    CNNs at a size two CPU cores train in minutes."""
+    return nn.Sequential(
+        nn.Conv2d(1, 20, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(20, 50, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(50 * 4 * 4, 500), nn.ReLU(), nn.Linear(500, 10),
+    )  # fmt: skip
+
+
 class _Block(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int) -> None:
         super().__init__()

@@ -1,0 +1,156 @@
+"""Accuracy (epoch) mode: scenario keys, learning-rate schedule, batches, averaged evaluation,
+and a short run on the bundled digits set that must learn."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from qbench import epochs, scenario
+from qbench.errors import UserError
+from qbench.matrix import expand
+from tests.distributed import here, launch
+
+BASE = "name: acc\nmodel: logreg\ndataset: digits\nworld_size: 2\n"
+
+
+def test_epoch_keys_reach_the_run_spec() -> None:
+    text = BASE + "epochs: 3\nlr_schedule: {every: 2, gamma: 0.5}\nweight_decay: 0.001\n"
+    text += "skew: [0, 0.8]\ntarget_accuracy: 0.9\n"
+    runs = expand(scenario.loads(text)).runs
+    assert [r.skew for r in runs] == [0.0, 0.8]
+    assert {r.epochs for r in runs} == {3}
+    assert runs[0].lr_schedule == {"every": 2, "gamma": 0.5}
+    assert runs[0].run_id != runs[1].run_id  # skew is part of the identity
+
+
+def test_defaults_keep_earlier_run_ids() -> None:
+    plain = expand(scenario.loads("name: s\nmodel: mlp\nworld_size: 2\n")).runs[0]
+    same = expand(scenario.loads("name: s\nmodel: mlp\nworld_size: 2\nskew: 0\n")).runs[0]
+    assert plain.run_id == same.run_id
+    target = expand(scenario.loads(BASE + "epochs: 2\ntarget_accuracy: 0.5\n")).runs[0]
+    other = expand(scenario.loads(BASE + "epochs: 2\ntarget_accuracy: 0.7\n")).runs[0]
+    assert target.run_id == other.run_id  # a report setting, not a different run
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        ("epochs: 2\ndataset: synthetic\n", ["epochs", "synthetic", "digits"]),
+        ("epochs: 0\n", ["epochs", "0"]),
+        ("skew: 1.5\n", ["skew", "1.5"]),
+        ("lr_schedule: {milestone: [2]}\n", ["milestone", "milestones"]),
+        ("lr_schedule: {milestones: [2], every: 3}\n", ["not both"]),
+        ("lr_schedule: {gamma: 2}\n", ["gamma", "2"]),
+        ("lr_schedule: {milestones: 3}\n", ["milestones", "3"]),
+        ("lr_schedule: [1, 2]\n", ["lr_schedule", "mapping", "milestones"]),
+        ("target_accuracy: 90\n", ["target_accuracy", "90"]),
+        ("dataset: cifar100\n", ["dataset", "cifar100", "digits"]),
+    ],
+)
+def test_bad_accuracy_keys_are_one_line_errors(extra: str, words: list[str]) -> None:
+    text = BASE.replace("dataset: digits\n", "") + extra
+    if "dataset" not in extra:
+        text += "dataset: digits\n"
+    with pytest.raises(UserError) as e:
+        expand(scenario.loads(text))
+    msg = str(e.value)
+    assert "\n" not in msg
+    for w in words:
+        assert w in msg, (w, msg)
+
+
+def test_simulated_lowprec_is_refused_in_accuracy_runs() -> None:
+    text = BASE + "epochs: 2\ncompressor: [none, {name: qsgd, bits: 4}]\n"
+    text += "scheme: [allreduce, simulated-lowprec]\n"
+    m = expand(scenario.loads(text))
+    assert all(r.scheme != "simulated-lowprec" for r in m.runs)
+    assert any("cannot train" in e.reason for e in m.excluded)
+
+
+def test_lr_schedules() -> None:
+    assert epochs.lr_at(0.1, {}, 99) == 0.1
+    steps = {"milestones": [2, 4], "gamma": 0.1}
+    got = [epochs.lr_at(1.0, steps, e) for e in range(6)]
+    assert got == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01])
+    every = [epochs.lr_at(1.0, {"every": 2, "gamma": 0.5}, e) for e in range(5)]
+    assert every == pytest.approx([1, 1, 0.5, 0.5, 0.25])
+
+
+def _data(n: int) -> epochs.EpochData:
+    return epochs.EpochData(
+        train_x=torch.arange(n, dtype=torch.float32)[:, None], train_y=torch.arange(n),
+        test_x=torch.zeros(1, 1), test_y=torch.zeros(1, dtype=torch.long), num_classes=10,
+    )  # fmt: skip
+
+
+def test_epoch_batches_visit_each_sample_once_per_epoch_reproducibly() -> None:
+    b = epochs.EpochBatches(_data(10), batch_size=3, seed=1, rank=0)
+    assert b.steps == 3  # the last, partial batch is dropped, as every rank has equal counts
+    first = torch.cat([b.batch(i)[1] for i in range(3)])
+    second = torch.cat([b.batch(i)[1] for i in range(3, 6)])
+    assert len(set(first.tolist())) == 9 and len(set(second.tolist())) == 9
+    assert not torch.equal(first, second)  # a new order each epoch
+    again = epochs.EpochBatches(_data(10), batch_size=3, seed=1, rank=0)
+    assert torch.equal(torch.cat([again.batch(i)[1] for i in range(3)]), first)
+
+
+def test_batch_larger_than_the_partition_says_so() -> None:
+    with pytest.raises(ValueError, match="batch_size 64 is larger"):
+        epochs.EpochBatches(_data(10), batch_size=64, seed=0, rank=0)
+
+
+def test_gradient_norm_is_zero_at_a_minimum_and_positive_elsewhere() -> None:
+    class Solo:  # one rank: the sums are already complete
+        rank, world_size, bytes_sent = 0, 1, 0
+
+        def allreduce_(self, tensor: torch.Tensor, op: str = "sum") -> None:
+            return None
+
+    data = _data(4)
+    data.train_y = torch.zeros(4, dtype=torch.long)
+    model = torch.nn.Linear(1, 2)
+    assert epochs.gradient_norm(model, data, Solo(), weight_decay=0.0)  # type: ignore[arg-type] > 0
+    with torch.no_grad():  # a constant label: a huge bias margin is (nearly) optimal
+        model.weight.zero_()
+        model.bias.copy_(torch.tensor([30.0, -30.0]))
+    assert epochs.gradient_norm(model, data, Solo(), weight_decay=0.0)  # type: ignore[arg-type] < 1e-9
+
+
+@pytest.mark.slow
+def test_evaluation_uses_the_model_averaged_over_ranks() -> None:
+    launch("gloo", 2, [here("dist_epochs_prog.py")])
+
+
+@pytest.mark.slow
+def test_short_epoch_run_learns_digits(tmp_path: Path) -> None:
+    sc = tmp_path / "s.yaml"
+    sc.write_text(
+        BASE + "backend: [gloo]\nscheme: [auto, gossip]\n"
+        "compressor: [none]\nepochs: 3\nlr: 0.1\nbatch_size: 32\n"
+    )
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "qbench.cli", "sweep", str(sc), "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = sorted(p.parent for p in out.glob("*/run.json"))
+    assert len(runs) == 2
+    for run in runs:
+        ep = pd.read_parquet(run / "epochs.parquet")
+        assert list(ep["epoch"]) == [1, 2, 3]
+        assert ep["top1"].iloc[-1] > 0.8, ep  # chance is 0.1
+        assert ep["train_loss"].iloc[-1] < ep["train_loss"].iloc[0]
+        assert (ep["grad_norm"] > 0).all()  # logreg is convex: the norm is recorded
+        assert ep["train_time_s"].is_monotonic_increasing
+        labels = json.loads((run / "run.json").read_text())["labels"]
+        if labels["scheme"] == "gossip":
+            assert not math.isnan(ep["consensus_distance"].iloc[-1])
