@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from qbench.clitools import ListCommand
 from qbench.errors import UserError
 
 
@@ -85,35 +86,12 @@ def info() -> None:
     console.info()
 
 
-class _ListCommand(click.Command):
-    """A command whose ``multiple`` options also take space-separated lists:
-    ``--sizes 16 20 24`` means ``--sizes 16 --sizes 20 --sizes 24`` (it has no arguments)."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        lists = {
-            o for p in self.params if isinstance(p, click.Option) and p.multiple for o in p.opts
-        }
-        expanded: list[str] = []
-        current, pending = "", False  # the list option being read; its first value still due
-        for a in args:
-            if a.startswith("-"):
-                name = a.split("=", 1)[0]
-                current = name if name in lists else ""
-                pending = bool(current) and "=" not in a
-            elif current and not pending:
-                expanded.append(current)  # one more item of the same list
-            else:
-                pending = False
-            expanded.append(a)
-        return super().parse_args(ctx, expanded)
-
-
 @cli.group()
 def bench() -> None:
     """Micro-benchmarks of single pieces (compression kernels, ...), apart from sweeps."""
 
 
-@bench.command(cls=_ListCommand)
+@bench.command(cls=ListCommand)
 @click.option(
     "--compressor",
     "specs",
@@ -170,7 +148,7 @@ def kernels(
     kernels_command(specs, sizes, repeats, device, threads, backend, path)
 
 
-@bench.command(cls=_ListCommand)
+@bench.command(cls=ListCommand)
 @click.option(
     "--backend", "backends", multiple=True, type=click.Choice(["gloo", "mpi", "nccl"]),
     help="Backends, e.g. --backend gloo mpi [gloo].",

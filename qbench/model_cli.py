@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from qbench import costmodel
+from qbench.clitools import ListCommand
 from qbench.costmodel import Config, CostModel
 from qbench.errors import UserError
 
@@ -36,37 +37,6 @@ def _out() -> Console:
 
 def _err() -> Console:
     return Console(stderr=True, width=None if sys.stderr.isatty() else 200)
-
-
-class ListCommand(click.Command):
-    """``multiple`` options also take space-separated lists: ``--world-size 2 4 8`` means
-    ``--world-size 2 --world-size 4 --world-size 8`` (positional arguments go first)."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        lists = {
-            o for p in self.params if isinstance(p, click.Option) and p.multiple for o in p.opts
-        }
-        expanded: list[str] = []
-        current, pending = "", False  # the list option being read; its first value still due
-        for a in args:
-            if a.startswith("-") and not _is_number(a):
-                name = a.split("=", 1)[0]
-                current = name if name in lists else ""
-                pending = bool(current) and "=" not in a
-            elif current and not pending:
-                expanded.append(current)  # one more item of the same list
-            else:
-                pending = False
-            expanded.append(a)
-        return super().parse_args(ctx, expanded)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 @click.group()
