@@ -121,6 +121,10 @@ class RunSpec:
             "simulated": self.scheme == "simulated-lowprec",
             "network": network.label(self.network),
             "numel": models.parameter_count(self.model, self.model_params),
+            # forward FLOPs of one sample (cached): the computation side of seed 002's
+            # communication / computation ratio (MB / GFLOPS), for reports that cannot import
+            # the models
+            "gflops_per_sample": models.flops_per_sample(self.model, self.model_params) / 1e9,
             "model_params": dict(self.model_params),
             "seed": self.seed,
             "repeat": self.repeat,
