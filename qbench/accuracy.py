@@ -17,9 +17,13 @@ RUN_METRICS = (
     "epochs_done", "final_top1", "best_top1", "final_top5", "final_test_loss", "final_grad_norm",
     "time_to_target_s", "iters_to_target",
 )  # fmt: skip
-CONFIG_KEYS = ["model", "dataset", "backend", "scheme", "compressor", "world_size", "skew"]
+CONFIG_KEYS = [
+    "model", "dataset", "backend", "scheme", "compressor", "world_size", "skew", "precision",
+]  # fmt: skip
+BASELINE_KEYS = ["model", "dataset", "family", "skew", "precision"]
+"""fp32 communication of the same workload, partition and compute precision."""
 TABLE_COLUMNS = (
-    *("model", "dataset", "scheme", "compressor", "skew", "world_size", "runs"),
+    *("model", "dataset", "precision", "scheme", "compressor", "skew", "world_size", "runs"),
     *("bits_per_value", "top1_mean", "top1_std", "diff_vs_fp32", "time_to_target_s"),
 )
 
@@ -59,7 +63,7 @@ def table(summary: pd.DataFrame) -> pd.DataFrame:
         time_to_target_s=("time_to_target_s", "mean"),
     ).reset_index()  # fmt: skip
     out["top1_std"] = out["top1_std"].fillna(0.0)
-    fp32 = out[out["compressor"] == "fp32"].set_index(["model", "dataset", "family", "skew"])
+    fp32 = out[out["compressor"] == "fp32"].set_index(BASELINE_KEYS)
     ref = out.apply(lambda r: _fp32_mean(fp32, r), axis=1)
     out["diff_vs_fp32"] = out["top1_mean"] - ref
     return out[list(TABLE_COLUMNS)]
@@ -72,7 +76,7 @@ def family(scheme: str) -> str:
 
 
 def _fp32_mean(fp32: pd.DataFrame, row: pd.Series) -> float:
-    key = (row["model"], row["dataset"], row["family"], row["skew"])
+    key = tuple(row[k] for k in BASELINE_KEYS)
     if key not in fp32.index:
         return math.nan
     found = fp32.loc[[key], "top1_mean"]

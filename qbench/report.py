@@ -17,7 +17,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from qbench import accuracy, plots, plots_accuracy, stats
+from qbench import accuracy, plots, plots_accuracy, plots_study, report_page, stats
 from qbench.errors import UserError, choice_error
 from qbench.store import ResultStore, atomic_write_bytes
 
@@ -39,6 +39,7 @@ class ReportPaths:
     figures: tuple[Path, ...]
     notes: tuple[str, ...]
     summary: pd.DataFrame = field(repr=False, compare=False)
+    page: Path | None = None  # report/index.html (index.md beside it): the study's questions
 
 
 def write_report(
@@ -64,9 +65,12 @@ def write_report(
         fig = plots_accuracy.accuracy_figure(summary, results.epochs)
         if fig is not None:
             figures += plots.save_all(fig, report_dir / "accuracy")
+    study = plots_study.write_study_figures(summary, report_dir)
+    figures, notes = figures + study[0], notes + study[1]
+    page = report_page.write_page(report_dir, summary, acc, figures)
     if fmt is not None:
         render(summary, fmt, out)
-    return ReportPaths(csv_path, md_path, tuple(figures), tuple(notes), summary)
+    return ReportPaths(csv_path, md_path, tuple(figures), tuple(notes), summary, page)
 
 
 def load_summary(root: Path | str) -> pd.DataFrame:
@@ -121,6 +125,7 @@ _COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "compressor": ("compressor", _text),
     "world_size": ("ranks", _text),
     "network": ("network", _text),
+    "precision": ("compute", _text),
     "status": ("status", _text),
     "iterations": ("iters", _text),
     "samples_per_s": ("samples/s", _num(1.0, 1)),
@@ -135,8 +140,9 @@ _COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "compression_ratio": ("ratio", _num(1.0, 1, "x")),
     "speedup_vs_fp32": ("vs fp32", _X),
     "scalability": ("scale", _X),
+    **{c: report_page.DISPLAY[c] for c in stats.MONEY_COLUMNS},  # shown when a price is set
 }
-_MD_COLUMNS = tuple(_COLUMNS)
+_MD_COLUMNS = tuple(c for c in _COLUMNS if c not in stats.MONEY_COLUMNS)
 _TERMINAL_COLUMNS = (
     *(*_LABEL_COLUMNS, "compressor", "world_size", "status", "samples_per_s"),
     *("t_iteration_median", "t_compute", "t_encode", "t_comm", "t_decode"),
@@ -186,7 +192,8 @@ def markdown_report(summary: pd.DataFrame, title: str, acc: pd.DataFrame | None 
     parts = [f"# qbench report: {title}", f"{len(summary)} runs: {status}."]
     parts.append("Times are medians over measured iterations (warm-up dropped); an iteration")
     parts[-1] += " lasts as long as its slowest rank. `(simulated)`: speed-only simulation."
-    parts += ["## Summary", _markdown_table(summary, _MD_COLUMNS)]
+    money = tuple(c for c in stats.MONEY_COLUMNS if c in summary and summary[c].notna().any())
+    parts += ["## Summary", _markdown_table(summary, _MD_COLUMNS + money)]
     if acc is not None and not acc.empty:
         parts += ["## Accuracy", _ACC_NOTE, _plain_markdown(_acc_display(acc), _ACC_COLUMNS)]
     parts += ["## Failed runs", _failed_runs(summary)]
@@ -318,11 +325,11 @@ def _print_comparison(
 _ACC_NOTE = (
     "Final test top-1 of the model averaged over ranks, mean +/- std over seeds and repeats; "
     "bits/value is what was actually sent (payload bytes x 8 / values); diff is to the fp32 "
-    "run of the same model, dataset and skew (gossip against fp32 gossip)."
+    "run of the same model, dataset, skew and compute precision (gossip against fp32 gossip)."
 )
 _ACC_COLUMNS = (
-    "model", "dataset", "scheme", "compressor", "skew", "runs", "bits/value", "top-1 %",
-    "diff vs fp32 (pt)", "time to target (s)",
+    "model", "dataset", "precision", "scheme", "compressor", "skew", "runs", "bits/value",
+    "top-1 %", "diff vs fp32 (pt)", "time to target (s)",
 )  # fmt: skip
 
 

@@ -35,23 +35,29 @@ PARTS = ("t_compute", "t_encode", "t_comm", "t_decode", "t_step")
 LABELS = (
     *("model", "dataset", "backend", "scheme", "compressor", "compressor_name", "bits"),
     *("world_size", "batch_size", "global_batch", "simulated", "network", "numel", "seed"),
-    *("repeat", "skew", "target_accuracy"),
+    *("repeat", "skew", "target_accuracy", "nodes", "price_per_hour", "gflops_per_sample"),
+    *("compute", "norm", "weight_bits"),
 )
 RUN_COLUMNS = ("run_id", "status", "error", "exit_code", *LABELS)
-_INT_COLUMNS = ("exit_code", "world_size", "batch_size", "global_batch", "numel", "seed", "repeat")
+_INT_COLUMNS = (
+    *("exit_code", "world_size", "batch_size", "global_batch", "numel", "seed", "repeat"),
+    "nodes",
+)
 _RANK_MEANS = (*PARTS, "bytes_sent", "payload_bytes", "grad_bytes", "loss")
 _METRICS = (
     *("t_iteration_median", "t_iteration_p95", *PARTS, "bytes_per_iteration"),
     *("_grad_bytes", "_payload_bytes"),
 )
+# seed 002 section 5.4: dollars, from the scenario's price of one machine hour (NaN without one)
+MONEY_COLUMNS = ("cost_per_iteration", "cost_per_epoch", "cost_to_target")
 SUMMARY_COLUMNS = (
     *("run_id", "model", "dataset", "backend", "scheme", "compressor", "world_size", "network"),
-    *("status", "iterations", "samples_per_s", "t_iteration_median", "t_iteration_p95", *PARTS),
-    *("bytes_per_iteration", "compression_ratio", "bits_per_value", "speedup_vs_fp32"),
-    "scalability",
-    *accuracy.RUN_METRICS,
+    *("precision", "status", "iterations", "samples_per_s", "t_iteration_median"),
+    *("t_iteration_p95", *PARTS, "bytes_per_iteration", "compression_ratio", "bits_per_value"),
+    *("speedup_vs_fp32", "scalability", *accuracy.RUN_METRICS, *MONEY_COLUMNS),
     # not in the headline list, but needed by figures, failure tables and CSV readers
     *("compressor_name", "bits", "simulated", "global_batch", "repeat", "skew", "exit_code"),
+    *("batch_size", "numel", "gflops_per_sample", "nodes", "price_per_hour", "target_accuracy"),
     "error",
 )
 
@@ -167,8 +173,25 @@ def _runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
         runs[column] = _as_int(runs[column])
     runs["bits"] = pd.to_numeric(runs["bits"], errors="coerce")
     runs["skew"] = pd.to_numeric(runs["skew"], errors="coerce").fillna(0.0)  # older runs: IID
+    runs["precision"] = _precision(runs)
     runs["simulated"] = runs["simulated"].map(_truthy).astype(bool)
+    runs["nodes"] = runs["nodes"].fillna(1)  # run.json from before multi-node: one host
+    for column in ("price_per_hour", "gflops_per_sample", "target_accuracy"):
+        runs[column] = pd.to_numeric(runs[column], errors="coerce")
     return runs
+
+
+def _precision(runs: pd.DataFrame) -> pd.Series:
+    """Compute precision, normalisation and weight quantization as one label: ``fp32``,
+    ``int8``, ``bf16+range-evonorm``, ``fp32+w8`` (fp32 for runs recorded before the axis)."""
+    compute = runs["compute"].fillna("fp32").astype(str)
+    norm = runs["norm"].fillna("batchnorm").astype(str)
+    bits = pd.to_numeric(runs["weight_bits"], errors="coerce").fillna(0).astype(int)
+    labels = [
+        c + ("" if n == "batchnorm" else f"+{n}") + (f"+w{b}" if b else "")
+        for c, n, b in zip(compute, norm, bits, strict=True)
+    ]
+    return pd.Series(labels, index=runs.index, dtype=object)
 
 
 def _as_int(values: pd.Series) -> pd.Series:
@@ -209,6 +232,7 @@ def summarize(results: Results) -> pd.DataFrame:
     table["scalability"] = _scalability(table)
     targets = pd.to_numeric(table.set_index("run_id")["target_accuracy"], errors="coerce")
     table = table.merge(accuracy.run_metrics(results.epochs, targets), "left", "run_id")
+    table = _add_money(table, results.epochs)
     return _sorted(table)[list(SUMMARY_COLUMNS)].reset_index(drop=True)
 
 
@@ -235,7 +259,7 @@ def _global_batch(table: pd.DataFrame) -> pd.Series:
 
 
 def _speedup_vs_fp32(table: pd.DataFrame) -> pd.Series:
-    keys = ["model", "dataset", "backend", "world_size", "network", "skew"]
+    keys = ["model", "dataset", "backend", "world_size", "network", "skew", "precision"]
     base = table[(table["compressor_name"] == "none") & table["samples_per_s"].notna()]
     not_allreduce = base["scheme"] != "allreduce"  # prefer allreduce, else any scheme
     base = base[not_allreduce == not_allreduce.groupby([base[k] for k in keys]).transform("min")]
@@ -243,7 +267,7 @@ def _speedup_vs_fp32(table: pd.DataFrame) -> pd.Series:
 
 
 def _scalability(table: pd.DataFrame) -> pd.Series:
-    keys = ["model", "dataset", "backend", "scheme", "compressor", "network", "skew"]
+    keys = ["model", "dataset", "backend", "scheme", "compressor", "network", "skew", "precision"]
     base = table[(table["world_size"] == 1) & table["samples_per_s"].notna()]
     return table["samples_per_s"] / _reference(table, base, keys)
 
@@ -255,8 +279,24 @@ def _reference(table: pd.DataFrame, base: pd.DataFrame, keys: list[str]) -> pd.S
     return pd.Series(matched["_ref"].to_numpy(dtype=float), index=table.index)
 
 
+def _add_money(table: pd.DataFrame, epochs: pd.DataFrame) -> pd.DataFrame:
+    """Dollar columns (seed 002 section 5.4): price of one machine hour x machines (``nodes``)
+    x seconds / 3600. An epoch costs the mean epoch, the last cumulative ``train_time_s`` over
+    the epochs done (evaluation is not training, so it is not billed). NaN without a price:
+    0 would read as "free"."""
+    per_second = table["price_per_hour"] * table["nodes"].astype(float) / 3600
+    last = epochs.sort_values(["run_id", "epoch"]).groupby("run_id")["train_time_s"].last()
+    trained = table["run_id"].map(last).astype(float)
+    epochs_done = table["epochs_done"].astype(float)
+    return table.assign(
+        cost_per_iteration=per_second * table["t_iteration_median"],
+        cost_per_epoch=per_second * trained / epochs_done.where(epochs_done > 0),
+        cost_to_target=per_second * table["time_to_target_s"].astype(float),
+    )
+
+
 def _sorted(table: pd.DataFrame) -> pd.DataFrame:
-    keys = ["model", "dataset", "backend", "network", "scheme", "world_size", "bits"]
+    keys = ["model", "dataset", "backend", "network", "precision", "scheme", "world_size", "bits"]
     keys += ["compressor", "run_id"]
     ascending = [k != "bits" for k in keys]  # fp32 (32 bits) first, then fewer bits
     return table.sort_values(keys, ascending=ascending, na_position="last", kind="stable")

@@ -1,0 +1,192 @@
+"""Study figures (speedup vs MB/GFLOP, Pareto front), money columns and the report page, on
+hand-written result directories (no ranks launched)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from qbench import plots_study, report, report_page, stats
+from qbench.records import epochs_frame
+from qbench.store import EPOCHS, ResultStore, atomic_write_parquet
+from tests.test_report import add_run, labels, rows_for
+
+GFLOPS = 0.01  # forward GFLOPs per sample of both fixture models
+PRICE = 3.6  # dollars per machine hour: 0.001 $/s per machine
+TARGET = 0.8
+# compressor -> (top-1 after each epoch, cumulative training seconds after each epoch)
+CURVES = {
+    "fp32": ([0.70, 0.85, 0.90], [10.0, 20.0, 30.0]),
+    "qsgd-4b-b512": ([0.65, 0.82, 0.88], [6.0, 12.0, 18.0]),
+    "1bit-b64": ([0.60, 0.75, 0.79], [5.0, 10.0, 15.0]),  # never reaches the target
+}
+HEADINGS = (
+    "Does low precision help speed?", "Does it hurt accuracy?", "Is 1-bit worth it?",
+    "MPI vs NCCL/Gloo", "How many ranks?", "What does it cost?", "Failed runs",
+)  # fmt: skip
+
+
+def add_epochs(store: ResultStore, run_id: str, top1: list[float], times: list[float]) -> None:
+    rows = [
+        {"run_id": run_id, "epoch": e + 1, "iteration": 10 * (e + 1), "train_time_s": t,
+         "lr": 0.1, "train_loss": 1.0, "test_loss": 1.0, "top1": a, "top5": math.nan,
+         "grad_norm": math.nan, "bytes_sent": 0, "consensus_distance": math.nan}
+        for e, (a, t) in enumerate(zip(top1, times, strict=True))
+    ]  # fmt: skip
+    atomic_write_parquet(store.run_dir(run_id) / EPOCHS, epochs_frame(rows))
+
+
+def iteration_run(store: ResultStore, model: str, comp: str, **extra: Any) -> None:
+    run_id = f"{model}-{comp}" + ("-sim" if extra.get("simulated") else "")
+    lab = labels(model, comp, 2, gflops_per_sample=GFLOPS, **extra)
+    add_run(store, run_id, lab, rows_for(run_id, model, comp, 2, 0.8 if "sim" in run_id else 1))
+
+
+def build(root: Path) -> ResultStore:
+    """mlp (1M values) and cnn (4M values) at equal GFLOPs: two MB/GFLOP ratios; cnn runs on
+    2 priced machines; an accuracy study on digits over two seeds; one failed run."""
+    store = ResultStore(root)
+    for comp in ("fp32", "qsgd-4b-b512"):
+        iteration_run(store, "mlp", comp)
+        iteration_run(store, "cnn", comp, price_per_hour=PRICE, nodes=2)
+    iteration_run(store, "mlp", "qsgd-4b-b512", simulated=True, scheme="simulated-lowprec")
+    for comp, (top1, times) in CURVES.items():
+        for seed in (0, 1):
+            run_id = f"acc-{comp}-s{seed}"
+            lab = labels("mlp", comp, 2, dataset="digits", seed=seed, target_accuracy=TARGET,
+                         price_per_hour=PRICE)  # fmt: skip
+            add_run(store, run_id, lab, rows_for(run_id, "mlp", comp, 2))
+            add_epochs(store, run_id, [a - 0.01 * seed for a in top1], times)
+    add_run(store, "cnn-failed", labels("cnn", "1bit-b64", 2), None, status="failed",
+            error="RuntimeError: boom\nTraceback ...", exit_code=1)  # fmt: skip
+    return store
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("study")
+    build(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def summary(root: Path) -> pd.DataFrame:
+    return stats.summarize(stats.load(root)).set_index("run_id", drop=False)
+
+
+@pytest.fixture(scope="module")
+def written(root: Path) -> report.ReportPaths:
+    return report.write_report(root, fmt=None)
+
+
+def test_money_columns_by_hand(summary: pd.DataFrame) -> None:
+    cnn = summary.loc["cnn-qsgd-4b-b512"]  # 2 machines x 3.6 $/h = 0.002 $/s
+    assert cnn["cost_per_iteration"] == pytest.approx(0.002 * cnn["t_iteration_median"])
+    assert math.isnan(cnn["cost_per_epoch"]) and math.isnan(cnn["cost_to_target"])
+    fp32 = summary.loc["acc-fp32-s0"]  # nodes label missing: 1 machine, 0.001 $/s
+    assert fp32["nodes"] == 1
+    assert fp32["cost_per_epoch"] == pytest.approx(0.001 * 30.0 / 3)  # last cumulative / epochs
+    assert fp32["cost_to_target"] == pytest.approx(0.001 * 20.0)  # 0.85 >= 0.8 after epoch 2
+    assert math.isnan(summary.loc["acc-1bit-b64-s0", "cost_to_target"])  # never reached
+    unpriced = summary.loc["mlp-fp32"]
+    assert all(math.isnan(unpriced[c]) for c in stats.MONEY_COLUMNS)
+
+
+def test_old_run_json_without_new_labels_loads(tmp_path: Path) -> None:
+    store = ResultStore(tmp_path)
+    old = labels("mlp", "fp32", 2)  # no nodes, price_per_hour or gflops_per_sample
+    add_run(store, "old", old, rows_for("old", "mlp", "fp32", 2))
+    row = stats.summarize(stats.load(tmp_path)).iloc[0]
+    assert row["nodes"] == 1 and math.isnan(row["price_per_hour"])
+    assert math.isnan(row["gflops_per_sample"]) and math.isnan(row["cost_per_iteration"])
+
+
+def test_comm_comp_ratio(summary: pd.DataFrame) -> None:
+    ratio = plots_study.comm_comp_ratio(summary)
+    assert ratio["mlp-fp32"] == pytest.approx(4.0 / (3 * GFLOPS * 32))  # 4 MB / 0.96 GFLOP
+    assert ratio["cnn-fp32"] == pytest.approx(4 * ratio["mlp-fp32"])
+
+
+def test_speedup_ratio_figure(summary: pd.DataFrame) -> None:
+    fig = plots_study.speedup_ratio_figure(summary)
+    assert fig is not None
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and "MB" in ax.get_xlabel() and "3 x" in ax.get_xlabel()
+    texts = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any(t.endswith("(simulated)") and "qsgd-4b-b512" in t for t in texts)
+    assert "fp32 (no speedup)" in texts
+    bound = "qsgd-4b-b512: 32/4 bits = 8x"  # far above speedups near 1: listed, not drawn
+    assert any(bound in t.get_text() for t in ax.texts)
+
+
+def test_speedup_ratio_needs_two_ratios(summary: pd.DataFrame, tmp_path: Path) -> None:
+    one_ratio = summary[summary["model"] == "mlp"]
+    assert plots_study.speedup_ratio_figure(one_ratio) is None
+    paths, notes = plots_study.write_study_figures(one_ratio, tmp_path)
+    assert [p.name for p in paths] == ["pareto.png", "pareto.pdf"]
+    assert len(notes) == 1 and "same MB/GFLOP ratio" in notes[0]
+    no_flops = summary.drop(columns=["gflops_per_sample"])
+    assert plots_study.speedup_ratio_figure(no_flops) is None
+
+
+def test_pareto_front_by_hand() -> None:
+    points = pd.DataFrame({"bits": [1.0, 4.0, 4.0, 8.0, 32.0], "time": [9.0, 5.0, 6.0, 7.0, 3.0]})
+    front = plots_study.pareto_front(points, "time", lower_is_better=True)
+    assert list(front.index) == [0, 1, 4]  # (4, 6) and (8, 7) are beaten by (4, 5)
+    top1 = points.rename(columns={"time": "top1"})
+    assert list(plots_study.pareto_front(top1, "top1", lower_is_better=False).index) == [0]
+
+
+def test_pareto_figure_modes(summary: pd.DataFrame) -> None:
+    fig = plots_study.pareto_figure(summary)
+    assert fig is not None and "time to 80 % top-1" in fig.axes[0].get_ylabel()
+    assert fig.axes[0].get_xscale() == "log"
+    never = summary.assign(time_to_target_s=math.nan)
+    fig = plots_study.pareto_figure(never)
+    assert fig is not None and "no run reached its target" in fig.axes[0].get_ylabel()
+    unset = never.assign(target_accuracy=math.nan)
+    fig = plots_study.pareto_figure(unset)
+    assert fig is not None and "no target_accuracy set" in fig.axes[0].get_ylabel()
+    assert plots_study.pareto_figure(summary[~summary["run_id"].str.startswith("acc")]) is None
+    assert plots_study.pareto_figure(summary.drop(columns=["final_top1"])) is None
+
+
+def test_report_writes_figures_and_page(written: report.ReportPaths) -> None:
+    names = {p.name for p in written.figures}
+    assert {"speedup_ratio.png", "speedup_ratio.pdf", "pareto.png", "pareto.pdf"} <= names
+    assert all(p.stat().st_size > 1024 for p in written.figures) and not written.notes
+    assert written.page is not None and written.page.name == report_page.INDEX_HTML
+    md = (written.page.parent / report_page.INDEX_MD).read_text()
+    page = written.page.read_text()
+    for heading in HEADINGS:
+        assert f"## {heading}" in md and f"<h2>{heading}</h2>" in page
+    for name in ("speedup_ratio.png", "pareto.png", "breakdown.png", "accuracy.png"):
+        assert f"]({name})" in md and f'<img src="{name}"' in page
+    assert "<style>" in page and "<table" in page and "(simulated)" in md
+    assert "$/iter" in written.summary_md.read_text()  # a price was set
+
+
+def test_page_sentences_come_from_the_numbers(written: report.ReportPaths) -> None:
+    md = (written.page.parent / report_page.INDEX_MD).read_text()  # type: ignore[union-attr]
+    s = written.summary
+    coded = s[(s["compressor_name"] != "none") & s["speedup_vs_fp32"].notna()]
+    assert f"Best speedup: {coded['speedup_vs_fp32'].max():.2f}x" in md
+    drop = 100 * ((0.79 + 0.78) / 2 - (0.90 + 0.89) / 2)  # 1-bit vs fp32, means over seeds
+    assert f"Largest change against fp32: {drop:+.2f} points" in md
+    assert "Cheapest run to the target: $0.012 (qsgd-4b-b512" in md  # 0.001 $/s x 12 s
+    assert "Only nccl was measured" in md and "1 of" in md and "RuntimeError: boom" in md
+
+
+def test_only_failed_runs_still_report(tmp_path: Path) -> None:
+    store = ResultStore(tmp_path)
+    add_run(store, "f1", labels("mlp", "fp32", 2), None, status="timeout", exit_code=124)
+    paths = report.write_report(tmp_path, fmt=None)
+    assert paths.figures == () and len(paths.notes) == 2  # breakdown and scalability notes
+    assert paths.page is not None
+    md = (paths.page.parent / report_page.INDEX_MD).read_text()
+    assert "## Failed runs" in md and "| f1 | timeout | 124 |" in md
+    assert "No compressed run" in md and "$/iter" not in paths.summary_md.read_text()
