@@ -19,7 +19,7 @@ from qbench.scenario import Scenario
 # Fields added after results existed: left out of the hash while they hold their default.
 _OPTIONAL_ID_FIELDS: dict[str, Any] = {
     "model_params": {}, "repeat": 0, "nodes": 1, "device": "", "epochs": 0, "lr_schedule": {},
-    "weight_decay": 0.0, "skew": 0.0,
+    "weight_decay": 0.0, "skew": 0.0, "compute": "fp32", "norm": "batchnorm", "weight_bits": 0,
 }  # fmt: skip
 
 
@@ -66,6 +66,11 @@ class RunSpec:
     """Label skew of the training partitions (0 = IID)."""
     target_accuracy: float | None = None
     """Top-1 accuracy for time-to-accuracy in reports (not part of the run id)."""
+    compute: str = "fp32"
+    """Compute precision (qbench.precision): fp32, bf16, fp16 or int8 (fake-quantized)."""
+    norm: str = "batchnorm"
+    weight_bits: int = 0
+    """Quantize all parameters to this many bits after each step (0: no)."""
 
     @property
     def run_id(self) -> str:
@@ -133,6 +138,9 @@ class RunSpec:
             "epochs": self.epochs,
             "skew": self.skew,
             "target_accuracy": self.target_accuracy,
+            "compute": self.compute,
+            "norm": self.norm,
+            "weight_bits": self.weight_bits,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -188,12 +196,13 @@ def expand(sc: Scenario) -> Matrix:
     # Nested products (same order as one flat product): typed, where an 11-way one is not.
     places = list(itertools.product(sc.world_size, sc.nodes, sc.backend, sc.device))
     variants = list(itertools.product(sc.compressor, sc.scheme))
-    draws = list(itertools.product(sc.seed, range(sc.repeats), sc.skew))
+    draws = list(itertools.product(sc.seed, range(sc.repeats), sc.skew, sc.compute))
     axes = itertools.product(model_entries, sc.dataset, sc.network, places, variants, draws)
     for (model, mparams), dataset, net, (ws, nodes, backend, dev), (comp, scheme_spec), (
         seed,
         rep,
         skew,
+        compute,
     ) in axes:
         resolved = resolve_scheme(scheme_spec["name"], comp)
         device, device_problem = _device_for(backend, dev)
@@ -227,7 +236,7 @@ def expand(sc: Scenario) -> Matrix:
         desc = (
             f"{model} {backend} {resolved} {label} w{ws}{f' n{nodes}' if nodes > 1 else ''} "
             f"{network.label(net)} seed{seed}{f' repeat{rep}' if rep else ''}"
-            f"{f' skew{skew:g}' if skew else ''}"
+            f"{f' skew{skew:g}' if skew else ''}{f' {compute}' if compute != 'fp32' else ''}"
         )
         if not why:
             values = {
@@ -237,7 +246,7 @@ def expand(sc: Scenario) -> Matrix:
                 "scheme": (resolved, scheme_spec["name"], dict(scheme_spec)),
                 "compressor": (comp["name"], label, dict(comp)),
                 "network": (network.label(net), dict(net)), "seed": (seed,), "repeat": (rep,),
-                "skew": (skew,),
+                "skew": (skew,), "compute": (compute,),
             }  # fmt: skip
             why = _filtered(values, sc.include, sc.exclude)
         if why:
@@ -252,6 +261,7 @@ def expand(sc: Scenario) -> Matrix:
             repeat=rep, nodes=nodes, price_per_hour=sc.price_per_hour, device=device,
             epochs=sc.epochs or 0, lr_schedule=dict(sc.lr_schedule),
             weight_decay=sc.weight_decay, skew=skew, target_accuracy=sc.target_accuracy,
+            compute=compute, norm=sc.norm, weight_bits=int(sc.weights.get("bits", 0)),
         )  # fmt: skip
         if spec.run_id not in seen:  # "auto" may resolve to a scheme also listed explicitly
             seen.add(spec.run_id)

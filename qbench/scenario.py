@@ -21,8 +21,10 @@ DEVICES = ("auto", "cpu", "cuda")
 # Keys an include / exclude entry may match on (values: one value or a list of values).
 FILTER_KEYS = (
     "model", "dataset", "world_size", "nodes", "backend", "device", "scheme", "compressor",
-    "network", "seed", "repeat", "skew",
+    "network", "seed", "repeat", "skew", "compute",
 )  # fmt: skip
+COMPUTE = ("fp32", "bf16", "fp16", "int8")  # qbench.precision.COMPUTE (no torch import here)
+NORMS = ("batchnorm", "range-evonorm")
 LR_SCHEDULE_KEYS = ("milestones", "every", "gamma")
 
 
@@ -74,6 +76,13 @@ class Scenario:
     """Label skew of the ranks' training partitions: 0 = IID, 1 = sorted by label (seed 001)."""
     target_accuracy: float | None = None
     """Top-1 test accuracy for "time to accuracy" in reports (not part of run ids)."""
+    compute: tuple[str, ...] = ("fp32",)
+    """Compute precision: fp32, bf16 / fp16 autocast (fp16 with loss scaling), or int8
+    fake-quantized training (seed 001)."""
+    norm: str = "batchnorm"
+    """``range-evonorm`` replaces the models' batch norms by Range-EvoNorm (seed 001)."""
+    weights: dict[str, Any] = field(default_factory=dict)
+    """``{bits: N}``: quantize every parameter to N-bit fixed point after each step (seed 000)."""
     lr: float = 0.05
     """SGD learning rate."""
     momentum: float = 0.9
@@ -135,6 +144,9 @@ class Scenario:
         _check_range("warmup", self.warmup, 0, 10**6)
         _check_range("iterations", self.iterations, 1, 10**7)
         _check_accuracy_mode(self)
+        _check_choices("compute", self.compute, COMPUTE)
+        _check_choices("norm", (self.norm,), NORMS)
+        _check_weights(self.weights)
         _check_range("lr", self.lr, 0.0, 1e3, example="lr: 0.05")
         _check_range("momentum", self.momentum, 0.0, 1.0, example="momentum: 0.9")
         _check_range("timeout", self.timeout, 1.0, 1e7, example="timeout: 600")
@@ -157,6 +169,7 @@ _AXES = {
     "device": str,
     "seed": int,
     "skew": float,
+    "compute": str,
 }
 _SCALARS = {
     "gpus_per_node": int,
@@ -168,6 +181,7 @@ _SCALARS = {
     "epochs": int,
     "weight_decay": float,
     "target_accuracy": float,
+    "norm": str,
     "lr": float,
     "momentum": float,
     "timeout": float,
@@ -252,6 +266,8 @@ def parse(raw: Any, source: str = "<embedded>") -> Scenario:
         kw["slurm"] = _mapping("slurm", raw["slurm"])
     if "lr_schedule" in raw:
         kw["lr_schedule"] = _mapping("lr_schedule", raw["lr_schedule"])
+    if "weights" in raw:
+        kw["weights"] = _mapping("weights", raw["weights"])
     return Scenario(**kw)
 
 
@@ -283,6 +299,7 @@ def _named(key: str, c: Any) -> dict[str, Any]:
 
 _MAPPING_EXAMPLES = {
     "slurm": "{partition: gpu}", "lr_schedule": "{milestones: [30, 45], gamma: 0.1}",
+    "weights": "{bits: 8}",
 }  # fmt: skip
 
 
@@ -368,6 +385,20 @@ def _check_accuracy_mode(sc: Scenario) -> None:
         raise UserError(
             "epochs needs a dataset with a train/test split, got dataset synthetic; e.g. "
             "`dataset: digits` (bundled) or `dataset: fashion-mnist` (make data)"
+        )
+
+
+def _check_weights(weights: dict[str, Any]) -> None:
+    for k in weights:
+        if k != "bits":
+            raise UserError(
+                f"weights: unknown key {_show(k)}; valid: bits; e.g. `weights: {{bits: 8}}`"
+            )
+    bits = weights.get("bits", 32)
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 32:
+        raise UserError(
+            f"weights.bits must be a whole number in [2, 32], got {_show(bits)}; "
+            "e.g. `weights: {bits: 8}`"
         )
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from qbench import aggregate, comm, data, epochs, layers, models
+from qbench import aggregate, comm, data, epochs, layers, models, precision
 from qbench.launch.slurm import apply_worker_env
 from qbench.matrix import RunSpec, build_compressor
 from qbench.records import WORKER_FAILED as FAILED_TAG
@@ -43,6 +43,15 @@ def _flatten(params: list[nn.Parameter]) -> tuple[torch.Tensor, torch.Tensor]:
     return flat_p, flat_g
 
 
+def _with_precision(model: nn.Module, spec: RunSpec) -> nn.Module:
+    """Swap in Range-EvoNorm and int8 fake-quantized layers before parameters are flattened."""
+    if spec.norm == "range-evonorm":
+        precision.use_range_evonorm(model)
+    if spec.compute == "int8":
+        precision.fake_quantize(model)
+    return model
+
+
 def _device(kind: str) -> torch.device:
     """The run's device; a CUDA rank takes the GPU of its local rank (torchrun, mpirun, srun)."""
     if kind != "cuda":
@@ -60,7 +69,8 @@ class Run:
         self.device = _device(spec.device_kind)
         torch.manual_seed(spec.seed)  # same initial model on every rank
         info = models.info(spec.model, spec.model_params)
-        self.model = models.build(spec.model, spec.model_params).to(self.device)
+        self.model = _with_precision(models.build(spec.model, spec.model_params), spec)
+        self.model = self.model.to(self.device)
         named = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         policy = layers.LayerPolicy(**spec.layers) if spec.layers else layers.LayerPolicy()
         self.groups = layers.plan(
@@ -69,7 +79,10 @@ class Run:
             policy,
             column_length={n: p.shape[-1] if p.dim() else 1 for n, p in named.items()},
         )
-        self.params, self.flat = _flatten([named[n] for g in self.groups for n in g.names])
+        ordered = [named[n] for g in self.groups for n in g.names]
+        self.params, self.flat = _flatten(ordered)
+        self.sizes = [p.numel() for p in ordered]  # for weights: {bits: N}
+        self.scaler = precision.LossScaler(enabled=spec.compute == "fp16")
         self.epoch_data: epochs.EpochData | None = None
         self.data: data.BatchSource | epochs.EpochBatches
         if spec.dataset == "synthetic":
@@ -119,8 +132,13 @@ class Run:
         self.comm.bytes_sent = 0
         timer.start()
         self.flat.zero_()
-        loss = self.loss_fn(self.model(x), y)
-        loss.backward()
+        with precision.autocast(self.spec.compute, self.device):
+            loss = self.loss_fn(self.model(x), y)
+        (loss * self.scaler.scale if self.scaler.enabled else loss).backward()
+        if not self.scaler.unscale_(self.flat):
+            # fp16 overflow: this rank contributes nothing this step (the others go on, so no
+            # collective is skipped and no rank waits), and its loss scale halves.
+            self.flat.zero_()
         timer.mark("compute")
         grad = None
         if self.telemetry is not None:
@@ -132,6 +150,8 @@ class Run:
             if mean.data_ptr() != view.data_ptr():
                 view.copy_(mean)
         self.opt.step()
+        if self.spec.weight_bits:  # seed 000 section 5.4: the model itself in low precision
+            precision.quantize_weights_(self.params, self.sizes, self.spec.weight_bits)
         timer.mark("step")
         for part, agg in self.aggs:
             agg.after_step(self.params[part], it, timer)  # decentralized schemes mix models
