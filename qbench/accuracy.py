@@ -69,10 +69,15 @@ def table(summary: pd.DataFrame) -> pd.DataFrame:
     return out[list(TABLE_COLUMNS)]
 
 
+DECENTRALIZED = ("gossip", "push-sum")
+
+
 def family(scheme: str) -> str:
-    """Schemes whose accuracy compares with the same fp32 baseline: gossip runs against fp32
-    gossip (a different algorithm), every centralized scheme against fp32 allreduce."""
-    return "gossip" if str(scheme).startswith("gossip") else "centralized"
+    """Schemes whose accuracy compares with the same fp32 baseline: a decentralized scheme
+    (gossip, push-sum) against fp32 runs of itself with the same parameters (topology and
+    algorithm change what is trained), every centralized scheme against fp32 allreduce."""
+    base = str(scheme).split("+")[0]
+    return str(scheme) if base in DECENTRALIZED else "centralized"
 
 
 def _fp32_mean(fp32: pd.DataFrame, row: pd.Series) -> float:

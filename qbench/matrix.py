@@ -223,6 +223,11 @@ def expand(sc: Scenario) -> Matrix:
                 "simulated-lowprec does not reduce the gradients (speed only, seed 002 "
                 "section 4.4), so it cannot train; drop it from accuracy (epochs) scenarios"
             )
+        if not why and resolved == "push-sum" and scheme_spec.get("qgm") and sc.momentum:
+            why = (
+                "push-sum's qgm is the momentum (quasi-global); the optimizer's would compound "
+                "with it; set `momentum: 0` in the scenario"
+            )
         if not why and net and backend == "nccl":
             why = (
                 "network.bandwidth emulates links between CPU processes (gloo, mpi); nccl would "
@@ -358,6 +363,11 @@ def incompatibility(
     name = comp["name"]
     if scheme == "gossip":
         return _gossip_incompatibility(comp, world_size, params or {})
+    if scheme == "push-sum" and getattr(build_compressor(comp), "error_feedback", False):
+        return (
+            f"push-sum keeps its own error feedback (Choco's public copies per link); set "
+            f"`error_feedback: false` on {comp['name']}"
+        )
     if scheme == "allreduce" and name not in ("none", "fp16", "bf16"):
         return (
             f"allreduce sums raw buffers and cannot sum packed {name} payloads; "

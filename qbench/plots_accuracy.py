@@ -48,16 +48,16 @@ def _rows(summary: pd.DataFrame, epochs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _panel(ax: Axes, group: pd.DataFrame, key: tuple[object, ...]) -> None:
-    model, dataset, family, skew = key
+    model, dataset, kind, skew = key
     for line, g in group.groupby("line", sort=True):
         stats = g.groupby("epoch")["top1"].agg(["mean", "std"]).fillna(0.0)
         color = compressor_color(str(g["compressor"].iloc[0]))
-        style = "--" if str(g["scheme"].iloc[0]).startswith("gossip") else "-"
+        style = "--" if family(str(g["scheme"].iloc[0])) != "centralized" else "-"
         x = stats.index.to_numpy()
         mean, std = stats["mean"].to_numpy() * 100, stats["std"].to_numpy() * 100
         ax.plot(x, mean, style, color=color, label=str(line), marker="o", markersize=3)
         ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.15, linewidth=0)
-    title = f"{model} on {dataset}, {family}"
+    title = f"{model} on {dataset}, {kind}"
     ax.set_title(title + (f", skew {float(str(skew)):g}" if float(str(skew)) else ""))
     ax.set_xlabel("epoch")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -325,7 +325,8 @@ def _print_comparison(
 _ACC_NOTE = (
     "Final test top-1 of the model averaged over ranks, mean +/- std over seeds and repeats; "
     "bits/value is what was actually sent (payload bytes x 8 / values); diff is to the fp32 "
-    "run of the same model, dataset, skew and compute precision (gossip against fp32 gossip)."
+    "run of the same model, dataset, skew and compute precision (gossip and push-sum against "
+    "fp32 runs of themselves)."
 )
 _ACC_COLUMNS = (
     "model", "dataset", "precision", "scheme", "compressor", "skew", "runs", "bits/value",

@@ -156,3 +156,18 @@ def test_gpu_smoke_scenario_and_workflow_agree() -> None:
     steps = " ".join(str(s.get("run", "")) for s in flow["jobs"]["smoke-2gpu"]["steps"])
     assert "qbench sweep scenarios/smoke-2gpu.yaml" in steps and "pytest -m gpu" in steps
     assert "gpu-2" in flow["jobs"]["smoke-2gpu"]["runs-on"]
+
+
+def test_push_sum_exclusions_say_why() -> None:
+    text = (
+        "name: s\nmodel: mlp\nworld_size: 4\n"
+        "scheme: [{name: push-sum}, {name: push-sum, qgm: true}]\n"
+        "compressor: [none, onebit, {name: onebit, error_feedback: false}]\n"
+    )
+    m = matrix.expand(scenario.loads(text))
+    reasons = [e.reason for e in m.excluded]
+    assert any("push-sum keeps its own error feedback" in r for r in reasons)
+    assert any("set `momentum: 0`" in r for r in reasons)  # qgm with the default momentum 0.9
+    assert {r.scheme_params.get("qgm") for r in m.runs} == {None}
+    ok = matrix.expand(scenario.loads(text + "momentum: 0\n"))
+    assert any(r.scheme_params.get("qgm") for r in ok.runs)

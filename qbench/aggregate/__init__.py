@@ -10,6 +10,7 @@ from qbench.aggregate.base import Aggregator, split_ranges
 from qbench.aggregate.gossip import Gossip
 from qbench.aggregate.integer_allreduce import IntegerAllReduce
 from qbench.aggregate.parameter_server import ParameterServer
+from qbench.aggregate.push_sum import PushSum
 from qbench.aggregate.reduce_broadcast import ReduceBroadcast
 from qbench.aggregate.simulated_lowprec import SimulatedLowPrec
 from qbench.comm import Comm
@@ -26,6 +27,7 @@ SCHEMES: dict[str, type[Aggregator]] = {
         SimulatedLowPrec,
         IntegerAllReduce,
         ParameterServer,
+        PushSum,
     )
 }
 

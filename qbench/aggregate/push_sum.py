@@ -1,0 +1,279 @@
+"""Push-sum over directed graphs (seed 001 section 2): stochastic gradient push (SGP, Assran et al.
+2019) and its Choco-compressed form (Quant-SGP, Taheri et al. 2020), with any compressor.
+
+Each rank keeps a numerator x_i and a push-sum weight w_i (1 at start) in this scheme's state;
+the worker's slice of the flat parameters holds the de-biased model z_i = x_i / w_i, which the
+forward pass and the gradient use. ``aggregate`` returns the local gradient unchanged, so the
+optimizer leaves z_i - lr g_i in the slice; ``after_step`` adds that displacement to x_i (SGP
+applies the gradient taken at z_i to the numerator), mixes (x, w) over the graph and writes
+z_i = x_i / w_i back into the slice. With P(t) the column-stochastic matrix of
+``qbench.aggregate.directed`` (P_ki: the share rank i pushes to k) and C the compressor:
+
+- ``sgp``: x_i <- P_ii x_i + sum_j P_ij C(x_j), w_i <- P_ii w_i + sum_j P_ij w_j. With
+  compressor ``none`` this is exact SGP; a lossy C does not conserve sum_i x_i (like gossip's
+  D-PSGD with a compressor).
+- ``choco`` (Quant-SGP): Choco-SGD's consensus step on public copies,
+  x_i += gamma (sum_j P_ij x_hat_ji - sum_k P_ki x_hat_ik), and the same for w_i (sent exactly).
+  An edge of a time-varying graph is active only every few steps, so one public copy per rank
+  would go stale at its occasional receivers: x_hat is kept per directed edge, by both its
+  sender and its receiver, and moved by q = C(x_i - x_hat_ik) only when the edge is active
+  (zero at start). Both ends add the same q, so sum_i x_i and sum_i w_i = K are conserved for
+  any C and gamma. Memory: one copy per out-edge and per in-edge of a period, 2 on the
+  directed ring, 2 ceil(log2 K) on the exponential graph. C = none, gamma = 1: exact SGP.
+
+``auto`` (the default) runs sgp with compressor ``none`` and gamma 1, choco otherwise. As in
+gossip, the compressor is memoryless: choco's x_hat is its error feedback, so a compressor with
+``error_feedback: true`` is refused.
+
+Quasi-global momentum (``qgm``; Lin et al. 2021, QG-DSGDm; seed 001 Table 4) builds the momentum
+from the model's change over a whole step, mixing included, rather than from local gradients.
+The optimizer lives in the worker, so the scheme applies it as a correction, in units of
+displacement u = lr m: x_i -= beta u_i before mixing, then u_i <- beta u_i + (1 - beta)
+(z_i(t) - z_i(t+1)). For a constant lr this is QG-DSGDm with mu = beta; when lr changes, u keeps
+displacements taken at the old rate. The first step's displacement is not seen (the slice was
+already stepped), so u starts at the second step. The scenario must use ``momentum: 0``.
+
+Traffic: per step one encoded payload plus the 4-byte fp32 weight to each out-peer (alltoallv
+with zero counts to the other ranks), so ``bytes_sent`` = payload bytes + 4 per out-peer;
+data-dependent payload sizes (e.g. ``adaptive``) first send 8 bytes of size to each out-peer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from qbench.aggregate import directed
+from qbench.aggregate.base import Aggregator
+from qbench.comm import Comm
+from qbench.compress import Compressor, Payload
+from qbench.errors import UserError
+from qbench.timing import PhaseTimer
+
+ALGORITHMS = ("auto", "sgp", "choco")
+DEFAULTS: dict[str, Any] = {
+    "topology": "directed-ring",
+    "algorithm": "auto",
+    "gamma": 1.0,
+    "qgm": False,
+}
+QGM_BETA = 0.9  # `qgm: true`: the momentum Lin et al. 2021 and seed 001 train with
+STREAM = 3  # rounding draws apart from other encodes (0: gradients, 1: owners, 2: gossip)
+WEIGHT = 4  # bytes of the fp32 push-sum weight appended to every message
+
+
+class PushSum(Aggregator):
+    name = "push-sum"
+
+    def __init__(
+        self,
+        comm: Comm,
+        compressor: Compressor,
+        numel: int,
+        offset: int = 0,
+        *,
+        topology: str = DEFAULTS["topology"],
+        algorithm: str = DEFAULTS["algorithm"],
+        gamma: float = DEFAULTS["gamma"],
+        qgm: float = 0.0,
+    ) -> None:
+        super().__init__(comm, compressor, numel, offset)
+        if getattr(compressor, "error_feedback", False):
+            raise UserError(
+                f"push-sum: compressor {compressor.name} keeps its own error feedback, which "
+                "choco's public copies already provide; set `error_feedback: false`"
+            )
+        self.algorithm = _resolve(algorithm, compressor.name, gamma)
+        self.gamma, self.beta = gamma, qgm  # beta 0: no quasi-global momentum
+        self.schedule = directed.schedule(topology, comm.rank, comm.world_size)
+        """This rank's mixing at each step of the period; tests swap in other column-stochastic
+        schedules (the real graphs are also row-stochastic, so w would stay 1)."""
+        self.weight = 1.0
+        self.fixed = compressor.fixed_size
+        self._copies: dict[tuple[str, int], torch.Tensor] = {}  # choco's x_hat per edge
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._params: torch.Tensor | None = None
+
+    @classmethod
+    def check_params(cls, params: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(params) - set(DEFAULTS), key=repr)  # YAML keys: any type
+        if unknown:
+            raise UserError(
+                f"scheme push-sum: unknown parameter {unknown[0]!r}; valid: {', '.join(DEFAULTS)}"
+            )
+        p = {**DEFAULTS, **params}
+        _check_choice("topology", p["topology"], directed.TOPOLOGIES)
+        _check_choice("algorithm", p["algorithm"], ALGORITHMS)
+        if "gamma" in params and p["algorithm"] == "sgp":
+            raise UserError(
+                "push-sum: gamma is the consensus step size of choco; sgp mixes with P "
+                "directly: drop `gamma` or use `algorithm: choco`"
+            )
+        g = p["gamma"]
+        if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1:
+            raise UserError(
+                f"push-sum: gamma must be a number in (0, 1], got {g!r}; e.g. `gamma: 0.5`"
+            )
+        return {**p, "gamma": float(g), "qgm": _qgm_beta(p["qgm"])}
+
+    def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
+        return grad  # each rank steps its own model; the mixing is in after_step
+
+    def after_step(self, params: torch.Tensor, step: int, timer: PhaseTimer) -> None:
+        self._params = params
+        x, before = self._numerator(params)
+        if self.beta:
+            x.sub_(self._buffer("u", x), alpha=self.beta)
+        mix = self.schedule[step % len(self.schedule)]
+        if mix.out or mix.inn:  # one rank: nothing to mix
+            self.weight = _fp32(self.weight)  # sent as fp32: both ends must use the same value
+            (self._choco if self.algorithm == "choco" else self._sgp)(x, mix, step, timer)
+        torch.div(x, self.weight, out=params)  # the de-biased model for the next forward pass
+        if self.beta and before is not None:
+            u = self._buffer("u", x)
+            u.mul_(self.beta).add_(before.sub_(params), alpha=1.0 - self.beta)
+
+    def metrics(self) -> dict[str, float]:
+        """This rank's squared distance of z_i to the mean model over this slice,
+        ``consensus_sq``; the worker combines slices with gossip's ``consensus_distance``."""
+        z = self._params
+        if z is None:
+            return {}
+        mean = self._buffer("mean", z).copy_(z)
+        sent = self.comm.bytes_sent
+        self.comm.allreduce_(mean)
+        self.comm.bytes_sent = sent  # a measurement, not training traffic
+        diff = mean.div_(-self.comm.world_size).add_(z)
+        return {"consensus_sq": float(torch.dot(diff, diff))}
+
+    # -- algorithms ---------------------------------------------------------------------------
+    def _numerator(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x_i += the optimizer's displacement, params - z_i (z_i = x_i / w_i is what the slice
+        held before the step); returns x_i and, for qgm, that previous z_i."""
+        if "x" not in self._buffers:  # first step: x_0 = z_0 (w = 1), plus the displacement
+            self._buffers["x"] = params.clone()
+            return self._buffers["x"], None
+        x = self._buffers["x"]
+        if self.beta:
+            before = x / self.weight
+            x.add_(params).sub_(before)
+            return x, before
+        x.mul_(1.0 - 1.0 / self.weight).add_(params)  # x - x / w + params, without a temporary
+        return x, None
+
+    def _sgp(self, x: torch.Tensor, mix: directed.Mixing, step: int, timer: PhaseTimer) -> None:
+        message = self._message(self._encode(x, step).to_wire())
+        timer.mark("encode")
+        received = self._exchange(dict.fromkeys(mix.out, message), mix.inn, x.device)
+        timer.mark("comm")
+        x.mul_(mix.keep)
+        weight = mix.keep * self.weight
+        for j, (payload, w_j) in received.items():
+            x.add_(self.compressor.decode(payload), alpha=mix.inn[j])
+            weight += mix.inn[j] * w_j
+        self.weight = weight
+        timer.mark("decode")
+
+    def _choco(self, x: torch.Tensor, mix: directed.Mixing, step: int, timer: PhaseTimer) -> None:
+        own = {k: self._encode(x - self._copy("out", k, x), step) for k in mix.out}
+        messages = {k: self._message(q.to_wire()) for k, q in own.items()}
+        timer.mark("encode")
+        received = self._exchange(messages, mix.inn, x.device)
+        timer.mark("comm")
+        g, w = self.gamma, self.weight
+        for k, q in own.items():  # what this rank pushes out leaves it ...
+            x.sub_(self.compressor.decode(q, out=self._copy("out", k, x)), alpha=g * mix.out[k])
+        for j, (q, _) in received.items():  # ... and arrives at its out-peers, bit for bit
+            x.add_(self.compressor.decode(q, out=self._copy("in", j, x)), alpha=g * mix.inn[j])
+        pushed = sum(mix.out.values()) * w
+        self.weight = w + g * (sum(mix.inn[j] * w_j for j, (_, w_j) in received.items()) - pushed)
+        timer.mark("decode")
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _encode(self, t: torch.Tensor, step: int) -> Payload:
+        c, rank = self.compressor, self.comm.rank
+        payload = c.encode(
+            t, step=step, rank=rank, stream=STREAM, offset=self.offset, name="push-sum"
+        )
+        self.payload_bytes = payload.nbytes
+        return payload
+
+    def _message(self, wire: torch.Tensor) -> torch.Tensor:
+        """The payload's wire bytes followed by the fp32 push-sum weight."""
+        w = torch.tensor([self.weight], dtype=torch.float32, device=wire.device)
+        return torch.cat([wire, w.view(torch.uint8)])
+
+    def _exchange(
+        self, messages: dict[int, torch.Tensor], inn: dict[int, float], device: torch.device
+    ) -> dict[int, tuple[Payload, float]]:
+        """Send ``messages[k]`` to each out-peer k; (payload, weight) from each in-peer."""
+        k = self.comm.world_size
+        sizes = self._recv_sizes(messages, inn, device)
+        send_counts = [messages[j].numel() if j in messages else 0 for j in range(k)]
+        recv_counts = [sizes.get(j, 0) for j in range(k)]
+        parts = [messages[j] for j in sorted(messages)]  # alltoallv wants destination order
+        send = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=device)
+        got = self.comm.alltoallv(send, send_counts, recv_counts)
+        peers = sorted(inn)  # alltoallv delivers in source rank order
+        chunks = got.split([sizes[j] for j in peers])
+        return {j: self._unpack(b) for j, b in zip(peers, chunks, strict=True)}
+
+    def _recv_sizes(
+        self, messages: dict[int, torch.Tensor], inn: dict[int, float], device: torch.device
+    ) -> dict[int, int]:
+        if self.fixed:
+            return dict.fromkeys(inn, self.compressor.wire_nbytes(self.numel) + WEIGHT)
+        k = self.comm.world_size
+        mine = [messages[j].numel() for j in sorted(messages)]
+        sizes = torch.tensor(mine, dtype=torch.int64, device=device).view(torch.uint8)
+        send_counts = [8 if j in messages else 0 for j in range(k)]
+        got = self.comm.alltoallv(sizes, send_counts, [8 if j in inn else 0 for j in range(k)])
+        return dict(zip(sorted(inn), got.view(torch.int64).tolist(), strict=True))
+
+    def _unpack(self, buf: torch.Tensor) -> tuple[Payload, float]:
+        weight = float(buf[-WEIGHT:].clone().view(torch.float32))
+        return self.compressor.from_wire(buf[:-WEIGHT], self.numel), weight
+
+    def _copy(self, end: str, peer: int, like: torch.Tensor) -> torch.Tensor:
+        """Choco's public copy x_hat of edge (self -> peer) for end "out", (peer -> self) "in"."""
+        if (end, peer) not in self._copies:
+            self._copies[end, peer] = torch.zeros_like(like)
+        return self._copies[end, peer]
+
+    def _buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        if name not in self._buffers:
+            self._buffers[name] = torch.zeros_like(like)
+        return self._buffers[name]
+
+
+def _resolve(algorithm: str, compressor: str, gamma: float) -> str:
+    """``auto``: exact sgp when nothing is compressed and gamma is 1 (choco would compute the
+    same with two more copies of the model), else choco, the one that compresses or damps."""
+    if algorithm != "auto":
+        return algorithm
+    return "sgp" if compressor == "none" and gamma == 1.0 else "choco"
+
+
+def _qgm_beta(value: object) -> float:
+    """``qgm``: false (off), true (beta 0.9) or the momentum beta in [0, 1)."""
+    if isinstance(value, bool):
+        return QGM_BETA if value else 0.0
+    if isinstance(value, (int, float)) and 0 <= value < 1:
+        return float(value)
+    raise UserError(
+        f"push-sum: qgm must be true, false or a momentum in [0, 1), got {value!r}; "
+        "e.g. `qgm: true` (beta 0.9)"
+    )
+
+
+def _fp32(value: float) -> float:
+    return float(torch.tensor(value, dtype=torch.float32))
+
+
+def _check_choice(param: str, value: object, valid: tuple[str, ...]) -> None:
+    if not isinstance(value, str) or value not in valid:
+        raise UserError(
+            f"push-sum: {param} must be one of {', '.join(valid)}, got {value!r}; "
+            f"e.g. `{param}: {DEFAULTS[param]}`"
+        )
