@@ -48,7 +48,7 @@ def _expected_nbytes(c: Compressor, n: int) -> int:
     if isinstance(c, Half | BFloat16):
         return 2 * n
     if isinstance(c, FixedPoint):
-        levels = _ceil(n * c.bits, 8) if c.bits <= 8 else 2 * n
+        levels = _ceil(n * c.bits, 8)  # every width packed exactly (16 bits: int16)
         return levels + (2 if c.delta == "auto" else 0)
     assert isinstance(c, TopK)
     k = max(1, math.ceil(c.ratio * n - 1e-9)) if n else 0
@@ -205,8 +205,13 @@ def test_fixedpoint_codes_are_twos_complement() -> None:
     assert list(payload.buffers) == ["levels"]
     assert payload.buffers["levels"].tolist() == [0xF8, 0x70, 0x03]  # nibbles 8, 15, 0, 7, 3
     assert unpack(payload.buffers["levels"], 4, 5).tolist() == [8, 15, 0, 7, 3]
-    wide = build("fixedpoint", bits=12, delta=1.0).encode(torch.tensor([-2048.0, 2047.0, -1.0]))
-    assert wide.buffers["levels"].tolist() == [-2048, 2047, -1]
+    wide_c = build("fixedpoint", bits=12, delta=1.0)
+    wide = wide_c.encode(torch.tensor([-2048.0, 2047.0, -1.0]))
+    # 12-bit codes 0x800, 0x7FF, 0xFFF, planar: low bytes, then the high nibbles packed
+    assert wide.buffers["levels"].tolist() == [0x00, 0xFF, 0xFF, 0x78, 0x0F]
+    assert wide_c.decode(wide).tolist() == [-2048.0, 2047.0, -1.0]
+    full = build("fixedpoint", bits=16, delta=1.0).encode(torch.tensor([-32768.0, 32767.0]))
+    assert full.buffers["levels"].tolist() == [-32768, 32767]
 
 
 def test_fixedpoint_auto_exponent() -> None:

@@ -10,8 +10,10 @@ and the grid is as fine as the width allows (fixed-point formats with 2^-FL step
 Gupta et al., whom the seed cites). Values outside the range are clipped to its ends, where
 rounding is no longer unbiased.
 
-Wire: "levels" (bits <= 8: codes bit-packed, exactly ceil(n * bits / 8) bytes; bits 9..16: one
-int16 per value, 2n bytes) then, with ``delta: auto`` only, "exponent" (int16[1], e).
+Wire: "levels", exactly ceil(n * bits / 8) bytes for every width: bits <= 8 bit-packed; bits
+9..15 planar (the low byte of every code, then the high bits - 8 bits of every code bit-packed:
+n + ceil(n (bits - 8) / 8) bytes); bits 16 one int16 per value. Then, with ``delta: auto`` only,
+"exponent" (int16[1], e).
 """
 
 from __future__ import annotations
@@ -56,14 +58,14 @@ class FixedPoint(Compressor):
 
     @property
     def nominal_bits(self) -> float:
-        """Bits sent per value: the width, or 16 for widths above 8 (16-bit words)."""
-        return float(self.bits if self.bits <= 8 else 16)
+        """Bits sent per value: the width (every width is packed exactly)."""
+        return float(self.bits)
 
     def wire_layout(self, numel: int) -> list[WireField]:
-        if self.bits <= 8:
-            levels = WireField("levels", torch.uint8, bitpack.packed_nbytes(numel, self.bits))
-        else:
+        if self.bits == 16:
             levels = WireField("levels", torch.int16, numel)
+        else:
+            levels = WireField("levels", torch.uint8, _packed_nbytes(numel, self.bits))
         return [levels] + ([WireField("exponent", torch.int16, 1)] if self.delta == "auto" else [])
 
     def _encode(self, grad: torch.Tensor, key: Key, offset: int, name: str) -> Payload:
@@ -117,14 +119,29 @@ def _stochastic_round(t: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return low + (u < t - low).to(t.dtype)
 
 
+def _packed_nbytes(numel: int, bits: int) -> int:
+    if bits <= 8:
+        return bitpack.packed_nbytes(numel, bits)
+    return numel + bitpack.packed_nbytes(numel, bits - 8)  # = ceil(numel * bits / 8)
+
+
 def _pack(q: torch.Tensor, bits: int) -> torch.Tensor:
-    if bits > 8:
+    if bits == 16:
         return q.to(torch.int16)
-    return bitpack.pack(q & ((1 << bits) - 1), bits)  # two's complement in `bits` bits
+    codes = q.to(torch.int32) & ((1 << bits) - 1)  # two's complement in `bits` bits
+    if bits <= 8:
+        return bitpack.pack(codes, bits)
+    low = (codes & 0xFF).to(torch.uint8)  # planar: low bytes, then the packed high bits
+    return torch.cat([low, bitpack.pack(codes >> 8, bits - 8)])
 
 
 def _unpack(levels: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
-    if bits > 8:
+    if bits == 16:
         return levels.to(torch.int32)
-    codes = bitpack.unpack(levels, bits, numel).to(torch.int32)
+    if bits <= 8:
+        codes = bitpack.unpack(levels, bits, numel).to(torch.int32)
+    else:
+        low = levels[:numel].to(torch.int32)
+        high = bitpack.unpack(levels[numel:], bits - 8, numel).to(torch.int32)
+        codes = low | (high << 8)
     return torch.where(codes >= 1 << (bits - 1), codes - (1 << bits), codes)
