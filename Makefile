@@ -47,11 +47,18 @@ kernels:
 	  done; done; \
 	else echo "kernels: no CUDA sources"; fi
 
-# Figures from the results present (running the smoke scenario first if there are none).
+# Every figure of the paper scenarios: each scenarios/paper/*.yaml is swept into results/<name>
+# (resuming: finished runs are kept) and reported; figures and the report page go to
+# figures/<name>/. A scenario with failed runs is still reported (and named at the end).
+PAPER ?= $(sort $(wildcard scenarios/paper/*.yaml))
 figures: venv
-	@ls $(DEMO_OUT)/*/run.json >/dev/null 2>&1 || $(BIN)/qbench sweep --out $(DEMO_OUT)
-	$(BIN)/qbench report $(DEMO_OUT)
-	mkdir -p figures && cp $(DEMO_OUT)/report/*.png $(DEMO_OUT)/report/*.pdf figures/
+	@failed=""; for s in $(PAPER); do n=$$(basename $$s .yaml); \
+	  $(BIN)/qbench sweep $$s --out results/$$n || failed="$$failed $$n"; \
+	  $(BIN)/qbench report results/$$n --format md > /dev/null && \
+	  mkdir -p figures/$$n && cp results/$$n/report/*.png results/$$n/report/*.pdf \
+	    results/$$n/report/index.* results/$$n/report/summary.md figures/$$n/; \
+	done; echo "figures: written to figures/"; \
+	if [ -n "$$failed" ]; then echo "figures: some runs failed in:$$failed (see results/<name>/report/summary.md)" >&2; fi
 
 clean:
 	rm -rf kernels/build .mypy_cache .ruff_cache .pytest_cache

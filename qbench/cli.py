@@ -204,6 +204,16 @@ def comm(
     bench_comm.command(s, Path(json_path) if json_path else None)
 
 
+def _register_model_group() -> None:
+    """``qbench model fit | predict | validate`` (qbench/model_cli.py: the cost model)."""
+    from qbench import model_cli
+
+    cli.add_command(model_cli.model)
+
+
+_register_model_group()
+
+
 def _scenario_text(scenario: str | None) -> tuple[str, str]:
     if scenario is None:
         return resources.files("qbench").joinpath("default.yaml").read_text(), "<embedded default>"
