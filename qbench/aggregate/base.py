@@ -65,3 +65,31 @@ def split_ranges(numel: int, parts: int, align: int = 1) -> list[tuple[int, int]
     units = -(-numel // align)
     bounds = [min(numel, (units * i // parts) * align) for i in range(parts + 1)]
     return [(bounds[i], bounds[i + 1]) for i in range(parts)]
+
+
+# -- parameter checks shared by the decentralized schemes (gossip, push-sum) ----------------
+
+
+def check_known(scheme: str, params: dict[str, Any], valid: dict[str, Any]) -> None:
+    unknown = sorted(set(params) - set(valid), key=repr)  # YAML keys: any type
+    if unknown:
+        raise UserError(
+            f"scheme {scheme}: unknown parameter {unknown[0]!r}; valid: {', '.join(valid)}"
+        )
+
+
+def check_choice(
+    scheme: str, param: str, value: object, valid: tuple[str, ...], default: object
+) -> None:
+    if not isinstance(value, str) or value not in valid:
+        raise UserError(
+            f"{scheme}: {param} must be one of {', '.join(valid)}, got {value!r}; "
+            f"e.g. `{param}: {default}`"
+        )
+
+
+def check_gamma(scheme: str, g: object) -> float:
+    """A consensus step size in (0, 1]."""
+    if isinstance(g, bool) or not isinstance(g, int | float) or not 0 < g <= 1:
+        raise UserError(f"{scheme}: gamma must be a number in (0, 1], got {g!r}; e.g. `gamma: 0.5`")
+    return float(g)

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from qbench.aggregate import topology as graphs
-from qbench.aggregate.base import Aggregator
+from qbench.aggregate.base import Aggregator, check_choice, check_gamma, check_known
 from qbench.comm import Comm
 from qbench.compress import Compressor, Payload
 from qbench.errors import UserError
@@ -84,11 +84,7 @@ class Gossip(Aggregator):
 
     @classmethod
     def check_params(cls, params: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(params) - set(DEFAULTS), key=repr)  # YAML keys: any type
-        if unknown:
-            raise UserError(
-                f"scheme gossip: unknown parameter {unknown[0]!r}; valid: {', '.join(DEFAULTS)}"
-            )
+        check_known("gossip", params, DEFAULTS)
         p = {**DEFAULTS, **params}
         _check_choice("topology", p["topology"], graphs.TOPOLOGIES)
         _check_choice("algorithm", p["algorithm"], ALGORITHMS)
@@ -97,12 +93,8 @@ class Gossip(Aggregator):
                 "gossip: gamma is the consensus step size of choco and deepsqueeze; dpsgd "
                 "averages with W directly: drop `gamma` or use `algorithm: choco`"
             )
-        g = p["gamma"]
-        if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1:
-            raise UserError(
-                f"gossip: gamma must be a number in (0, 1], got {g!r}; e.g. `gamma: 0.5`"
-            )
-        return {**p, "gamma": float(g)}
+        gamma = check_gamma("gossip", p["gamma"])
+        return {**p, "gamma": gamma}
 
     def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
         return grad  # each rank steps its own model; the mixing is in after_step
@@ -216,8 +208,4 @@ def consensus_distance(comm: Comm, squares: Sequence[float], device: torch.devic
 
 
 def _check_choice(param: str, value: object, valid: tuple[str, ...]) -> None:
-    if not isinstance(value, str) or value not in valid:
-        raise UserError(
-            f"gossip: {param} must be one of {', '.join(valid)}, got {value!r}; "
-            f"e.g. `{param}: {DEFAULTS[param]}`"
-        )
+    check_choice("gossip", param, value, valid, DEFAULTS[param])

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from qbench.aggregate import directed
-from qbench.aggregate.base import Aggregator
+from qbench.aggregate.base import Aggregator, check_choice, check_gamma, check_known
 from qbench.comm import Comm
 from qbench.compress import Compressor, Payload
 from qbench.errors import UserError
@@ -97,11 +97,7 @@ class PushSum(Aggregator):
 
     @classmethod
     def check_params(cls, params: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(params) - set(DEFAULTS), key=repr)  # YAML keys: any type
-        if unknown:
-            raise UserError(
-                f"scheme push-sum: unknown parameter {unknown[0]!r}; valid: {', '.join(DEFAULTS)}"
-            )
+        check_known("push-sum", params, DEFAULTS)
         p = {**DEFAULTS, **params}
         _check_choice("topology", p["topology"], directed.TOPOLOGIES)
         _check_choice("algorithm", p["algorithm"], ALGORITHMS)
@@ -110,12 +106,8 @@ class PushSum(Aggregator):
                 "push-sum: gamma is the consensus step size of choco; sgp mixes with P "
                 "directly: drop `gamma` or use `algorithm: choco`"
             )
-        g = p["gamma"]
-        if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1:
-            raise UserError(
-                f"push-sum: gamma must be a number in (0, 1], got {g!r}; e.g. `gamma: 0.5`"
-            )
-        return {**p, "gamma": float(g), "qgm": _qgm_beta(p["qgm"])}
+        gamma = check_gamma("push-sum", p["gamma"])
+        return {**p, "gamma": gamma, "qgm": _qgm_beta(p["qgm"])}
 
     def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
         return grad  # each rank steps its own model; the mixing is in after_step
@@ -272,8 +264,4 @@ def _fp32(value: float) -> float:
 
 
 def _check_choice(param: str, value: object, valid: tuple[str, ...]) -> None:
-    if not isinstance(value, str) or value not in valid:
-        raise UserError(
-            f"push-sum: {param} must be one of {', '.join(valid)}, got {value!r}; "
-            f"e.g. `{param}: {DEFAULTS[param]}`"
-        )
+    check_choice("push-sum", param, value, valid, DEFAULTS[param])
