@@ -235,14 +235,15 @@ class Run:
         epochs.quiet_allreduce(self.comm, sums)
         avg = epochs.averaged(self.model, self.comm)
         scores = epochs.evaluate(avg, self.epoch_data, self.comm)
-        convex = self.spec.model in models.CONVEX
-        gn = epochs.gradient_norm(avg, self.epoch_data, self.comm, self.spec.weight_decay)
+        gn = float("nan")  # a full pass over the partition: only where it is the measure
+        if self.spec.model in models.CONVEX:  # the same on every rank: all or none call
+            gn = epochs.gradient_norm(avg, self.epoch_data, self.comm, self.spec.weight_decay)
         previous = self.epoch_rows[-1]["train_time_s"] if self.epoch_rows else 0.0
         self.epoch_rows.append({
             "run_id": self.spec.run_id, "epoch": epoch, "iteration": done,
             "train_time_s": previous + float(slowest), "lr": self.opt.param_groups[0]["lr"],
             "train_loss": float(sums[1]) / (steps * self.comm.world_size), **scores,
-            "grad_norm": gn if convex else float("nan"),
+            "grad_norm": gn,
             "bytes_sent": sum(r["bytes_sent"] for r in self.rows),
             "consensus_distance": rows[-1].get("consensus_distance", float("nan")),
         })  # fmt: skip
