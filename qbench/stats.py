@@ -23,6 +23,7 @@ from qbench import accuracy
 from qbench.records import (
     EPOCH_COLUMNS,
     ITERATION_COLUMNS,
+    LATER_ITERATION_COLUMNS,
     RunRecord,
     epochs_frame,
     iterations_frame,
@@ -154,6 +155,9 @@ def _reason(exc: BaseException) -> str:
 
 def _read_iterations(path: Path, run_id: str) -> pd.DataFrame:
     frame = pd.read_parquet(path)
+    for column in LATER_ITERATION_COLUMNS:  # files written before these columns existed
+        if column not in frame.columns:
+            frame[column] = math.nan
     missing = [c for c in ITERATION_COLUMNS if c not in frame.columns]
     if missing:
         raise ValueError(f"missing columns {', '.join(missing)}")

@@ -255,3 +255,16 @@ def test_report_does_not_import_torch() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_iterations_written_before_later_columns_still_load(tmp_path: Path) -> None:
+    from qbench.records import LATER_ITERATION_COLUMNS
+
+    store = ResultStore(tmp_path)
+    rows = rows_for("old", "mlp", "fp32", 1)
+    add_run(store, "old", labels("mlp", "fp32", 1), None, status="ok")
+    old = iterations_frame(rows).drop(columns=list(LATER_ITERATION_COLUMNS))
+    store.write_iterations("old", old)
+    results = stats.load(tmp_path)
+    assert results.runs["status"].tolist() == ["ok"]
+    assert results.iterations[list(LATER_ITERATION_COLUMNS)].isna().all().all()
