@@ -363,6 +363,8 @@ def incompatibility(
     name = comp["name"]
     if scheme == "gossip":
         return _gossip_incompatibility(comp, world_size, params or {})
+    if scheme == "async-ps":
+        return _async_ps_incompatibility(backend, world_size)
     if scheme == "push-sum" and getattr(build_compressor(comp), "error_feedback", False):
         return (
             f"push-sum keeps its own error feedback (Choco's public copies per link); set "
@@ -397,6 +399,21 @@ def incompatibility(
                 f"integer-allreduce scales buckets by the max |x| over ranks, got qsgd norm "
                 f"{c.norm}; use `norm: max`"
             )
+    return None
+
+
+def _async_ps_incompatibility(backend: str, world_size: int | None) -> str | None:
+    """async-ps: rank 0 serves and the others train; the server receives from any source."""
+    if world_size is not None and world_size < 2:
+        return (
+            f"async-ps needs a server (rank 0) and at least one worker: world_size >= 2, "
+            f"got {world_size}"
+        )
+    if backend == "nccl":
+        return (
+            "async-ps receives from whichever worker sends first, which nccl cannot; "
+            "use backend gloo or mpi"
+        )
     return None
 
 

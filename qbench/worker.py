@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from qbench import aggregate, comm, data, epochs, layers, models, precision
+from qbench import aggregate, async_ps, comm, data, epochs, layers, models, precision
 from qbench.launch.slurm import apply_worker_env
 from qbench.matrix import RunSpec, build_compressor
 from qbench.records import WORKER_FAILED as FAILED_TAG
@@ -64,8 +64,11 @@ def _device(kind: str) -> torch.device:
 
 
 class Run:
-    def __init__(self, spec: RunSpec, cm: comm.Comm) -> None:
+    def __init__(self, spec: RunSpec, cm: comm.Comm, shard: tuple[int, int] | None = None) -> None:
+        """``shard``: (index, count) of this rank's training partition; default (rank, world
+        size). async-ps's server holds no partition of its own (qbench.async_ps.shard)."""
         self.spec, self.comm = spec, cm
+        part, parts = shard or (cm.rank, cm.world_size)
         self.device = _device(spec.device_kind)
         torch.manual_seed(spec.seed)  # same initial model on every rank
         info = models.info(spec.model, spec.model_params)
@@ -87,15 +90,15 @@ class Run:
         self.data: data.BatchSource | epochs.EpochBatches
         if spec.dataset == "synthetic":
             self.data = data.make(
-                spec.dataset, info, spec.batch_size, seed=spec.seed, rank=cm.rank,
+                spec.dataset, info, spec.batch_size, seed=spec.seed, rank=part,
                 device=self.device,
             )  # fmt: skip
         else:  # a real dataset: this rank's partition of the training split, per-epoch order
             self.epoch_data = epochs.prepare(
-                spec.dataset, info.input_shape, world_size=cm.world_size, rank=cm.rank,
+                spec.dataset, info.input_shape, world_size=parts, rank=part,
                 skew=spec.skew, seed=spec.seed, device=self.device,
             )  # fmt: skip
-            self.data = epochs.EpochBatches(self.epoch_data, spec.batch_size, spec.seed, cm.rank)
+            self.data = epochs.EpochBatches(self.epoch_data, spec.batch_size, spec.seed, part)
         self.opt = torch.optim.SGD(
             self.model.parameters(), lr=spec.lr, momentum=spec.momentum,
             weight_decay=spec.weight_decay,
@@ -279,6 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     run: Run | None = None
     failed = False
     try:
+        if spec.scheme == "async-ps":  # no synchronous step: server and workers (seed 003)
+            run = Run(spec, cm, shard=async_ps.shard(cm.rank, cm.world_size))
+            async_ps.run(run)
+            cm.barrier()
+            return 0
         run = Run(spec, cm)
         timer = PhaseTimer(run.device)
         fault = _fault_injection(cm.rank)

@@ -6,6 +6,7 @@ from typing import Any
 
 from qbench.aggregate.allgather import AllGather
 from qbench.aggregate.allreduce import AllReduce
+from qbench.aggregate.async_ps import AsyncPS
 from qbench.aggregate.base import Aggregator, split_ranges
 from qbench.aggregate.gossip import Gossip
 from qbench.aggregate.integer_allreduce import IntegerAllReduce
@@ -28,6 +29,7 @@ SCHEMES: dict[str, type[Aggregator]] = {
         IntegerAllReduce,
         ParameterServer,
         PushSum,
+        AsyncPS,
     )
 }
 

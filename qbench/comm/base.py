@@ -6,7 +6,8 @@
 * allgatherv: this rank's buffer once per peer, (K-1) * own;
 * allreduce of S bytes: 2 (K-1) / K * S, the per-rank traffic of a ring allreduce, which is the
   nccl-tests "bus bandwidth" convention (busbw = algbw * 2 (K-1) / K, see nccl-tests
-  doc/PERFORMANCE.md). The library may pick another algorithm; this is the comparable count.
+  doc/PERFORMANCE.md). The library may pick another algorithm; this is the comparable count;
+* send (point to point): the tensor's bytes; recv counts nothing (the sender did).
 """
 
 from __future__ import annotations
@@ -70,6 +71,24 @@ class Comm(ABC):
         self, send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int]
     ) -> torch.Tensor:
         raise NotImplementedError
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
+        """Blocking point-to-point send of a contiguous tensor to rank ``dst``. Messages between
+        two ranks with the same tag arrive in the order they were sent."""
+        self.bytes_sent += tensor.numel() * tensor.element_size()
+        self._send(tensor, dst, tag)
+
+    def recv(self, tensor: torch.Tensor, src: int | None = None, tag: int = 0) -> int:
+        """Blocking receive into ``tensor`` (its size must match the message) from ``src``, or
+        from whichever rank sends first when ``src`` is None; returns the sender's rank."""
+        return self._recv(tensor, src, tag)
+
+    def _send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
+        # Not abstract: in-process test communicators need not offer point-to-point messages.
+        raise NotImplementedError(f"{type(self).__name__} has no point-to-point send")
+
+    def _recv(self, tensor: torch.Tensor, src: int | None, tag: int) -> int:
+        raise NotImplementedError(f"{type(self).__name__} has no point-to-point recv")
 
     def abort(self, code: int) -> None:
         """End every rank after a local failure. torchrun already does when a rank exits

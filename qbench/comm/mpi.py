@@ -98,6 +98,18 @@ class MPIComm(Comm):
         self.comm.Allgatherv(src, [out, (list(counts), None)])
         return torch.from_numpy(out).to(send.device)
 
+    def _send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
+        self.comm.Send(_host(tensor).numpy(), dest=dst, tag=tag)
+
+    def _recv(self, tensor: torch.Tensor, src: int | None, tag: int) -> int:
+        host = _host(tensor)
+        status = self._mpi.Status()
+        source = self._mpi.ANY_SOURCE if src is None else src
+        self.comm.Recv(host.numpy(), source=source, tag=tag, status=status)
+        if host is not tensor:
+            tensor.copy_(host)
+        return int(status.Get_source())
+
     def abort(self, code: int) -> None:
         self.comm.Abort(code)
 

@@ -65,6 +65,13 @@ class TorchDistComm(Comm):
 
         return Pending(wait)
 
+    def _send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
+        dist.send(tensor, dst, tag=tag)
+
+    def _recv(self, tensor: torch.Tensor, src: int | None, tag: int) -> int:
+        # src None: gloo's recv-from-any-source (nccl has none: async-ps excludes nccl).
+        return dist.recv(tensor, src, tag=tag)
+
     def barrier(self) -> None:
         dist.barrier()
 
