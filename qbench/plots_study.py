@@ -79,11 +79,13 @@ def comm_comp_ratio(summary: pd.DataFrame) -> pd.Series:
 
 
 def _ratio_rows(summary: pd.DataFrame) -> pd.DataFrame:
-    """Ok compressed runs with a speedup over fp32 and a known ratio."""
+    """Ok compressed runs of 2+ ranks with a speedup over fp32 and a known ratio (one rank
+    communicates nothing, so its "speedup" would only show noise)."""
     needed = ("speedup_vs_fp32", "numel", "gflops_per_sample", "batch_size")
     if any(c not in summary.columns for c in needed):
         return summary.iloc[0:0].assign(ratio=pd.Series(dtype=float))
-    rows = summary[(summary["status"] == "ok") & (summary["compressor_name"] != "none")]
+    multi = pd.to_numeric(summary["world_size"], errors="coerce") > 1
+    rows = summary[(summary["status"] == "ok") & (summary["compressor_name"] != "none") & multi]
     rows = rows.assign(ratio=comm_comp_ratio(rows))
     return rows[rows["ratio"].notna() & rows["speedup_vs_fp32"].notna()]
 
@@ -174,8 +176,9 @@ def _draw_bounds(ax: Axes, bounds: dict[str, float], top: float) -> None:
         ax.text(0.99, bound, f"upper bound {text}", transform=ax.get_yaxis_transform(),
                 ha="right", va="bottom", fontsize=8)  # fmt: skip
     if far:
-        ax.text(0.99, 0.98, "upper bounds (off scale):\n" + "\n".join(far), fontsize=8,
-                transform=ax.transAxes, ha="right", va="top", color="#444444")  # fmt: skip
+        ax.text(0.01, 0.98, "upper bounds (off scale):\n" + "\n".join(far), fontsize=8,
+                transform=ax.transAxes, ha="left", va="top", color="#444444",
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8})  # fmt: skip
 
 
 # -- time-to-accuracy vs bits: Pareto front ------------------------------------------------
