@@ -49,7 +49,11 @@ BASELINE = ({"name": "allreduce"}, {"name": "none"})
 """fp32 allreduce: the reference of every speedup (added to the sweep when not requested)."""
 NO_MEAN = {
     "gossip": "gossip mixes models with its neighbours after the step and has no mean "
-    "gradient to time or check; see `qbench sweep` for it"
+    "gradient to time or check; see `qbench sweep` for it",
+    "push-sum": "push-sum mixes models over a directed graph after the step and has no mean "
+    "gradient to time or check; see `qbench sweep` for it",
+    "async-ps": "async-ps has no collective step (workers push and pull without a barrier); "
+    "see `qbench sweep` for it",
 }
 LAUNCH_TIMEOUT_S = 3600.0
 POLL_S = 0.2
