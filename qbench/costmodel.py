@@ -870,9 +870,29 @@ def _run_config(r: Any, model: CostModel | None = None) -> tuple[Scheme, Config]
     cfg = Config(
         scheme=scheme.label, compressor=comp, bits_per_value=bits, backend=str(r.backend),
         network=str(r.network), world_size=k, numel=n, fp32_numel=f, workload=str(r.workload),
-        batch_size=_int(r.batch_size), device=str(r.device),
+        batch_size=_int(r.batch_size), device=str(r.device), host_cores=_host_cores(r),
     )  # fmt: skip
     return scheme, cfg
+
+
+def _host_cores(r: Any) -> int | None:
+    """CPU cores the run's ranks shared: the host's cores x nodes (None on GPUs or unknown).
+    K CPU ranks on fewer cores compute K / cores times slower (``Config.host_cores``)."""
+    cores = _int(getattr(r, "host_cores", None))
+    if not cores or str(getattr(r, "device", "cpu")) != "cpu":
+        return None
+    return cores * (_int(getattr(r, "nodes", None)) or 1)
+
+
+def _row_share(r: Any) -> float:
+    """``_cpu_share`` of a run-table row."""
+    cores = _host_cores(r)
+    return max(1.0, int(r.world_size) / cores) if cores else 1.0
+
+
+def _cpu_share(cfg: Config) -> float:
+    """How much slower CPU work ran than on a core of its own: max(1, K / host_cores)."""
+    return max(1.0, cfg.world_size / cfg.host_cores) if cfg.host_cores else 1.0
 
 
 def _int(v: Any) -> int | None:
@@ -901,7 +921,7 @@ def _run_points(
             phases.append(PhasePoint(
                 backend=cfg.backend, scheme=scheme.name, compressor=cfg.compressor, op=op,
                 world_size=k, units=codec_units(scheme.name, k, n, op),
-                seconds=float(getattr(r, f"t_{op}")), source=src, bytes=nbytes,
+                seconds=float(getattr(r, f"t_{op}")) / _cpu_share(cfg), source=src, bytes=nbytes,
             ))  # fmt: skip
         if with_comm and k > 1:
             items = _comm_items(scheme, cfg)
@@ -920,8 +940,8 @@ def _run_points(
     for (workload, batch, device), rs in sorted(groups.items()):
         compute.append(ComputeFit(
             workload=workload, batch_size=batch, device=device,
-            compute_s=float(np.median([r.t_compute for r in rs])),
-            step_s=float(np.median([r.t_step for r in rs])),
+            compute_s=float(np.median([r.t_compute / _row_share(r) for r in rs])),
+            step_s=float(np.median([r.t_step / _row_share(r) for r in rs])),
             numel=int(np.median([r.grad_bytes // 4 for r in rs])), runs=len(rs),
             world_sizes=sorted({int(r.world_size) for r in rs}),
         ))  # fmt: skip
@@ -935,8 +955,12 @@ def fit(
     kernel_docs: Sequence[tuple[Any, str]] = (),
     run_dirs: Sequence[Path | str] = (),
     comm_from_runs: bool = False,
+    hold_out: Sequence[tuple[str, str]] = (),
 ) -> CostModel:
-    """Fit every parameter the inputs allow. comm_docs / kernel_docs: (parsed JSON, name)."""
+    """Fit every parameter the inputs allow. comm_docs / kernel_docs: (parsed JSON, name).
+    hold_out: (label, value) pairs; runs with any such label value (compared as text, e.g.
+    ``("world_size", "4")``, ``("network", "300mbit")``) are left out of the fit, so that
+    ``validate`` scores them as held-out."""
     model = CostModel()
     comm: list[CommPoint] = []
     phases: list[PhasePoint] = []
@@ -962,9 +986,12 @@ def fit(
                 model.compressors.setdefault(r["compressor"], float(r["bits_per_value"]))
         model.sources.append(_source(doc, source, "kernels", len(rows)))
     for d in run_dirs:
-        table = run_table(d)
+        table = held_out(run_table(d), hold_out)
         if table.empty:
-            raise UserError(f"{d}: no completed runs (run.json with status ok) to fit from")
+            raise UserError(
+                f"{d}: no completed runs (run.json with status ok) to fit from"
+                + (" after --hold-out" if hold_out else "")
+            )
         c, p, compute, used = _run_points(table, comm_from_runs)
         comm += c
         phases += p
@@ -982,6 +1009,21 @@ def fit(
     if extra:
         model.collectives = fit_collectives([*comm, *extra])
     return model
+
+
+def held_out(table: pd.DataFrame, hold_out: Sequence[tuple[str, str]]) -> pd.DataFrame:
+    """``table`` without the runs that match any (label, value) of ``hold_out``."""
+    if table.empty or not hold_out:
+        return table
+    keep = pd.Series(True, index=table.index)
+    for key, value in hold_out:
+        if key not in table.columns:
+            raise UserError(
+                f"--hold-out {key}={value}: no run label {key!r}; use one of world_size, "
+                "network, backend, scheme, compressor, model, batch_size"
+            )
+        keep &= table[key].astype(str) != value
+    return table[keep].reset_index(drop=True)
 
 
 def _source(doc: dict[str, Any], source: str, kind: str, rows: int) -> dict[str, Any]:

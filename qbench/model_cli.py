@@ -59,19 +59,30 @@ def model() -> None:
     "--comm-from-runs", is_flag=True,
     help="Also fit collectives from the runs' t_comm vs bytes_sent (approximate: layer groups).",
 )  # fmt: skip
+@click.option(
+    "--hold-out", "hold_out", multiple=True, metavar="LABEL=VALUE",
+    help="Leave runs with this label value out of the fit (e.g. world_size=4, network=300mbit), "
+    "so that `model validate` scores them as held-out.",
+)  # fmt: skip
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Model JSON to write.")
 def fit(
     dirs: tuple[str, ...], comm_files: tuple[str, ...], kernel_files: tuple[str, ...],
-    comm_from_runs: bool, out: str,
+    comm_from_runs: bool, hold_out: tuple[str, ...], out: str,
 ) -> None:  # fmt: skip
     """Fit the model from results DIRs (compute, codec) and bench JSON files; write --out."""
     for d in dirs:
         if not Path(d).is_dir():
             raise UserError(f"{d}: not a results directory; bench JSON files go after --comm")
+    pairs = []
+    for item in hold_out:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise UserError(f"--hold-out {item!r}: expected LABEL=VALUE, e.g. world_size=4")
+        pairs.append((key.strip(), value.strip()))
     m = costmodel.fit(
         comm_docs=[(_json(f, "comm"), f) for f in comm_files],
         kernel_docs=[(_json(f, "kernels"), f) for f in kernel_files],
-        run_dirs=list(dirs), comm_from_runs=comm_from_runs,
+        run_dirs=list(dirs), comm_from_runs=comm_from_runs, hold_out=pairs,
     )  # fmt: skip
     m.save(out)
     show_fit(m)

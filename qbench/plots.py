@@ -110,6 +110,23 @@ def _measured(summary: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return merged.median().sort_values(_ORDER, ascending=order, na_position="last")
 
 
+def wrap_label(label: str, width: int = 28) -> str:
+    """A long series label over several lines, broken before ``+`` parameters and at `` / ``
+    (async-ps+downqsgd-8b-b512+staleness6 ... would otherwise squeeze the axes to nothing)."""
+    if len(label) <= width:
+        return label
+    lines: list[str] = []
+    for part in label.split(" / "):
+        line = ""
+        for piece in part.replace("+", "\0+").split("\0"):
+            if line and len(line) + len(piece) > width:
+                lines.append(line)
+                line = ""
+            line += piece
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def _series_labels(rows: pd.DataFrame) -> pd.Series:
     label = rows["compressor"].fillna("?").astype(str)
     if rows["scheme"].nunique() > 1:
@@ -127,7 +144,8 @@ def breakdown_figure(summary: pd.DataFrame) -> Figure | None:
     panels = list(data.groupby(["model", "dataset"], sort=True))
     widest = max(len(rows) for _, rows in panels)
     width = min(18.0, max(6.0, 2.0 + 0.55 * widest))
-    fig = Figure(figsize=(width, 0.8 + 3.6 * len(panels)), layout="constrained")
+    lines = max(wrap_label(s).count("\n") + 1 for s in data["series"])  # tick label height
+    fig = Figure(figsize=(width, 0.8 + (3.6 + 0.2 * lines) * len(panels)), layout="constrained")
     axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
     show_net = data["network"].nunique() > 1
     for ax, ((model, dataset), rows) in zip(axes, panels, strict=True):
@@ -150,7 +168,7 @@ def _breakdown_panel(ax: Axes, rows: pd.DataFrame, show_net: bool) -> None:
         _group_label(ax, positions, f"{where}\n{_gpus(world_size)}")
         ticks += list(zip(positions, group["series"], strict=True))
         x = positions[-1] + 1.8
-    ax.set_xticks([p for p, _ in ticks], [s for _, s in ticks], rotation=40, ha="right")
+    ax.set_xticks([p for p, _ in ticks], [wrap_label(s) for _, s in ticks], rotation=40, ha="right")
     ax.tick_params(axis="x", length=0)
     low, high = -0.7, x - 1.1
     pad = max(0.0, (3.0 - (high - low)) / 2)  # a lone bar should not fill the panel

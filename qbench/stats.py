@@ -49,6 +49,7 @@ _METRICS = (
     *("t_iteration_median", "t_iteration_p95", *PARTS, "bytes_per_iteration"),
     *("_grad_bytes", "_payload_bytes"),
 )
+ASYNC_SCHEME = "async-ps"
 # seed 002 section 5.4: dollars, from the scenario's price of one machine hour (NaN without one)
 MONEY_COLUMNS = ("cost_per_iteration", "cost_per_epoch", "cost_to_target")
 SUMMARY_COLUMNS = (
@@ -141,6 +142,9 @@ def _read_record(store: ResultStore, run_id: str) -> RunRecord:
 def _record_row(run_id: str, record: RunRecord) -> dict[str, Any]:
     fixed: dict[str, Any] = {"run_id": run_id, "status": record.status}
     fixed.update(error=record.error, exit_code=record.exit_code)
+    cores = record.machine.get("cores") if isinstance(record.machine, dict) else None
+    # cores of the host that ran it (per node): the cost model scales CPU time by ranks / cores
+    fixed["host_cores"] = cores if isinstance(cores, int) and cores > 0 else None
     return {**{k: v for k, v in record.labels.items() if k not in fixed}, **fixed}
 
 
@@ -223,11 +227,19 @@ def per_iteration(iterations: pd.DataFrame) -> pd.DataFrame:
 
 def summarize(results: Results) -> pd.DataFrame:
     """One row per run (``SUMMARY_COLUMNS``); runs that are not ok keep NaN metrics."""
-    table = results.runs.merge(_run_metrics(per_iteration(results.iterations)), "left", "run_id")
+    iterations = results.iterations
+    is_async = iterations["run_id"].isin(_async_runs(results.runs))
+    metrics = _run_metrics(per_iteration(iterations[~is_async]))
+    if is_async.any():
+        metrics = pd.concat([metrics, _async_metrics(iterations[is_async])], ignore_index=True)
+    else:
+        metrics["_samples_per_s"] = math.nan
+    table = results.runs.merge(metrics, "left", "run_id")
     table["iterations"] = table["iterations"].fillna(0).astype("Int64")
-    table.loc[table["status"] != "ok", list(_METRICS)] = math.nan
+    table.loc[table["status"] != "ok", [*_METRICS, "_samples_per_s"]] = math.nan
     table["compressor"] = _display_compressor(table)
-    table["samples_per_s"] = _global_batch(table) / table["t_iteration_median"]
+    per_update = table["_samples_per_s"].astype(float) * table["batch_size"].astype(float)
+    table["samples_per_s"] = per_update.fillna(_global_batch(table) / table["t_iteration_median"])
     table["compression_ratio"] = table["_grad_bytes"] / table["_payload_bytes"].where(
         table["_payload_bytes"] > 0
     )
@@ -249,6 +261,44 @@ def _run_metrics(per_it: pd.DataFrame) -> pd.DataFrame:
     spec["_grad_bytes"] = ("grad_bytes", "median")
     spec["_payload_bytes"] = ("payload_bytes", "median")
     return per_it.groupby("run_id", as_index=False).agg(**spec)
+
+
+def _async_runs(runs: pd.DataFrame) -> pd.Series:
+    """run_ids of asynchronous parameter-server runs (seed 003), whose rows are not iterations."""
+    scheme = runs["scheme"].astype(str) if "scheme" in runs else pd.Series([], dtype=str)
+    return runs.loc[scheme.str.startswith(ASYNC_SCHEME), "run_id"]
+
+
+def _async_metrics(iterations: pd.DataFrame) -> pd.DataFrame:
+    """``_run_metrics`` for async-ps, where rows are events, not lock-step iterations: rank 0
+    writes one row per model update it applies, each worker one per push-pull round, and row i
+    of one rank has nothing to do with row i of another. So: ``iterations`` counts the server's
+    updates and samples/s is updates x per-worker batch over the server's busy time; the
+    iteration time and its breakdown are a worker's round (median over all workers' rounds);
+    bytes per iteration are one update's traffic both ways, a worker's push up plus the server's
+    reply down; compression is the pushed gradient's."""
+    columns = ["run_id", "iterations", *_METRICS, "_samples_per_s"]
+    measured = iterations[~iterations["warmup"].astype(bool)]
+    server, workers = measured[measured["rank"] == 0], measured[measured["rank"] != 0]
+    if server.empty or workers.empty:
+        return pd.DataFrame(columns=columns)
+    up = workers.groupby("run_id").agg(
+        t_iteration_median=("t_iteration", "median"),
+        t_iteration_p95=("t_iteration", lambda s: s.quantile(0.95)),
+        **{p: (p, "median") for p in PARTS},
+        _up=("bytes_sent", "median"),
+        _grad_bytes=("grad_bytes", "median"),
+        _payload_bytes=("payload_bytes", "median"),
+    )
+    down = server.groupby("run_id").agg(
+        iterations=("iteration", "nunique"), _busy=("t_iteration", "sum"),
+        _down=("bytes_sent", "mean"),
+    )  # fmt: skip
+    out = up.join(down, how="inner")
+    out["bytes_per_iteration"] = out["_up"] + out["_down"]
+    # updates/s; summarize multiplies by the per-worker batch (each update is one worker's batch)
+    out["_samples_per_s"] = out["iterations"] / out["_busy"].where(out["_busy"] > 0)
+    return out.reset_index()[columns]
 
 
 def _display_compressor(table: pd.DataFrame) -> pd.Series:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
@@ -354,6 +356,48 @@ def test_validation_of_runs(runs_dir: Path) -> None:
     assert table["in_fit"].all()
     w1 = table[table["world_size"] == 1].iloc[0]
     assert w1["predicted_s"] == pytest.approx(w1["measured_s"], rel=0.05)  # compute + step
+
+
+def test_hold_out_leaves_runs_out_of_the_fit(runs_dir: Path) -> None:
+    rows = synthetic_rows("unshaped", (2,))
+    m = cm.fit(comm_docs=[(comm_doc(rows), "c")], run_dirs=[runs_dir],
+               hold_out=[("world_size", "2")])  # fmt: skip
+    assert "run:toy-fp32-w1" in m.used and "run:toy-fp32-w2" not in m.used
+    table = cm.validate(m, [runs_dir]).set_index("world_size")
+    assert bool(table.loc[1, "in_fit"]) and not table.loc[2, "in_fit"].any()
+    assert cm.summarize_validation(table.reset_index()).points == 2
+    with pytest.raises(UserError, match="no run label 'ranks'"):
+        cm.fit(run_dirs=[runs_dir], hold_out=[("ranks", "2")])
+    with pytest.raises(UserError, match="after --hold-out"):
+        cm.fit(run_dirs=[runs_dir], hold_out=[("backend", "gloo")])
+
+
+def test_runs_on_fewer_cores_than_ranks_are_normalized(tmp_path: Path) -> None:
+    """4 CPU ranks on a 2-core host compute twice as slowly: the fit divides that out, and the
+    prediction for that run puts it back (the run's machine.cores)."""
+    store = ResultStore(tmp_path)
+    for k in (1, 4):
+        add_run(store, f"toy-fp32-w{k}", "fp32", "allreduce", k)
+        record = store.read_record(f"toy-fp32-w{k}")
+        assert record is not None
+        store.write_record(replace(record, machine={"cores": 2}))
+    path = store.iterations_path("toy-fp32-w4")  # ws 4: CPU parts twice as long
+    frame = pd.read_parquet(path)
+    frame[["t_compute", "t_step"]] *= 2
+    frame["t_iteration"] = frame[["t_compute", "t_encode", "t_comm", "t_decode", "t_step"]].sum(
+        axis=1
+    )
+    store.write_iterations("toy-fp32-w4", frame)
+    m = cm.fit(run_dirs=[tmp_path], comm_docs=[(comm_doc(synthetic_rows("unshaped", (2,))), "c")])
+    (c,) = m.compute
+    assert c.compute_s == pytest.approx(0.05) and c.step_s == pytest.approx(0.004)
+    cfg = Config(scheme="allreduce", network="unshaped", world_size=4, workload="toy",
+                 batch_size=16, host_cores=2)  # fmt: skip
+    p = cm.predict(m, cfg)
+    assert (p.compute_s, p.step_s) == (pytest.approx(0.1), pytest.approx(0.008))
+    table = cm.validate_runs(m, tmp_path).set_index("world_size")
+    cpu = table["predicted_s"] - table["predicted_comm_s"]  # from each run's machine.cores
+    assert cpu[4] == pytest.approx(2 * cpu[1], rel=1e-6)
 
 
 def test_host_cores_scale_codec_and_compute() -> None:

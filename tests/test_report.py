@@ -268,3 +268,34 @@ def test_iterations_written_before_later_columns_still_load(tmp_path: Path) -> N
     results = stats.load(tmp_path)
     assert results.runs["status"].tolist() == ["ok"]
     assert results.iterations[list(LATER_ITERATION_COLUMNS)].isna().all().all()
+
+
+def test_async_ps_rows_are_summarized_as_updates_and_rounds(tmp_path: Path) -> None:
+    """async-ps rows are events: the server's updates (rank 0) and each worker's push-pull
+    rounds; row i of one rank is unrelated to row i of another, so no max over ranks."""
+    store = ResultStore(tmp_path)
+    run_id, batch = "async", 16
+    rows: list[dict[str, Any]] = []
+    base = {"run_id": run_id, "loss": 1.0, "grad_bytes": 4000}
+    for u in range(12):  # server: 2 warm-up updates, then 10 of 5 ms, 300 bytes down each
+        rows.append({**base, "rank": 0, "iteration": u, "warmup": u < 2, "t_compute": 0.0,
+                     "t_encode": 0.001, "t_comm": 0.003, "t_decode": 0.0005, "t_step": 0.0005,
+                     "t_iteration": 9.0 if u < 2 else 0.005, "bytes_sent": 300,
+                     "payload_bytes": 250})  # fmt: skip
+    for w, n in ((1, 7), (2, 4)):  # two workers with different numbers of rounds
+        for i in range(n):
+            rows.append({**base, "rank": w, "iteration": i, "warmup": i < 1,
+                         "t_compute": 0.002 * w, "t_encode": 0.001, "t_comm": 0.010,
+                         "t_decode": 0.001, "t_step": 0.0, "t_iteration": 0.014 + 0.002 * w,
+                         "bytes_sent": 1000, "payload_bytes": 1000})  # fmt: skip
+    lab = labels("mlp", "fp32", 3, scheme="async-ps+staleness4", batch_size=batch,
+                 global_batch=batch * 3)  # fmt: skip
+    add_run(store, run_id, lab, rows)
+    row = stats.summarize(stats.load(tmp_path)).set_index("run_id").loc[run_id]
+    assert row["iterations"] == 10  # server updates after warm-up
+    assert row["samples_per_s"] == pytest.approx(10 * batch / (10 * 0.005))
+    worker_rounds = [0.016] * 6 + [0.018] * 3  # measured rounds of both workers
+    assert row["t_iteration_median"] == pytest.approx(statistics.median(worker_rounds))
+    assert row["t_compute"] == pytest.approx(0.002)  # median over the 9 worker rounds
+    assert row["bytes_per_iteration"] == pytest.approx(1000 + 300)  # push up + reply down
+    assert row["compression_ratio"] == pytest.approx(4.0)  # the pushed gradient's

@@ -19,7 +19,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn import functional as F
@@ -130,19 +130,35 @@ def _normalized(name: str, train: Split, test: Split, classes: int) -> Dataset:
 
 def _digits() -> Dataset:
     """scikit-learn's 1797 8x8 digits; a fixed seed-0 permutation, the last 20 % for test."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as e:
-        raise UserError(
-            "dataset digits needs scikit-learn; install it (pip install scikit-learn)"
-        ) from e
-    bunch = load_digits()
-    x = torch.as_tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    y = torch.as_tensor(bunch.target, dtype=torch.int64)
+    images, target = _digits_arrays()
+    x = torch.as_tensor(images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.as_tensor(target, dtype=torch.int64)
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
     cut = int(0.8 * len(y))
     train, test = order[:cut], order[cut:]
     return _normalized("digits", Split(x[train], y[train]), Split(x[test], y[test]), 10)
+
+
+def _digits_arrays() -> tuple[Any, Any]:
+    """The digits as (images N x 8 x 8, labels), read straight from scikit-learn's bundled
+    ``digits.csv.gz`` (64 pixels and the label per line, as ``load_digits`` reads it): importing
+    sklearn costs ~1 s per rank, a third of a short run's start-up. Falls back to load_digits."""
+    import importlib.util
+
+    import numpy as np
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None:
+        raise UserError("dataset digits needs scikit-learn; install it (pip install scikit-learn)")
+    for root in spec.submodule_search_locations or []:
+        csv = Path(root) / "datasets" / "data" / "digits.csv.gz"
+        if csv.is_file():
+            table = np.loadtxt(csv, delimiter=",")
+            return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    return bunch.images, bunch.target
 
 
 def _idx_dataset(name: str, root: Path) -> Dataset:
