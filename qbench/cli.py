@@ -33,16 +33,23 @@ def cli() -> None:
     help="Also redo runs that failed or timed out in an earlier sweep (by default they are "
     "kept; interrupted runs are always redone).",
 )  # fmt: skip
+@click.option(
+    "--set", "sets", multiple=True, metavar="KEY=VALUE",
+    help="Replace a top-level scenario key (VALUE is YAML), e.g. --set seed=0 "
+    "--set 'world_size=[1,2,4,8]' --set backend=nccl.",
+)  # fmt: skip
 def sweep(
     scenario: str | None, out: str | None, dry_run: bool, launcher: str | None,
-    retry_failed: bool,
+    retry_failed: bool, sets: tuple[str, ...],
 ) -> None:  # fmt: skip
     """Run every combination of SCENARIO's axes (default: the embedded smoke scenario).
 
     Re-running skips runs already complete, so an interrupted sweep resumes where it stopped."""
     from qbench import console
+    from qbench import scenario as scenario_mod
 
     text, source = _scenario_text(scenario)
+    text = scenario_mod.with_overrides(text, source, sets)
     console.sweep(
         text, source, Path(out) if out else None, dry_run, launcher=launcher,
         retry_failed=retry_failed,

@@ -6,6 +6,7 @@ Errors are :class:`qbench.errors.UserError` with one line naming the key, the va
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -222,6 +223,31 @@ def loads(text: str, source: str = "<embedded>") -> Scenario:
             f"{source}: a value is nested too deeply; a scenario needs at most a few levels "
             "(e.g. `world_size: [1, 2]`)"
         ) from None
+
+
+def with_overrides(text: str, source: str, sets: Sequence[str]) -> str:
+    """Scenario text with top-level keys replaced, ``KEY=VALUE`` each (VALUE is YAML:
+    ``seed=0``, ``world_size=[1,2,4,8]``, ``backend=nccl``), as ``qbench sweep --set`` gives
+    them: the same scenario at another scale or on other hardware. The result is new YAML text
+    (kept with the results as the scenario that ran); unknown keys fail later, in ``parse``."""
+    if not sets:
+        return text
+    raw = yaml.safe_load(text) if text.strip() else None
+    if not isinstance(raw, dict):
+        loads(text, source)  # the usual one-line error for text that is not a scenario
+        raise UserError(f"{source}: a scenario must be a YAML mapping of keys")
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. --set seed=0")
+        try:
+            raw[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise UserError(
+                f"--set {item!r}: the value is not valid YAML; quote it, e.g. --set 'seed=[0, 1]'"
+            ) from None
+    note = f"# {source} with --set {' '.join(sets)}\n"
+    return note + yaml.safe_dump(raw, sort_keys=False)
 
 
 def _short(e: BaseException, limit: int = 80) -> str:

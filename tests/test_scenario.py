@@ -126,3 +126,28 @@ def test_embedded_default_expands() -> None:
     m = matrix.expand(scenario.loads(text))
     assert len(m.runs) == 2 * 2 * 2 * 5
     assert not m.excluded
+
+
+def test_set_overrides_top_level_keys() -> None:
+    text = "name: s\nmodel: mlp\nseed: [0, 1, 2]\nworld_size: [1, 2]\n"
+    out = scenario.with_overrides(text, "s.yaml", ["seed=0", "world_size=[2, 4, 8]", "lr=0.1"])
+    sc = scenario.loads(out)
+    assert (sc.seed, sc.world_size, sc.lr) == ((0,), (2, 4, 8), 0.1)
+    assert out.startswith("# s.yaml with --set seed=0")
+    assert scenario.with_overrides(text, "s.yaml", []) == text
+
+
+@pytest.mark.parametrize(
+    ("sets", "needle"),
+    [
+        (["seed"], "expected KEY=VALUE"),
+        (["=3"], "expected KEY=VALUE"),
+        (["seed=[0"], "not valid YAML"),
+        (["seedz=0"], "unknown key 'seedz'"),
+        (["world_size=two"], "world_size must be int"),
+    ],
+)
+def test_bad_set_is_one_line(sets: list[str], needle: str) -> None:
+    text = "name: s\nmodel: mlp\n"
+    with pytest.raises(UserError, match=needle):
+        scenario.loads(scenario.with_overrides(text, "s.yaml", sets))
