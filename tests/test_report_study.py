@@ -190,3 +190,22 @@ def test_only_failed_runs_still_report(tmp_path: Path) -> None:
     md = (paths.page.parent / report_page.INDEX_MD).read_text()
     assert "## Failed runs" in md and "| f1 | timeout | 124 |" in md
     assert "No compressed run" in md and "$/iter" not in paths.summary_md.read_text()
+
+
+def test_readme_accuracy_table_script(root: Path) -> None:
+    """benchmarks/accuracy_table.py (the README's accuracy tables): one line per configuration,
+    mean +/- std over the two seeds and the difference to fp32, in percent."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "accuracy_table.py"
+    spec = importlib.util.spec_from_file_location("accuracy_table", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lines = module.table(str(root)).splitlines()
+    rows = {line.split(" | ")[1]: line for line in lines[2:]}
+    assert set(rows) == set(CURVES)
+    fp32, qsgd = CURVES["fp32"][0][-1], CURVES["qsgd-4b-b512"][0][-1]
+    mean = lambda a: 100 * (a - 0.005)  # noqa: E731  (seeds 0 and 1: a and a - 0.01)
+    assert f"| {mean(fp32):.2f} ± 0.71 | +0.00 |" in rows["fp32"]
+    assert f"| {mean(qsgd):.2f} ± 0.71 | {mean(qsgd) - mean(fp32):+.2f} |" in rows["qsgd-4b-b512"]

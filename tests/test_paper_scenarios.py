@@ -1,0 +1,48 @@
+"""The shipped scenarios: each loads, expands to runs, says how to run it, and (for the paper
+ones) moves to GPUs by changing the backend and world sizes only (``make figures``'s promise)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qbench import matrix, scenario
+
+ROOT = Path(__file__).resolve().parents[1] / "scenarios"
+SHIPPED = sorted(ROOT.rglob("*.yaml"))
+PAPER = sorted((ROOT / "paper").glob("*.yaml"))
+
+
+def test_there_are_paper_scenarios_for_every_seed() -> None:
+    seeds = {p.name[:7] for p in PAPER}
+    assert seeds == {"seed000", "seed001", "seed002", "seed003", "seed004"}
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_shipped_scenario_expands(path: Path) -> None:
+    sc = scenario.load(path)
+    m = matrix.expand(sc)
+    assert m.runs and all(r.scenario == sc.name for r in m.runs)
+    assert sc.name == path.stem  # results/<name> is the file's name
+
+
+@pytest.mark.parametrize("path", PAPER, ids=lambda p: p.stem)
+def test_paper_scenario_names_its_command(path: Path) -> None:
+    text = path.read_text()
+    assert f"# Run: qbench sweep scenarios/paper/{path.name}" in text
+    assert f"qbench report results/{path.stem}" in text or "benchmarks/" in text
+
+
+@pytest.mark.parametrize("path", PAPER, ids=lambda p: p.stem)
+def test_paper_scenario_at_seed_zero_keeps_every_configuration(path: Path) -> None:
+    """`make figures` runs `--set seed=0`: fewer runs, the same configurations."""
+    full = matrix.expand(scenario.load(path)).runs
+    text = scenario.with_overrides(path.read_text(), str(path), ["seed=0"])
+    quick = matrix.expand(scenario.loads(text)).runs
+
+    def config(r: matrix.RunSpec) -> tuple[str, ...]:
+        return (r.model, r.scheme, str(r.compressor), str(r.compute), str(r.skew))
+
+    assert {config(r) for r in quick} == {config(r) for r in full}
+    assert {r.seed for r in quick} == {0} and len(quick) <= len(full)
