@@ -4,7 +4,8 @@ Per run: final and best top-1, final test loss and gradient norm, and, given a t
 accuracy, the training time and iterations until the averaged model first reached it (NaN when
 it never did). Per configuration (runs that differ only by seed or repeat): mean and standard
 deviation over the runs, the bits per value each sent, and the difference to the fp32 run of
-the same model, dataset, scheme family and skew.
+the same model, dataset, scheme family, skew and compute precision (with fp32 weights: a
+``weights: {bits: N}`` configuration is compared with the unquantized model).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ RUN_METRICS = (
 CONFIG_KEYS = [
     "model", "dataset", "backend", "scheme", "compressor", "world_size", "skew", "precision",
 ]  # fmt: skip
-BASELINE_KEYS = ["model", "dataset", "family", "skew", "precision"]
-"""fp32 communication of the same workload, partition and compute precision."""
+BASELINE_KEYS = ["model", "dataset", "family", "skew", "base_precision"]
+"""fp32 communication and fp32 weights of the same workload, partition and compute precision."""
 TABLE_COLUMNS = (
     *("model", "dataset", "precision", "scheme", "compressor", "skew", "world_size", "runs"),
     *("bits_per_value", "top1_mean", "top1_std", "diff_vs_fp32", "time_to_target_s"),
@@ -63,7 +64,10 @@ def table(summary: pd.DataFrame) -> pd.DataFrame:
         time_to_target_s=("time_to_target_s", "mean"),
     ).reset_index()  # fmt: skip
     out["top1_std"] = out["top1_std"].fillna(0.0)
-    fp32 = out[out["compressor"] == "fp32"].set_index(BASELINE_KEYS)
+    # weight quantization (``+wN``, seed 000 section 5.4) is measured against fp32 weights
+    out["base_precision"] = out["precision"].astype(str).str.replace(r"\+w\d+$", "", regex=True)
+    full = (out["compressor"] == "fp32") & (out["precision"].astype(str) == out["base_precision"])
+    fp32 = out[full].set_index(BASELINE_KEYS)
     ref = out.apply(lambda r: _fp32_mean(fp32, r), axis=1)
     out["diff_vs_fp32"] = out["top1_mean"] - ref
     return out[list(TABLE_COLUMNS)]

@@ -196,14 +196,16 @@ def expand(sc: Scenario) -> Matrix:
     # Nested products (same order as one flat product): typed, where an 11-way one is not.
     places = list(itertools.product(sc.world_size, sc.nodes, sc.backend, sc.device))
     variants = list(itertools.product(sc.compressor, sc.scheme))
-    draws = list(itertools.product(sc.seed, range(sc.repeats), sc.skew, sc.compute))
+    draws = list(itertools.product(sc.seed, range(sc.repeats), sc.skew, sc.compute, sc.weights))
     axes = itertools.product(model_entries, sc.dataset, sc.network, places, variants, draws)
     for (model, mparams), dataset, net, (ws, nodes, backend, dev), (comp, scheme_spec), (
         seed,
         rep,
         skew,
         compute,
+        weights,
     ) in axes:
+        weight_bits = int(weights.get("bits", 0))
         resolved = resolve_scheme(scheme_spec["name"], comp)
         device, device_problem = _device_for(backend, dev)
         why = next(
@@ -242,6 +244,7 @@ def expand(sc: Scenario) -> Matrix:
             f"{model} {backend} {resolved} {label} w{ws}{f' n{nodes}' if nodes > 1 else ''} "
             f"{network.label(net)} seed{seed}{f' repeat{rep}' if rep else ''}"
             f"{f' skew{skew:g}' if skew else ''}{f' {compute}' if compute != 'fp32' else ''}"
+            f"{f' w{weight_bits}bits' if weight_bits else ''}"
         )
         if not why:
             values = {
@@ -266,7 +269,7 @@ def expand(sc: Scenario) -> Matrix:
             repeat=rep, nodes=nodes, price_per_hour=sc.price_per_hour, device=device,
             epochs=sc.epochs or 0, lr_schedule=dict(sc.lr_schedule),
             weight_decay=sc.weight_decay, skew=skew, target_accuracy=sc.target_accuracy,
-            compute=compute, norm=sc.norm, weight_bits=int(sc.weights.get("bits", 0)),
+            compute=compute, norm=sc.norm, weight_bits=weight_bits,
         )  # fmt: skip
         if spec.run_id not in seen:  # "auto" may resolve to a scheme also listed explicitly
             seen.add(spec.run_id)

@@ -82,8 +82,9 @@ class Scenario:
     fake-quantized training (seed 001)."""
     norm: str = "batchnorm"
     """``range-evonorm`` replaces the models' batch norms by Range-EvoNorm (seed 001)."""
-    weights: dict[str, Any] = field(default_factory=dict)
-    """``{bits: N}``: quantize every parameter to N-bit fixed point after each step (seed 000)."""
+    weights: tuple[dict[str, Any], ...] = ({},)
+    """Axis: ``{bits: N}`` quantizes every parameter to N-bit fixed point after each step
+    (seed 000 section 5.4); ``none`` (``{}``) leaves the model in fp32."""
     lr: float = 0.05
     """SGD learning rate."""
     momentum: float = 0.9
@@ -147,7 +148,8 @@ class Scenario:
         _check_accuracy_mode(self)
         _check_choices("compute", self.compute, COMPUTE)
         _check_choices("norm", (self.norm,), NORMS)
-        _check_weights(self.weights)
+        for w in self.weights:
+            _check_weights(w)
         _check_range("lr", self.lr, 0.0, 1e3, example="lr: 0.05")
         _check_range("momentum", self.momentum, 0.0, 1.0, example="momentum: 0.9")
         _check_range("timeout", self.timeout, 1.0, 1e7, example="timeout: 600")
@@ -293,7 +295,10 @@ def parse(raw: Any, source: str = "<embedded>") -> Scenario:
     if "lr_schedule" in raw:
         kw["lr_schedule"] = _mapping("lr_schedule", raw["lr_schedule"])
     if "weights" in raw:
-        kw["weights"] = _mapping("weights", raw["weights"])
+        kw["weights"] = tuple(
+            {} if w is None or w == "none" else _mapping("weights", w)
+            for w in _as_list("weights", raw["weights"])
+        )
     return Scenario(**kw)
 
 
@@ -325,7 +330,7 @@ def _named(key: str, c: Any) -> dict[str, Any]:
 
 _MAPPING_EXAMPLES = {
     "slurm": "{partition: gpu}", "lr_schedule": "{milestones: [30, 45], gamma: 0.1}",
-    "weights": "{bits: 8}",
+    "weights": "[none, {bits: 8}]",
 }  # fmt: skip
 
 
@@ -418,7 +423,7 @@ def _check_weights(weights: dict[str, Any]) -> None:
     for k in weights:
         if k != "bits":
             raise UserError(
-                f"weights: unknown key {_show(k)}; valid: bits; e.g. `weights: {{bits: 8}}`"
+                f"weights: unknown key {_show(k)}; valid: bits; e.g. `weights: [none, {{bits: 8}}]`"
             )
     bits = weights.get("bits", 32)
     if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 32:

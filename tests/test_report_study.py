@@ -209,3 +209,22 @@ def test_readme_accuracy_table_script(root: Path) -> None:
     mean = lambda a: 100 * (a - 0.005)  # noqa: E731  (seeds 0 and 1: a and a - 0.01)
     assert f"| {mean(fp32):.2f} ± 0.71 | +0.00 |" in rows["fp32"]
     assert f"| {mean(qsgd):.2f} ± 0.71 | {mean(qsgd) - mean(fp32):+.2f} |" in rows["qsgd-4b-b512"]
+
+
+def test_quantized_weights_compare_with_fp32_weights() -> None:
+    """seed 000 section 5.4: a `weights: {bits: N}` configuration's difference is to the same
+    workload with fp32 communication and fp32 weights, not to itself."""
+    from qbench import accuracy
+
+    rows = []
+    for precision, top1 in (("fp32", 0.90), ("fp32+w8", 0.89), ("fp32+w6", 0.70)):
+        rows.append({
+            "run_id": precision, "status": "ok", "model": "cnn", "dataset": "digits",
+            "backend": "gloo", "scheme": "parameter-server", "compressor": "fp32",
+            "world_size": 4, "skew": 0.0, "precision": precision, "bits_per_value": 32.0,
+            "final_top1": top1, "time_to_target_s": math.nan,
+        })  # fmt: skip
+    table = accuracy.table(pd.DataFrame(rows)).set_index("precision")
+    assert table["diff_vs_fp32"].to_dict() == pytest.approx(
+        {"fp32": 0.0, "fp32+w8": -0.01, "fp32+w6": -0.20}
+    )

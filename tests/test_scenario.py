@@ -151,3 +151,24 @@ def test_bad_set_is_one_line(sets: list[str], needle: str) -> None:
     text = "name: s\nmodel: mlp\n"
     with pytest.raises(UserError, match=needle):
         scenario.loads(scenario.with_overrides(text, "s.yaml", sets))
+
+
+def test_weights_is_an_axis() -> None:
+    sc = scenario.loads("name: s\nmodel: mlp\nweights: [none, {bits: 8}, {bits: 6}]\n")
+    assert sc.weights == ({}, {"bits": 8}, {"bits": 6})
+    runs = matrix.expand(sc).runs
+    assert sorted(r.weight_bits for r in runs if r.world_size == 1) == [0, 6, 8]
+    assert len({r.run_id for r in runs}) == len(runs)
+    single = scenario.loads("name: s\nmodel: mlp\nweights: {bits: 8}\n")
+    assert single.weights == ({"bits": 8},)
+    assert scenario.loads("name: s\nmodel: mlp\n").weights == ({},)
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [("{bits: 1}", r"weights.bits must be a whole number in \[2, 32\]"),
+     ("[none, {bytes: 8}]", "weights: unknown key 'bytes'")],
+)  # fmt: skip
+def test_bad_weights_name_the_value(value: str, needle: str) -> None:
+    with pytest.raises(UserError, match=needle):
+        scenario.loads(f"name: s\nmodel: mlp\nweights: {value}\n")
