@@ -27,15 +27,18 @@ def table(root: str) -> str:
         grad_norm=("final_grad_norm", "mean"), grad_norm_std=("final_grad_norm", "std"),
     )  # fmt: skip
     acc = acc.merge(extra.reset_index(), on=keys, how="left")
+    show_model = acc["model"].nunique() > 1
     show_precision = acc["precision"].nunique() > 1
     show_skew = acc["skew"].nunique() > 1
     convex = acc["grad_norm"].notna().any()
-    head = [*(["precision"] if show_precision else []), "scheme", "compressor"]
+    head = [*(["model"] if show_model else []), *(["precision"] if show_precision else [])]
+    head += ["scheme", "compressor"]
     head += [*(["skew"] if show_skew else []), "runs", "bits/value sent", "top-1 %"]
     head += ["vs fp32 (pt)", "compute ms/iter", *(["gradient norm"] if convex else [])]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in acc.itertuples(index=False):
-        cells = [*([r.precision] if show_precision else []), r.scheme, r.compressor]
+        cells = [*([r.model] if show_model else []), *([r.precision] if show_precision else [])]
+        cells += [r.scheme, r.compressor]
         cells += [*([f"{r.skew:g}"] if show_skew else []), str(r.runs), f"{r.bits_per_value:.2f}"]
         cells += [f"{100 * r.top1_mean:.2f} ± {100 * r.top1_std:.2f}"]
         diff = "-" if math.isnan(r.diff_vs_fp32) else f"{100 * r.diff_vs_fp32:+.2f}"
