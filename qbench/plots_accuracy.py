@@ -14,10 +14,12 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from qbench.accuracy import family
-from qbench.plots import compressor_color
+from qbench.plots import compressor_color, wrap_label
 
 PANEL_KEYS = ["model", "dataset", "family", "skew"]
 MAX_PANELS = 12
+_MARKERS = {"fp32": "o", "int8": "s", "bf16": "^", "fp16": "v"}
+"""Marker per compute precision (colour is the compressor's, line style the scheme family)."""
 
 
 def accuracy_figure(summary: pd.DataFrame, epochs: pd.DataFrame) -> Figure | None:
@@ -40,10 +42,12 @@ def accuracy_figure(summary: pd.DataFrame, epochs: pd.DataFrame) -> Figure | Non
 
 def _rows(summary: pd.DataFrame, epochs: pd.DataFrame) -> pd.DataFrame:
     ok = summary[summary["status"] == "ok"][["run_id", "model", "dataset", "scheme",
-                                             "compressor", "skew"]]  # fmt: skip
+                                             "compressor", "skew", "precision"]]  # fmt: skip
     rows = epochs.merge(ok, on="run_id", how="inner")
     rows["family"] = rows["scheme"].map(family)
     rows["line"] = rows["compressor"].astype(str) + " / " + rows["scheme"].astype(str)
+    if rows["precision"].nunique() > 1:  # seeds of one configuration only: never mix precisions
+        rows["line"] += " · " + rows["precision"].astype(str)
     return rows
 
 
@@ -53,12 +57,14 @@ def _panel(ax: Axes, group: pd.DataFrame, key: tuple[object, ...]) -> None:
         stats = g.groupby("epoch")["top1"].agg(["mean", "std"]).fillna(0.0)
         color = compressor_color(str(g["compressor"].iloc[0]))
         style = "--" if family(str(g["scheme"].iloc[0])) != "centralized" else "-"
+        marker = _MARKERS.get(str(g["precision"].iloc[0]).split("+")[0], "D")
         x = stats.index.to_numpy()
         mean, std = stats["mean"].to_numpy() * 100, stats["std"].to_numpy() * 100
-        ax.plot(x, mean, style, color=color, label=str(line), marker="o", markersize=3)
+        ax.plot(x, mean, style, color=color, label=str(line), marker=marker, markersize=3.5)
         ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.15, linewidth=0)
     title = f"{model} on {dataset}, {kind}"
-    ax.set_title(title + (f", skew {float(str(skew)):g}" if float(str(skew)) else ""))
+    title += f", skew {float(str(skew)):g}" if float(str(skew)) else ""
+    ax.set_title(wrap_label(title, 40))
     ax.set_xlabel("epoch")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("test top-1 (%)")

@@ -228,3 +228,24 @@ def test_quantized_weights_compare_with_fp32_weights() -> None:
     assert table["diff_vs_fp32"].to_dict() == pytest.approx(
         {"fp32": 0.0, "fp32+w8": -0.01, "fp32+w6": -0.20}
     )
+
+
+def test_accuracy_figure_keeps_precisions_apart(tmp_path: Path) -> None:
+    """Runs that differ by compute precision are separate lines (with the precision in the
+    label), never one mean over both."""
+    from qbench import plots_accuracy
+
+    store = ResultStore(tmp_path)
+    for compute, top1 in (("fp32", [0.5, 0.9]), ("int8", [0.3, 0.6])):
+        run_id = f"cnn-{compute}"
+        lab = labels("mlp", "fp32", 2, dataset="digits", compute=compute)
+        add_run(store, run_id, lab, rows_for(run_id, "mlp", "fp32", 2))
+        add_epochs(store, run_id, top1, [1.0, 2.0])
+    results = stats.load(tmp_path)
+    fig = plots_accuracy.accuracy_figure(stats.summarize(results), results.epochs)
+    assert fig is not None
+    lines = {ln.get_label(): list(ln.get_ydata()) for ln in fig.axes[0].get_lines()}
+    assert lines == {
+        "fp32 / allreduce · fp32": pytest.approx([50.0, 90.0]),
+        "fp32 / allreduce · int8": pytest.approx([30.0, 60.0]),
+    }
