@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from qbench import precision
 from qbench.async_protocol import HEADER, PAYLOAD, SERVER, Push, Reply, codecs, send_message
 from qbench.async_server import serve
 from qbench.comm import Comm
@@ -51,10 +52,10 @@ def shard(rank: int, world_size: int) -> tuple[int, int]:
 
 
 def run(r: Run) -> None:
-    if r.spec.compute != "fp32" or r.spec.weight_bits or r.spec.telemetry:
+    if r.spec.telemetry:
         raise UserError(
-            "async-ps trains in fp32 without telemetry or weight quantization; remove "
-            "`compute`, `weights` and `telemetry` from the scenario for async-ps runs"
+            "async-ps records no per-layer telemetry; remove `telemetry` from the scenario "
+            "for async-ps runs"
         )
     if r.comm.rank == SERVER:
         serve(r)
@@ -83,8 +84,11 @@ def work(r: Run) -> None:
         r.params.copy_(down.decode(down.from_wire(model, r.params.numel())))
         timer.mark("decode")
         r.flat.zero_()
-        loss = r.loss_fn(r.model(x), y)
-        loss.backward()
+        with precision.autocast(r.spec.compute, r.device):  # int8: the model is fake-quantized
+            loss = r.loss_fn(r.model(x), y)
+        (loss * r.scaler.scale if r.scaler.enabled else loss).backward()
+        if not r.scaler.unscale_(r.flat):
+            r.flat.zero_()  # fp16 overflow: push a zero gradient; the loss scale halves
         value = float(loss.detach())  # travels in the push header
         if delay:
             time.sleep(delay)

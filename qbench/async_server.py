@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from qbench import epochs, models
+from qbench import epochs, models, precision
 from qbench.async_protocol import (
     HEADER,
     PAYLOAD,
@@ -104,6 +104,8 @@ class _Server:
         else:
             self.velocity.mul_(spec.momentum).sub_(grad, alpha=lr)
             x.add_(self.velocity)
+        if spec.weight_bits:  # seed 000 section 5.4: the server's model itself in low precision
+            precision.quantize_weights_(x, self.r.sizes, spec.weight_bits)
         self.version += 1
         self.last[push.worker] = (float(staleness), float(self.version))
         self.waiting.append(push.worker)

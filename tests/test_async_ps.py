@@ -306,10 +306,27 @@ def test_a_slow_worker_does_not_stall_the_others() -> None:
 
 
 def test_refuses_settings_it_does_not_implement() -> None:
-    spec = _spec("{name: async-ps}", world=2, extra="compute: bf16\n")
+    spec = _spec("{name: async-ps}", world=2, extra="telemetry: true\n")
     run = Run(spec, Threads(0, 2, [queue.Queue(), queue.Queue()]), shard=(0, 1))
-    with pytest.raises(UserError, match="fp32"):
+    with pytest.raises(UserError, match="telemetry"):
         async_ps.run(run)
+
+
+@pytest.mark.parametrize("extra", ["compute: bf16\n", "compute: int8\nweights: {bits: 8}\n"])
+def test_low_precision_compute_and_weights_learn(extra: str) -> None:
+    """Workers compute in the run's precision and the server rounds its model to N bits after
+    every update: the loss still falls, and the model stays on the N-bit grid."""
+    spec = _spec("{name: async-ps, staleness: 3}", extra="iterations: 30\n" + extra)
+    runs = _on_threads(spec)
+    server, _ = _frames(runs)
+    assert len(server) == 90
+    assert server["loss"].tail(20).mean() < 0.7 * server["loss"].head(10).mean()
+    if spec.weight_bits:
+        params, sizes = runs[0].params, runs[0].sizes
+        for t in params.split(sizes):  # per-tensor scale s = max|w| / (2^(N-1) - 1)
+            step = t.abs().max() / (2 ** (spec.weight_bits - 1) - 1)
+            levels = t / step
+            torch.testing.assert_close(levels, levels.round(), rtol=0, atol=1e-3)
 
 
 # -- seed 003's metric -------------------------------------------------------------------------

@@ -38,7 +38,7 @@ def _train(compute: str, steps: int = 60) -> tuple[float, float]:
             p.grad.copy_(g.view_as(p))
         if ok:
             opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses[0], losses[-1]
 
 
