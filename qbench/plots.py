@@ -128,9 +128,13 @@ def wrap_label(label: str, width: int = 28) -> str:
 
 
 def _series_labels(rows: pd.DataFrame) -> pd.Series:
+    """compressor, plus the scheme and the compute precision when the rows have several (runs
+    of different precisions are separate bars and lines, never one median)."""
     label = rows["compressor"].fillna("?").astype(str)
     if rows["scheme"].nunique() > 1:
-        return label + " / " + rows["scheme"].fillna("?").astype(str)
+        label = label + " / " + rows["scheme"].fillna("?").astype(str)
+    if "precision" in rows and rows["precision"].nunique() > 1:
+        label = label + " · " + rows["precision"].fillna("fp32").astype(str)
     return label
 
 

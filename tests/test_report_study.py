@@ -249,3 +249,18 @@ def test_accuracy_figure_keeps_precisions_apart(tmp_path: Path) -> None:
         "fp32 / allreduce · fp32": pytest.approx([50.0, 90.0]),
         "fp32 / allreduce · int8": pytest.approx([30.0, 60.0]),
     }
+
+
+def test_breakdown_keeps_precisions_apart(tmp_path: Path) -> None:
+    """The breakdown shows what the compute precision did to compute time: one bar each."""
+    from qbench import plots
+
+    store = ResultStore(tmp_path)
+    for compute, slow in (("fp32", 1.0), ("int8", 2.0)):
+        run_id = f"mlp-{compute}"
+        add_run(store, run_id, labels("mlp", "fp32", 2, compute=compute),
+                rows_for(run_id, "mlp", "fp32", 2, slow))  # fmt: skip
+    fig = plots.breakdown_figure(stats.summarize(stats.load(tmp_path)))
+    assert fig is not None
+    ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert sorted(ticks) == ["fp32 · fp32", "fp32 · int8"]
