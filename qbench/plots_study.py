@@ -92,8 +92,8 @@ def _ratio_rows(summary: pd.DataFrame) -> pd.DataFrame:
 
 def speedup_ratio_figure(summary: pd.DataFrame) -> Figure | None:
     """Speedup over fp32 of each compressed configuration against the communication /
-    computation ratio (log x): one line per (compressor, backend, world size), and per scheme
-    and network when those vary. Dashed: no speedup (1x); dotted: the bound 32 / bits.
+    computation ratio (log x): one line per (compressor, backend, world size), and per scheme,
+    network and compute precision when those vary. Dashed: no speedup (1x); dotted: the bound 32 / bits.
 
     The ratio is fp32 gradient MB (4 x numel / 1e6) over the GFLOPs one rank computes per
     iteration, taken as 3 x forward GFLOPs per sample x per-rank batch (forward + backward about
@@ -102,7 +102,7 @@ def speedup_ratio_figure(summary: pd.DataFrame) -> Figure | None:
     if rows["ratio"].round(12).nunique() < 2:
         return None
     keys = ["compressor", "backend", "world_size"]
-    keys += [c for c in ("scheme", "network") if rows[c].nunique() > 1]
+    keys += [c for c in ("scheme", "network", "precision") if rows[c].nunique() > 1]
     fig = Figure(figsize=(8.0, 5.2), layout="constrained")
     ax = fig.subplots()
     setups = sorted(
