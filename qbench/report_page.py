@@ -115,7 +115,8 @@ def _configs(summary: pd.DataFrame) -> pd.DataFrame:
 def _describe(row: pd.Series) -> str:
     """A configuration in words; its compressor label keeps "(simulated)"."""
     where = f"{row['model']} / {row['dataset']}, {row['backend']} {row['scheme']}"
-    return f"{row['compressor']} on {where}, {row['world_size']} ranks, {row['network']}"
+    ranks = f"{row['world_size']} rank{'' if row['world_size'] == 1 else 's'}"
+    return f"{row['compressor']} on {where}, {ranks}, {row['network']}"
 
 
 def _compressed(configs: pd.DataFrame) -> pd.DataFrame:
