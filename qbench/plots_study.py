@@ -93,7 +93,8 @@ def _ratio_rows(summary: pd.DataFrame) -> pd.DataFrame:
 def speedup_ratio_figure(summary: pd.DataFrame) -> Figure | None:
     """Speedup over fp32 of each compressed configuration against the communication /
     computation ratio (log x): one line per (compressor, backend, world size), and per scheme,
-    network and compute precision when those vary. Dashed: no speedup (1x); dotted: the bound 32 / bits.
+    network and compute precision when those vary. Dashed: no speedup (1x); dotted: the bound
+    32 / bits.
 
     The ratio is fp32 gradient MB (4 x numel / 1e6) over the GFLOPs one rank computes per
     iteration, taken as 3 x forward GFLOPs per sample x per-rank batch (forward + backward about

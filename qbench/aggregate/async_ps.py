@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from qbench.aggregate.base import Aggregator
+from qbench.aggregate.base import Aggregator, down_spec
 from qbench.comm import Comm
-from qbench.compress import Compressor, from_spec
+from qbench.compress import Compressor
 from qbench.errors import UserError, choice_error
 from qbench.timing import PhaseTimer
 
@@ -91,20 +91,13 @@ def _check_ratio(ratio: object) -> float:
 def _check_down(down: object) -> dict[str, Any] | None:
     """The model quantizer: a stateless compressor (error feedback or top-k would carry
     weights over from one model to the next, or drop them)."""
-    if down is None:
+    got = down_spec("async-ps", down, "model", "down")
+    if got is None:
         return None
-    spec = {"name": down} if isinstance(down, str) else down
-    if not isinstance(spec, dict) or "name" not in spec:
-        raise UserError(
-            f"async-ps: down must be a compressor spec with a name, got {down!r}; "
-            "e.g. `down: {name: qsgd, bits: 8}`, or leave it out to send the fp32 model"
-        )
-    if "seed" in spec:
-        raise UserError("async-ps: down takes the run's seed; remove `seed` from down")
-    c = from_spec(spec)  # raises UserError naming a bad name, parameter or value
+    spec, c = got
     if c.stateful:
         raise UserError(
             f"async-ps: down quantizes the model itself and cannot be {c.name} (it keeps "
             "error-feedback state); use qsgd, fixedpoint, fp16, bf16, adaptive or none"
         )
-    return dict(spec)
+    return spec

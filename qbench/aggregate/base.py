@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import torch
 
 from qbench.comm import Comm
-from qbench.compress import Compressor
+from qbench.compress import Compressor, from_spec
 from qbench.errors import UserError
 from qbench.timing import PhaseTimer
 
@@ -93,3 +93,22 @@ def check_gamma(scheme: str, g: object) -> float:
     if isinstance(g, bool) or not isinstance(g, int | float) or not 0 < g <= 1:
         raise UserError(f"{scheme}: gamma must be a number in (0, 1], got {g!r}; e.g. `gamma: 0.5`")
     return float(g)
+
+
+def down_spec(
+    scheme: str, down: object, fp32: str, seed_fix: str
+) -> tuple[dict[str, Any], Compressor] | None:
+    """A ``down`` compressor spec of a parameter-server scheme (what the server sends back),
+    validated by building it; None when absent (fp32 goes down). ``fp32`` names what is sent
+    without one and ``seed_fix`` where the seed must be removed from, for the messages."""
+    if down is None:
+        return None
+    spec = {"name": down} if isinstance(down, str) else down
+    if not isinstance(spec, dict) or "name" not in spec:
+        raise UserError(
+            f"{scheme}: down must be a compressor spec with a name, got {down!r}; "
+            f"e.g. `down: {{name: qsgd, bits: 8}}`, or leave it out to send the fp32 {fp32}"
+        )
+    if "seed" in spec:
+        raise UserError(f"{scheme}: down takes the run's seed; remove `seed` from {seed_fix}")
+    return dict(spec), from_spec(spec)  # from_spec raises UserError naming a bad value

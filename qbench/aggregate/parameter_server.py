@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from qbench.aggregate.base import Aggregator
+from qbench.aggregate.base import Aggregator, down_spec
 from qbench.comm import Comm
-from qbench.compress import Compressor, build, from_spec
+from qbench.compress import Compressor, build
 from qbench.errors import UserError
 from qbench.timing import PhaseTimer
 
@@ -127,17 +127,5 @@ class ParameterServer(Aggregator):
 
 def _check_down(down: object) -> dict[str, Any] | None:
     """The ``down`` compressor spec, validated by building it (UserError naming the problem)."""
-    if down is None:
-        return None
-    spec = {"name": down} if isinstance(down, str) else down
-    if not isinstance(spec, dict) or "name" not in spec:
-        raise UserError(
-            f"parameter-server: down must be a compressor spec with a name, got {down!r}; "
-            "e.g. `down: {name: qsgd, bits: 8}`, or leave it out to send the fp32 mean"
-        )
-    if "seed" in spec:
-        raise UserError(
-            "parameter-server: down takes the run's seed; remove `seed` from the down compressor"
-        )
-    from_spec(spec)  # raises UserError naming the bad name, parameter or value
-    return dict(spec)
+    got = down_spec("parameter-server", down, "mean", "the down compressor")
+    return None if got is None else got[0]
