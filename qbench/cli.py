@@ -191,13 +191,24 @@ def kernels(
     help="Emulate links of this rate, one network namespace per rank (root), e.g. 1gbit.",
 )  # fmt: skip
 @click.option(
+    "--sync", type=click.Choice(["barrier", "stream"]), default="barrier", show_default=True,
+    help="barrier: before every timed call; stream: calls back to back as in a training loop "
+    "(what runs see; fit the cost model on these).",
+)  # fmt: skip
+@click.option(
+    "--gap-ms", type=float, default=0.0, show_default=True,
+    help="Busy milliseconds before every call, like a training step's compute (the link idles; "
+    "an emulated link's token bucket refills), e.g. --sync stream --gap-ms 10.",
+)  # fmt: skip
+@click.option(
     "--json", "json_path", type=click.Path(dir_okay=False),
     help="Also write the rows, speedups and provenance to this JSON file.",
 )  # fmt: skip
 def comm(
     backends: tuple[str, ...], world_sizes: tuple[int, ...], schemes: tuple[str, ...],
     compressors: tuple[str, ...], min_bytes: str, max_bytes: str, step_factor: int,
-    repeats: int, warmup: int, bandwidth: str | None, json_path: str | None,
+    repeats: int, warmup: int, bandwidth: str | None, sync: str, gap_ms: float,
+    json_path: str | None,
 ) -> None:  # fmt: skip
     """nccl-tests style size sweep of gradient aggregation: time, algbw/busbw, wire bytes,
     relative error, speedup over fp32 allreduce."""
@@ -206,7 +217,7 @@ def comm(
     s = bench_comm.settings(
         backends=backends, world_sizes=world_sizes, schemes=schemes, compressors=compressors,
         min_bytes=min_bytes, max_bytes=max_bytes, step_factor=step_factor, repeats=repeats,
-        warmup=warmup, bandwidth=bandwidth,
+        warmup=warmup, bandwidth=bandwidth, sync=sync, gap_ms=gap_ms,
     )  # fmt: skip
     bench_comm.command(s, Path(json_path) if json_path else None)
 

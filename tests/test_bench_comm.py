@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from qbench import aggregate
-from qbench.bench import comm, render_comm
+from qbench.bench import comm, comm_worker, render_comm
 from qbench.bench.comm import CommResult, CommRow
 from qbench.errors import UserError
 
@@ -165,11 +166,58 @@ def test_settings_defaults_and_errors() -> None:
     bad_values: list[tuple[dict[str, Any], str]] = [
         ({"world_sizes": [1]}, "world sizes"), ({"repeats": 0}, "repeats"),
         ({"schemes": ["nope"]}, "unknown scheme"), ({"compressors": ["qsgd:bits=12"]}, "bits"),
-        ({"bandwidth": "fast"}, "bandwidth"),
+        ({"bandwidth": "fast"}, "bandwidth"), ({"sync": "lazy"}, "--sync"),
+        ({"gap_ms": -1.0}, "--gap-ms"), ({"gap_ms": float("nan")}, "--gap-ms"),
     ]  # fmt: skip
     for bad, match in bad_values:
         with pytest.raises(UserError, match=match):
             comm.settings(**{**base, **bad})
+
+
+class _Comm:
+    """Enough of a Comm for ``comm_worker._calls``: logs barriers and calls in order."""
+
+    def __init__(self) -> None:
+        self.bytes_sent = 0
+        self.log: list[str] = []
+
+    def barrier(self) -> None:
+        self.log.append("barrier")
+
+
+class _Agg:
+    def __init__(self, cm: _Comm) -> None:
+        self.cm = cm
+
+    def aggregate(self, grad: torch.Tensor, step: int, timer: Any) -> torch.Tensor:
+        self.cm.log.append(f"call{step}")
+        self.cm.bytes_sent += 8
+        return grad
+
+
+@pytest.mark.parametrize(
+    ("sync", "expected"),
+    [("barrier", ["barrier", "call0", "barrier", "call1", "barrier", "call2", "barrier", "call3"]),
+     ("stream", ["barrier", "call0", "call1", "barrier", "call2", "call3"])],
+)  # fmt: skip
+def test_stream_mode_runs_calls_back_to_back(sync: str, expected: list[str]) -> None:
+    """barrier: every call starts aligned; stream: one barrier before the warm-up and one before
+    the timed calls (2 warm-up + 2 timed here), as in a training loop."""
+    cm = _Comm()
+    sched = comm_worker.barrier_schedule(sync, 2)
+    agg: Any = _Agg(cm)
+    rec = comm_worker._calls(cm, agg, torch.zeros(4), 4, lambda: None, sched)  # type: ignore[arg-type]
+    assert cm.log == expected
+    assert rec.shape == (4, 5) and rec[:, 4].tolist() == [8.0] * 4
+
+
+def test_gap_keeps_ranks_busy_before_every_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(comm_worker, "_spin", slept.append)
+    cm = _Comm()
+    comm_worker._calls(cm, _Agg(cm), torch.zeros(4), 3, lambda: None,  # type: ignore[arg-type]
+                       comm_worker.barrier_schedule("stream", 1), 0.01)  # fmt: skip
+    assert slept == [0.01] * 3
 
 
 def test_plan_skips_with_reasons_and_adds_the_baseline() -> None:
@@ -229,7 +277,8 @@ def qbench(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     "args",
     [("--max-bytes", "12X"), ("--world-size", "1"), ("--backend", "tcp"),
-     ("--compressor", "qsgd:bits=12"), ("--bandwidth", "fast")],
+     ("--compressor", "qsgd:bits=12"), ("--bandwidth", "fast"), ("--sync", "lazy"),
+     ("--gap-ms", "-1")],
 )  # fmt: skip
 def test_bad_option_is_one_line_and_exit_2(args: tuple[str, ...]) -> None:
     proc = qbench("bench", "comm", *args)
@@ -266,3 +315,16 @@ def test_end_to_end_gloo_and_mpi(tmp_path: Path) -> None:
     assert {s["scheme"] for s in doc["speedups"]} >= {"reduce-broadcast", "integer-allreduce"}
     assert any("gossip" in n and "no mean" in n for n in doc["notes"])
     assert "speedup over fp32 allreduce: mpi, 2 ranks, unshaped" in proc.stdout
+
+
+@pytest.mark.slow
+def test_stream_mode_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "comm.json"
+    proc = qbench("bench", "comm", "--backend", "gloo", "--max-bytes", "1K", "--scheme",
+                  "allreduce", "--compressor", "none", "--repeats", "3", "--sync", "stream",
+                  "--gap-ms", "2", "--json", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["sync"] == "stream" and doc["settings"]["gap_ms"] == 2.0
+    assert all(len(r["samples"]) == 3 for r in doc["rows"])
+    assert "calls back to back, 2 ms busy before each" in proc.stdout

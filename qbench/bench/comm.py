@@ -56,6 +56,9 @@ NO_MEAN = {
     "see `qbench sweep` for it",
 }
 LAUNCH_TIMEOUT_S = 3600.0
+SYNC_MODES = ("barrier", "stream")
+"""How timed calls start (``Settings.sync``)."""
+MAX_GAP_MS = 10_000.0
 POLL_S = 0.2
 _PHASES = ("encode", "comm", "decode")
 COPIES_PER_RANK = 10  # gradient, work copy, float64 mean and error, payloads: peak per rank
@@ -102,6 +105,10 @@ class Settings:
     warmup: int
     bandwidth: str | None = None
     """Emulated link rate (e.g. ``1gbit``), None = unshaped."""
+    sync: str = "barrier"
+    """``barrier`` before every timed call, or ``stream``: calls back to back, as in training."""
+    gap_ms: float = 0.0
+    """Milliseconds of busy CPU before every call (a training step's compute; the link idles)."""
 
     def __post_init__(self) -> None:
         if self.repeats < 1 or self.warmup < 0:
@@ -116,6 +123,14 @@ class Settings:
             )
         if self.bandwidth is not None:
             network.bits_per_s(self.bandwidth)
+        if not (math.isfinite(self.gap_ms) and 0 <= self.gap_ms <= MAX_GAP_MS):
+            raise UserError(
+                f"--gap-ms {self.gap_ms}: need 0 <= gap <= {MAX_GAP_MS:g} ms; e.g. `--gap-ms 10`"
+            )
+        if self.sync not in SYNC_MODES:
+            raise UserError(
+                f"--sync {self.sync!r}: valid: {', '.join(SYNC_MODES)}; e.g. `--sync stream`"
+            )
 
     @property
     def network(self) -> str:
@@ -125,7 +140,7 @@ class Settings:
 def settings(
     *, backends: Sequence[str], world_sizes: Sequence[int], schemes: Sequence[str],
     compressors: Sequence[str], min_bytes: str, max_bytes: str, step_factor: int, repeats: int,
-    warmup: int, bandwidth: str | None,
+    warmup: int, bandwidth: str | None, sync: str = "barrier", gap_ms: float = 0.0,
 ) -> Settings:  # fmt: skip
     """Settings from command-line strings; every bad value raises UserError naming it."""
     # Default: every registered scheme; ``plan`` skips those without a mean (with a note).
@@ -142,7 +157,7 @@ def settings(
         backends=tuple(dict.fromkeys(backends or ("gloo",))),
         world_sizes=tuple(dict.fromkeys(world_sizes or (2,))), schemes=tuple(scheme_specs),
         compressors=tuple(comp_specs), sizes=tuple(sizes), repeats=repeats, warmup=warmup,
-        bandwidth=bandwidth,
+        bandwidth=bandwidth, sync=sync, gap_ms=gap_ms,
     )  # fmt: skip
 
 
@@ -430,6 +445,7 @@ def _launch(
     config = {
         "backend": backend, "sizes": list(s.sizes), "combos": combos, "repeats": s.repeats,
         "warmup": s.warmup, "rows_path": str(rows_path), "timeout_s": LAUNCH_TIMEOUT_S,
+        "sync": s.sync, "gap_s": s.gap_ms / 1e3,
     }  # fmt: skip
     config_path = workdir / "config.json"
     config_path.write_text(json.dumps(config, indent=2))

@@ -3,7 +3,12 @@
 Under torchrun / mpirun (or one network namespace per rank). For every size, a deterministic
 per-rank gradient and its exact mean (float64 allreduce, untimed); then for every (scheme,
 compressor) of the config: warm-up + timed ``aggregate()`` calls, each on a fresh copy of the
-gradient after a barrier, the clock read around the call only (the loop holds no checks); then
+gradient, the clock read around the call only (the loop holds no checks). ``sync: barrier``
+puts a barrier before every call (every call starts with the ranks aligned); ``sync: stream``
+one before the warm-up and one before the timed calls only, which then follow each other as in
+a training loop, each rank starting when its previous call returned. ``gap_s`` keeps every
+rank's CPU busy that long before each call, as a CPU rank's compute would (the link idles, an
+emulated link's token bucket refills, ranks sharing cores compete for them); then
 one more, untimed call whose result is compared with the exact mean. Rank 0 appends one JSON
 line per combination to ``rows_path`` with every rank's raw samples (gathered by an allreduce of
 a zero matrix holding each rank's own row); ``qbench.bench.comm`` summarises them.
@@ -49,18 +54,38 @@ def _gather(cm: comm.Comm, mine: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _spin(seconds: float) -> None:
+    """Busy for ``seconds``: a stand-in for a training step's compute on a CPU rank."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def barrier_schedule(sync: str, warm: int) -> Callable[[int], bool]:
+    """Which calls a barrier precedes: all (``barrier``), or the first warm-up call and the
+    first timed one (``stream``)."""
+    if sync == "stream":
+        return lambda i: i in (0, warm)
+    return lambda i: True
+
+
 def _calls(
     cm: comm.Comm, agg: aggregate.Aggregator, grad: torch.Tensor, calls: int,
-    sync: Callable[[], None],
+    sync: Callable[[], None], barrier_at: Callable[[int], bool] = lambda i: True,
+    gap_s: float = 0.0,
 ) -> torch.Tensor:  # fmt: skip
-    """Time ``calls`` aggregate() calls; (calls, 5): seconds, encode, comm, decode, bytes."""
+    """Time ``calls`` aggregate() calls; (calls, 5): seconds, encode, comm, decode, bytes.
+    A barrier precedes call i where ``barrier_at(i)``; each call waits ``gap_s`` first."""
     work = torch.empty_like(grad)
     timer = PhaseTimer(grad.device)
     rec: list[list[float]] = []
     for i in range(calls):
         work.copy_(grad)
         cm.bytes_sent = 0
-        cm.barrier()
+        if gap_s > 0:
+            _spin(gap_s)
+        if barrier_at(i):
+            cm.barrier()
         sync()
         t0 = time.perf_counter()
         timer.start()
@@ -103,7 +128,9 @@ def _measure(
         return {**head, "skipped": str(e)}
     warm, calls = config["warmup"], config["warmup"] + config["repeats"]
     sync = torch.cuda.synchronize if grad.device.type == "cuda" else (lambda: None)
-    rec = _gather(cm, _calls(cm, agg, grad, calls, sync)).cpu()  # (K, calls, 5)
+    barrier_at = barrier_schedule(config.get("sync", "barrier"), warm)
+    gap = float(config.get("gap_s", 0.0))
+    rec = _gather(cm, _calls(cm, agg, grad, calls, sync, barrier_at, gap)).cpu()  # (K, calls, 5)
     rel = _rel_error(cm, agg, grad, mean, calls)
     return {
         **head, "warmup": warm, "payload_bytes": int(agg.payload_bytes),

@@ -113,11 +113,14 @@ def show(result: CommResult) -> None:
     for backend, k, net in _groups(result.rows):
         rows = [r for r in result.rows if (r.backend, r.world_size, r.network) == (backend, k, net)]
         head = f"{backend}, {k} ranks, {net}"
+        how = "a barrier before each call" if s.sync == "barrier" else "calls back to back"
+        if s.gap_ms:
+            how += f", {s.gap_ms:g} ms busy before each"
         out.print(
             rows_table(
                 rows,
-                f"comm: {head}; median of {s.repeats} after {s.warmup} "
-                "warm-up, max over ranks; busbw = fp32-equivalent",
+                f"comm: {head}; median of {s.repeats} after {s.warmup} warm-up, {how}, max "
+                "over ranks; busbw = fp32-equivalent",
             )
         )
         mine = [u for u in ups if (u.backend, u.world_size, u.network) == (backend, k, net)]
