@@ -276,6 +276,10 @@ def expand(sc: Scenario) -> Matrix:
             runs.append(spec)
     if not runs:
         raise UserError(f"scenario {sc.name!r} expands to no runnable combination; see --dry-run")
+    # Repeats interleaved: every configuration's first repeat, then every second one, ...; a
+    # slow spell of a shared machine then hits one repeat of many configurations, not all the
+    # repeats of one (their median is what reports and the cost model compare).
+    runs.sort(key=lambda r: r.repeat)  # stable: matrix order within a repeat
     return Matrix(runs, excluded)
 
 

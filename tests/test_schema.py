@@ -63,6 +63,13 @@ def test_repeats_make_distinct_runs() -> None:
     assert "-r2-" in ids(m)[2]
 
 
+def test_repeats_are_interleaved_across_configurations() -> None:
+    """All first repeats, then all second ones: a slow spell of the machine hits one repeat of
+    several configurations rather than every repeat of one."""
+    m = expand("repeats: 2\nworld_size: [1, 2]")
+    assert [(r.repeat, r.world_size) for r in m.runs] == [(0, 1), (0, 2), (1, 1), (1, 2)]
+
+
 def test_include_and_exclude_filter_by_name_label_or_mapping() -> None:
     text = (
         "backend: [gloo, mpi]\nworld_size: [1, 2]\n"
