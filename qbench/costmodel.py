@@ -48,9 +48,24 @@ elementwise divide / zeroing passes).
 **Compute:** median ``t_compute`` and ``t_step`` per (workload, batch size, device) from sweep
 runs; the step is elementwise (SGD with momentum), so it scales with the gradient size while
 compute stays fixed: a model "grown" to more parameters at the same FLOPs, like seed 002's
-AlexNet with larger fully connected layers.
+AlexNet with larger fully connected layers. Ranks on one host slow each other down (memory
+bandwidth, the comm library's threads) even with a core each, so a world size the runs had
+(on a host with the same core count) takes that world size's medians; others the per-rank
+medians of all runs.
 
-**Iteration:** ``total = compute + encode + comm + decode + step``. Pipelined schemes
+**Bench comm for fitting:** ``qbench bench comm --sync stream --gap-ms G`` (calls back to back,
+each after G ms of busy CPU, like training steps with G ms of compute) is what runs see: the
+link idles (an emulated link's bucket refills) between steps, and no barrier realigns the ranks
+before a collective. The default ``--sync barrier`` can differ a lot: Open MPI's 2-rank
+allreduce over TCP runs at the link rate after a barrier but about twice as long back to back
+on the same 300 Mbit/s link.
+
+**Imbalance:** the iteration time is the slowest rank's, the phases are means over ranks; their
+ratio ``t_iteration / (compute + encode + comm + decode + step)`` is fitted per (backend,
+scheme, K) from runs (median, at least 1) and multiplies the sum as ``wait``; a K without runs
+takes the nearest fitted K's ratio.
+
+**Iteration:** ``total = (compute + encode + comm + decode + step) * imbalance``. Pipelined schemes
 (``overlap: C``): ``total = compute + max(encode + decode, comm) + (encode + decode) / C +
 step``, the last term being the pipeline's fill and drain (first chunk's encode, last chunk's
 decode) and comm paying C times the messages. ``lowprec-allreduce`` is the *projected* NCCL with
@@ -453,10 +468,23 @@ class ComputeFit:
     numel: int
     runs: int
     world_sizes: list[int] = field(default_factory=list)
+    per_world_size: dict[str, list[float]] = field(default_factory=dict)
+    """K -> [compute_s, step_s]: medians over the runs at K ranks as measured, CPU sharing and
+    memory-bandwidth contention included (``compute_s``/``step_s`` are per rank on a core of
+    its own: K / host_cores divided out)."""
+    host_cores: int | None = None
+    """Cores of the host the runs shared (None: GPU or unknown)."""
 
     @property
     def step_s_per_element(self) -> float:
         return self.step_s / max(self.numel, 1)
+
+    def at(self, k: int, host_cores: int | None) -> tuple[float, float] | None:
+        """(compute, step) measured at K ranks on a host like this one, else None."""
+        got = self.per_world_size.get(str(k))
+        if got is None or host_cores != self.host_cores:
+            return None
+        return got[0], got[1]
 
 
 @dataclass
@@ -471,6 +499,12 @@ class CostModel:
     used: list[str] = field(default_factory=list)
     """Keys of every measurement the fit used (see ``bench_key`` / ``run_key``)."""
     notes: list[str] = field(default_factory=list)
+    imbalance: dict[str, float] = field(default_factory=dict)
+    """``backend/scheme/K`` -> median over runs of t_iteration / (sum of the mean phases): the
+    slowest rank's lag (``imbalance_key``)."""
+    solo_comm: dict[str, float] = field(default_factory=dict)
+    """``backend/scheme/workload`` -> median t_comm of its 1-rank runs: a collective on one
+    rank sends nothing but still costs (Gloo: about 0.5 ms for reduce-broadcast)."""
 
     def to_dict(self) -> dict[str, Any]:
         return _no_nan({"schema": SCHEMA, **asdict(self)})
@@ -493,6 +527,8 @@ class CostModel:
                 sources=list(d.get("sources", [])),
                 used=list(d.get("used", [])),
                 notes=list(d.get("notes", [])),
+                imbalance={str(k): float(v) for k, v in d.get("imbalance", {}).items()},
+                solo_comm={str(k): float(v) for k, v in d.get("solo_comm", {}).items()},
             )
         except (TypeError, ValueError) as e:
             raise UserError(f"{source}: malformed cost model ({e}); fit it again") from None
@@ -899,6 +935,46 @@ def _int(v: Any) -> int | None:
     return None if v is None or pd.isna(v) else int(v)
 
 
+def imbalance_key(backend: str, scheme: str, k: int) -> str:
+    return f"{backend}/{scheme}/{k}"
+
+
+def _imbalance(table: pd.DataFrame) -> dict[str, float]:
+    """Per (backend, scheme, K > 1) of runs without overlap: the median of the iteration time
+    (max over ranks) over the sum of the phases (means over ranks). Ranks finish a step at
+    different times; the slowest sets the pace, and no phase is charged for it."""
+    ratios: dict[str, list[float]] = {}
+    for r in table.itertuples(index=False):
+        if int(r.world_size) < 2 or not all(pd.notna(getattr(r, p)) for p in RUN_PARTS):
+            continue
+        try:
+            scheme = Scheme.parse(str(r.scheme))
+        except UserError:
+            continue
+        parts = sum(float(getattr(r, p)) for p in RUN_PARTS)
+        if scheme.overlap > 1 or parts <= 0 or not pd.notna(r.t_iteration):
+            continue
+        key = imbalance_key(str(r.backend), scheme.label, int(r.world_size))
+        ratios.setdefault(key, []).append(float(r.t_iteration) / parts)
+    return {k: max(1.0, float(np.median(v))) for k, v in sorted(ratios.items())}
+
+
+def _solo_comm(table: pd.DataFrame) -> dict[str, float]:
+    """Per (backend, scheme, workload) of 1-rank runs without overlap: the median comm phase."""
+    times: dict[str, list[float]] = {}
+    for r in table.itertuples(index=False):
+        if int(r.world_size) != 1 or not pd.notna(r.t_comm):
+            continue
+        try:
+            scheme = Scheme.parse(str(r.scheme))
+        except UserError:
+            continue
+        if scheme.overlap == 1:
+            key = f"{r.backend}/{scheme.label}/{r.workload}"
+            times.setdefault(key, []).append(float(r.t_comm))
+    return {k: float(np.median(v)) for k, v in sorted(times.items())}
+
+
 def _run_points(
     table: pd.DataFrame, with_comm: bool
 ) -> tuple[list[CommPoint], list[PhasePoint], list[ComputeFit], list[str]]:
@@ -938,12 +1014,20 @@ def _run_points(
                 ))  # fmt: skip
     compute = []
     for (workload, batch, device), rs in sorted(groups.items()):
+        ks = sorted({int(r.world_size) for r in rs})
+        cores = {_host_cores(r) for r in rs}
+        per_k = {
+            str(k): [float(np.median([getattr(r, p) for r in rs if int(r.world_size) == k]))
+                     for p in ("t_compute", "t_step")]
+            for k in ks
+        } if len(cores) == 1 else {}  # fmt: skip
         compute.append(ComputeFit(
             workload=workload, batch_size=batch, device=device,
             compute_s=float(np.median([r.t_compute / _row_share(r) for r in rs])),
             step_s=float(np.median([r.t_step / _row_share(r) for r in rs])),
             numel=int(np.median([r.grad_bytes // 4 for r in rs])), runs=len(rs),
-            world_sizes=sorted({int(r.world_size) for r in rs}),
+            world_sizes=ks, per_world_size=per_k,
+            host_cores=next(iter(cores)) if len(cores) == 1 else None,
         ))  # fmt: skip
     return comm, phases, compute, used
 
@@ -978,6 +1062,7 @@ def fit(
         )
         model.sources.append(_source(doc, source, "comm", len(rows)))
     krows: list[tuple[dict[str, Any], str]] = []
+    ratios: list[pd.DataFrame] = []
     for doc, source in kernel_docs:
         rows = kernel_rows(doc, source)
         krows += [(r, source) for r in rows]
@@ -993,6 +1078,7 @@ def fit(
                 + (" after --hold-out" if hold_out else "")
             )
         c, p, compute, used = _run_points(table, comm_from_runs)
+        ratios.append(table)
         comm += c
         phases += p
         model.compute += compute
@@ -1004,6 +1090,10 @@ def fit(
         )
     model.kernels = _fit_kernels(krows)
     model.phases = _fit_phases(phases)
+    if ratios:
+        runs = pd.concat(ratios, ignore_index=True)
+        model.imbalance = _imbalance(runs)
+        model.solo_comm = _solo_comm(runs)
     model.collectives = fit_collectives(comm)
     extra = _overlap_points(model, overlapped)
     if extra:
@@ -1120,6 +1210,8 @@ class Prediction:
     step_s: float
     total_s: float
     wire_bytes: float
+    wait_s: float = 0.0
+    """The slowest rank's lag (``CostModel.imbalance``), included in ``total_s``."""
     notes: tuple[str, ...] = ()
 
     @property
@@ -1242,8 +1334,10 @@ def _codec_from_kernels(
     return kern.time(n), notes
 
 
-def _compute(model: CostModel, cfg: Config, numel: int) -> tuple[float, float, int | None]:
-    """(compute, step, batch size) of a configuration: given, or from the workload's fit."""
+def _compute(model: CostModel, cfg: Config, numel: int) -> tuple[float, float, int | None, bool]:
+    """(compute, step, batch size, shared) of a configuration: given, or from the workload's
+    fit, measured at the same world size on a like host where it can (``shared``: CPU sharing
+    already in the times), else per rank on a core of its own."""
     fit_ = None
     if cfg.workload is not None:
         cands = [c for c in compute_fits(model, cfg.workload) if c.device == cfg.device]
@@ -1260,12 +1354,22 @@ def _compute(model: CostModel, cfg: Config, numel: int) -> tuple[float, float, i
                 f"no compute fit for {cfg.workload} (batch {cfg.batch_size}, {cfg.device}); "
                 f"fitted: {', '.join(have) or 'none'}; give the compute time instead"
             )
-    compute = cfg.compute_s if cfg.compute_s is not None else (fit_.compute_s if fit_ else 0.0)
+    given = cfg.compute_s is not None or cfg.step_s is not None
+    at_k = fit_.at(cfg.world_size, cfg.host_cores) if fit_ is not None and not given else None
+    if cfg.compute_s is not None:
+        compute = cfg.compute_s
+    elif fit_ is None:
+        compute = 0.0
+    else:
+        compute = at_k[0] if at_k is not None else fit_.compute_s
     if cfg.step_s is not None:
         step = cfg.step_s
+    elif fit_ is None:
+        step = 0.0
     else:
-        step = fit_.step_s_per_element * numel if fit_ else 0.0
-    return compute, step, fit_.batch_size if fit_ else cfg.batch_size
+        per = at_k[1] / max(fit_.numel, 1) if at_k is not None else fit_.step_s_per_element
+        step = per * numel
+    return compute, step, fit_.batch_size if fit_ else cfg.batch_size, at_k is not None
 
 
 def _numel(model: CostModel, cfg: Config) -> int:
@@ -1285,7 +1389,7 @@ def predict(model: CostModel, cfg: Config) -> Prediction:
     if k < 1:
         raise UserError(f"world size must be >= 1, got {k}")
     numel = _numel(model, cfg)
-    compute, step, batch = _compute(model, cfg, numel)
+    compute, step, batch, shared = _compute(model, cfg, numel)
     notes: list[str] = []
     groups = [(cfg.compressor, numel - cfg.fp32_numel)]
     if cfg.fp32_numel > 0 and cfg.compressor != FP32:
@@ -1308,23 +1412,48 @@ def predict(model: CostModel, cfg: Config) -> Prediction:
             notes += why_
             comm += coll.time(item.msgs, item.calls, cfg.network, cfg.tbf_burst)
             wire += item.wire
+    if k == 1:
+        comm = model.solo_comm.get(f"{cfg.backend}/{scheme.label}/{cfg.workload}", 0.0)
     cpu = max(1.0, k / cfg.host_cores) if cfg.host_cores else 1.0
-    compute, step, enc, dec = compute * cpu, step * cpu, enc * cpu, dec * cpu
+    if not shared:
+        compute, step = compute * cpu, step * cpu
+    enc, dec = enc * cpu, dec * cpu
     if scheme.overlap > 1:
         agg = max(enc + dec, comm) + (enc + dec) / scheme.overlap
     else:
         agg = enc + comm + dec
+    ratio, why_ = _lag(model, cfg.backend, scheme, k)
+    notes += why_
+    wait = (ratio - 1) * (compute + agg + step)
     return Prediction(
         config=replace(cfg, numel=numel, batch_size=batch), mode=scheme.mode,
         compute_s=compute, encode_s=enc, comm_s=comm, decode_s=dec, step_s=step,
-        total_s=compute + agg + step, wire_bytes=wire,
+        total_s=compute + agg + step + wait, wire_bytes=wire, wait_s=wait,
         notes=tuple(dict.fromkeys(notes)),
     )  # fmt: skip
 
 
+def _lag(model: CostModel, backend: str, scheme: Scheme, k: int) -> tuple[float, list[str]]:
+    """The imbalance ratio for K ranks: fitted at K, else at the nearest fitted K (log scale,
+    the larger on ties), else 1."""
+    if k < 2 or scheme.overlap > 1 or not model.imbalance:
+        return 1.0, []
+    got = model.imbalance.get(imbalance_key(backend, scheme.label, k))
+    if got is not None:
+        return got, []
+    prefix = imbalance_key(backend, scheme.label, 0)[:-1]
+    ks = [int(key[len(prefix) :]) for key in model.imbalance if key.startswith(prefix)]
+    if not ks:
+        return 1.0, []
+    near = min(ks, key=lambda j: (abs(math.log(j / k)), -j))
+    return model.imbalance[imbalance_key(backend, scheme.label, near)], [
+        f"{backend} {scheme.label} imbalance at {k} ranks taken from {near}"
+    ]
+
+
 PREDICTION_COLUMNS = (
     *("backend", "network", "world_size", "numel", "workload", "scheme", "compressor", "mode"),
-    *("compute_s", "encode_s", "comm_s", "decode_s", "step_s", "total_s", "wire_bytes"),
+    *("compute_s", "encode_s", "comm_s", "decode_s", "step_s", "wait_s", "total_s", "wire_bytes"),
     *("speedup_vs_fp32", "scalability", "samples_per_s", "notes"),
 )
 
@@ -1346,7 +1475,8 @@ def predict_frame(model: CostModel, configs: Sequence[Config]) -> pd.DataFrame:
             "numel": c.numel, "workload": c.workload or "", "scheme": Scheme.parse(c.scheme).label,
             "compressor": c.compressor, "mode": p.mode, "compute_s": p.compute_s,
             "encode_s": p.encode_s, "comm_s": p.comm_s, "decode_s": p.decode_s,
-            "step_s": p.step_s, "total_s": p.total_s, "wire_bytes": p.wire_bytes,
+            "step_s": p.step_s, "wait_s": p.wait_s, "total_s": p.total_s,
+            "wire_bytes": p.wire_bytes,
             "speedup_vs_fp32": base.total_s / p.total_s if p.total_s > 0 else math.nan,
             "scalability": c.world_size * one.total_s / p.total_s if p.total_s > 0 else math.nan,
             "samples_per_s": c.world_size * batch / p.total_s if p.total_s > 0 else math.nan,
@@ -1359,7 +1489,7 @@ def predict_frame(model: CostModel, configs: Sequence[Config]) -> pd.DataFrame:
 VALIDATION_COLUMNS = (
     *("source", "kind", "backend", "network", "world_size", "scheme", "compressor", "numel"),
     *("workload", "measured_s", "predicted_s", "error", "measured_comm_s", "predicted_comm_s"),
-    *("in_fit", "notes"),
+    *("runs", "in_fit", "notes"),
 )
 
 
@@ -1391,10 +1521,35 @@ def validate_comm(model: CostModel, doc: Any, source: str) -> pd.DataFrame:
 
 
 def validate_runs(model: CostModel, root: Path | str) -> pd.DataFrame:
-    """Predicted vs measured median iteration time of every ok run in a results directory."""
+    """Predicted vs measured median iteration time of every configuration of a results
+    directory: runs that differ only in seed or repeat are one row, measured = the median over
+    them (``runs``), so that run-to-run noise on a shared machine averages out."""
+    rows = _validate_each_run(model, root)
+    if not rows:
+        return pd.DataFrame(columns=list(VALIDATION_COLUMNS))
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for key, row in rows:
+        groups.setdefault(key, []).append(row)
+    out = []
+    for members in groups.values():
+        first = dict(members[0])
+        measured = float(np.median([m["measured_s"] for m in members]))
+        comm = float(np.median([m["measured_comm_s"] for m in members]))
+        pred = first["predicted_s"]
+        first.update(
+            measured_s=measured, measured_comm_s=comm, runs=len(members),
+            error=pred / measured - 1 if measured > 0 else math.nan,
+            in_fit=any(m["in_fit"] for m in members),
+        )  # fmt: skip
+        out.append(first)
+    return pd.DataFrame(out, columns=list(VALIDATION_COLUMNS))
+
+
+def _validate_each_run(model: CostModel, root: Path | str) -> list[tuple[Any, dict[str, Any]]]:
+    """(configuration key, validation row) per ok run."""
     table = run_table(root)
     used = set(model.used)
-    out = []
+    out: list[tuple[Any, dict[str, Any]]] = []
     for r in table.itertuples(index=False):
         labels = {
             "backend": r.backend, "network": r.network, "world_size": int(r.world_size),
@@ -1403,19 +1558,20 @@ def validate_runs(model: CostModel, root: Path | str) -> pd.DataFrame:
         }  # fmt: skip
         got = _run_config(r, model)
         in_fit = run_key(str(r.run_id)) in used
+        key = (tuple(labels.values()), got[1] if got is not None else str(r.run_id))
         if got is None:
-            out.append(_vrow(str(root), "run", labels, None, float(r.t_iteration), None,
-                             f"no model for scheme {r.scheme}", in_fit))  # fmt: skip
+            out.append((key, _vrow(str(root), "run", labels, None, float(r.t_iteration), None,
+                                   f"no model for scheme {r.scheme}", in_fit)))  # fmt: skip
             continue
         try:
             p = predict(model, got[1])
         except UserError as e:
-            out.append(_vrow(str(root), "run", labels, None, float(r.t_iteration), None, str(e),
-                             in_fit))  # fmt: skip
+            out.append((key, _vrow(str(root), "run", labels, None, float(r.t_iteration), None,
+                                   str(e), in_fit)))  # fmt: skip
             continue
-        out.append(_vrow(str(root), "run", labels, p, float(r.t_iteration), float(r.t_comm),
-                         "; ".join(p.notes), in_fit))  # fmt: skip
-    return pd.DataFrame(out, columns=list(VALIDATION_COLUMNS))
+        out.append((key, _vrow(str(root), "run", labels, p, float(r.t_iteration),
+                               float(r.t_comm), "; ".join(p.notes), in_fit)))  # fmt: skip
+    return out
 
 
 def _vrow(
@@ -1431,7 +1587,7 @@ def _vrow(
         "error": pred / measured - 1 if measured > 0 else math.nan,
         "measured_comm_s": math.nan if measured_comm is None else measured_comm,
         "predicted_comm_s": p.comm_s if p is not None else math.nan,
-        "in_fit": in_fit, "notes": notes,
+        "runs": 1, "in_fit": in_fit, "notes": notes,
     }  # fmt: skip
 
 

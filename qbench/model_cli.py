@@ -124,14 +124,25 @@ def show_fit(m: CostModel) -> None:
             )  # fmt: skip
         out.print(t)
     if m.compute:
-        t = Table(title="compute (medians over runs)")
+        t = Table(title="compute (medians over runs; per rank on a core of its own, then as "
+                  "measured at each world size)")  # fmt: skip
         for col in ("workload", "batch", "device", "compute", "step", "numel", "runs", "ranks"):
             t.add_column(col)
+        t.add_column("compute at K")
         for w in m.compute:
+            at_k = ", ".join(f"{k}: {_time(v[0])}" for k, v in w.per_world_size.items())
             t.add_row(
                 w.workload, str(w.batch_size), w.device, _time(w.compute_s), _time(w.step_s),
-                f"{w.numel:,}", str(w.runs), ",".join(map(str, w.world_sizes)),
+                f"{w.numel:,}", str(w.runs), ",".join(map(str, w.world_sizes)), at_k or "-",
             )  # fmt: skip
+        out.print(t)
+    if m.imbalance:
+        t = Table(title="imbalance: iteration (slowest rank) / sum of phases (rank means)")
+        for col in ("backend", "scheme", "K", "ratio"):
+            t.add_column(col, justify="right" if col in ("K", "ratio") else "left")
+        for key, ratio in m.imbalance.items():
+            backend, scheme, k = key.rsplit("/", 2)
+            t.add_row(backend, scheme, k, f"{ratio:.3f}")
         out.print(t)
     for note in dict.fromkeys(m.notes):
         _err().print(note, highlight=False, markup=False)
@@ -308,7 +319,8 @@ def show_predictions(frame: pd.DataFrame) -> None:
     left = ("backend", "link", "K", "values", "workload", "scheme", "compressor", "mode")
     for col in left:
         t.add_column(col)
-    for col in ("compute", "encode", "comm", "decode", "step", "total", "speedup", "scalab."):
+    for col in ("compute", "encode", "comm", "decode", "step", "wait", "total", "speedup",
+                "scalab."):  # fmt: skip
         t.add_column(col, justify="right")
     for r in frame.itertuples(index=False):
         t.add_row(
@@ -322,7 +334,7 @@ def show_predictions(frame: pd.DataFrame) -> None:
         _err().print(f"note: {n}", highlight=False, markup=False)
 
 
-_PARTS = ("compute_s", "encode_s", "comm_s", "decode_s", "step_s", "total_s")
+_PARTS = ("compute_s", "encode_s", "comm_s", "decode_s", "step_s", "wait_s", "total_s")
 
 
 # -- validate ------------------------------------------------------------------------------------
@@ -351,15 +363,18 @@ def validate(model_path: str, paths: tuple[str, ...], show_all: bool, fmt: str) 
 
 
 def show_validation(frame: pd.DataFrame) -> None:
-    t = Table(title="predicted vs measured (ms); error = predicted / measured - 1")
+    t = Table(
+        title="predicted vs measured (ms; runs: median over seeds/repeats); error = predicted "
+        "/ measured - 1"
+    )
     for col in ("source", "backend", "link", "K", "scheme", "compressor", "gradient", "workload"):
         t.add_column(col)
-    for col in ("measured", "predicted", "error", "comm meas.", "comm pred.", "fit"):
+    for col in ("runs", "measured", "predicted", "error", "comm meas.", "comm pred.", "fit"):
         t.add_column(col, justify="right")
     for r in frame.itertuples(index=False):
         t.add_row(
             Path(r.source).name, r.backend, r.network, str(r.world_size), r.scheme, r.compressor,
-            _mib(r.numel), r.workload or "-", _ms(r.measured_s), _ms(r.predicted_s),
+            _mib(r.numel), r.workload or "-", str(r.runs), _ms(r.measured_s), _ms(r.predicted_s),
             _pct(r.error, signed=True), _ms(r.measured_comm_s), _ms(r.predicted_comm_s),
             "yes" if r.in_fit else "",
         )  # fmt: skip

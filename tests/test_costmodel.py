@@ -273,15 +273,19 @@ def test_incompatible_and_unknown_schemes_are_user_errors() -> None:
 
 
 # -- model file and validation -------------------------------------------------------------------
-def add_run(store: ResultStore, run_id: str, comp: str, scheme: str, k: int) -> None:
-    numel, compute, step = 1_000_000, 0.05, 0.004
+def add_run(
+    store: ResultStore, run_id: str, comp: str, scheme: str, k: int, *, compute: float = 0.05,
+    lag: float = 1.0, repeat: int = 0,
+) -> None:  # fmt: skip
+    """A finished run; ``lag``: iteration time (the slowest rank's) over the sum of phases."""
+    numel, step = 1_000_000, 0.004
     payload = numel * (QSGD_BITS / 8 if comp != "fp32" else 4)
     labels = {
         "model": "toy", "dataset": "synthetic", "backend": "gloo", "device": "cpu",
         "scheme": scheme, "compressor": comp, "compressor_name": "qsgd" if comp != "fp32" else
         "none", "bits": 4.0 if comp != "fp32" else 32.0, "world_size": k, "batch_size": 16,
         "global_batch": 16 * k, "simulated": False, "network": "unshaped", "numel": numel,
-        "seed": 0, "repeat": 0,
+        "seed": 0, "repeat": repeat,
     }  # fmt: skip
     store.write_record(RunRecord(run_id=run_id, status="ok", labels=labels, spec={}))
     rows = []
@@ -291,7 +295,7 @@ def add_run(store: ResultStore, run_id: str, comp: str, scheme: str, k: int) -> 
                  "t_decode": 0.001, "t_step": step}  # fmt: skip
             rows.append({
                 "run_id": run_id, "rank": rank, "iteration": it, "warmup": it < 2, **t,
-                "t_iteration": sum(t.values()), "bytes_sent": int(payload * (k - 1)),
+                "t_iteration": lag * sum(t.values()), "bytes_sent": int(payload * (k - 1)),
                 "payload_bytes": int(payload), "grad_bytes": 4 * numel, "loss": 1.0,
             })  # fmt: skip
     store.write_iterations(run_id, iterations_frame(rows))
@@ -400,6 +404,80 @@ def test_runs_on_fewer_cores_than_ranks_are_normalized(tmp_path: Path) -> None:
     assert cpu[4] == pytest.approx(2 * cpu[1], rel=1e-6)
 
 
+def test_compute_is_taken_at_the_fitted_world_size(tmp_path: Path) -> None:
+    """Two ranks on one host compute slower than one (memory bandwidth, comm threads): a
+    prediction at a world size the runs had uses that world size's compute; others the pooled
+    per-rank time."""
+    store = ResultStore(tmp_path)
+    add_run(store, "toy-fp32-w1", "fp32", "allreduce", 1, compute=0.040)
+    add_run(store, "toy-fp32-w2", "fp32", "allreduce", 2, compute=0.060)
+    add_run(store, "toy-fp32-w2b", "fp32", "allreduce", 2, compute=0.062)
+    m = cm.fit(run_dirs=[tmp_path], comm_docs=[(comm_doc(synthetic_rows("unshaped", (2,))), "c")])
+    (c,) = m.compute
+    assert c.per_world_size["1"][0] == pytest.approx(0.040)
+    assert c.per_world_size["2"][0] == pytest.approx(0.061)
+    assert c.compute_s == pytest.approx(0.060)  # pooled median over the three runs
+    cfg = Config(scheme="allreduce", network="unshaped", workload="toy", batch_size=16)
+    assert cm.predict(m, replace(cfg, world_size=1)).compute_s == pytest.approx(0.040)
+    assert cm.predict(m, replace(cfg, world_size=2)).compute_s == pytest.approx(0.061)
+    assert cm.predict(m, replace(cfg, world_size=8)).compute_s == pytest.approx(0.060)
+    # another host (cores differ): the per-rank time, scaled by its sharing
+    other = replace(cfg, world_size=2, host_cores=1)
+    assert cm.predict(m, other).compute_s == pytest.approx(2 * 0.060)
+
+
+def test_imbalance_is_fitted_per_scheme_and_world_size(tmp_path: Path) -> None:
+    store = ResultStore(tmp_path)
+    add_run(store, "toy-fp32-w1", "fp32", "allreduce", 1)
+    add_run(store, "toy-fp32-w2", "fp32", "allreduce", 2, lag=1.02)
+    add_run(store, "toy-rb-w2", QSGD, "reduce-broadcast", 2, lag=1.15)
+    m = cm.fit(run_dirs=[tmp_path], comm_docs=[(comm_doc(synthetic_rows("unshaped", (2,))), "c")],
+               kernel_docs=[(kernels_doc(), "k")])  # fmt: skip
+    assert m.imbalance == {
+        "gloo/allreduce/2": pytest.approx(1.02), "gloo/reduce-broadcast/2": pytest.approx(1.15)
+    }  # fmt: skip
+    cfg = Config(scheme="reduce-broadcast", compressor=QSGD, network="unshaped", world_size=2,
+                 workload="toy", batch_size=16)  # fmt: skip
+    p = cm.predict(m, cfg)
+    parts = p.compute_s + p.encode_s + p.comm_s + p.decode_s + p.step_s
+    assert p.wait_s == pytest.approx(0.15 * parts)
+    assert p.total_s == pytest.approx(1.15 * parts)
+    p4 = cm.predict(m, replace(cfg, world_size=4))  # borrowed from K = 2, with a note
+    assert p4.wait_s > 0 and any("taken from 2" in n for n in p4.notes)
+    p1 = cm.predict(m, replace(cfg, world_size=1))
+    assert p1.wait_s == 0
+    assert CostModel.from_dict(json.loads(json.dumps(m.to_dict()))).imbalance == m.imbalance
+
+
+def test_one_rank_comm_overhead_is_fitted_from_runs(tmp_path: Path) -> None:
+    store = ResultStore(tmp_path)
+    add_run(store, "toy-rb-w1", QSGD, "reduce-broadcast", 1)
+    frame = pd.read_parquet(store.iterations_path("toy-rb-w1"))
+    frame["t_comm"] = 0.0005  # gloo's collectives on one rank still cost
+    store.write_iterations("toy-rb-w1", frame)
+    add_run(store, "toy-rb-w2", QSGD, "reduce-broadcast", 2)
+    m = cm.fit(run_dirs=[tmp_path], comm_docs=[(comm_doc(synthetic_rows("unshaped", (2,))), "c")],
+               kernel_docs=[(kernels_doc(), "k")])  # fmt: skip
+    assert m.solo_comm == {"gloo/reduce-broadcast/toy": pytest.approx(0.0005)}
+    cfg = Config(scheme="reduce-broadcast", compressor=QSGD, network="unshaped", world_size=1,
+                 workload="toy", batch_size=16)  # fmt: skip
+    assert cm.predict(m, cfg).comm_s == pytest.approx(0.0005)
+    assert cm.predict(m, replace(cfg, backend="mpi")).comm_s == 0.0  # no 1-rank mpi runs
+
+
+def test_validation_takes_the_median_over_repeats(tmp_path: Path) -> None:
+    store = ResultStore(tmp_path)
+    for r, compute in enumerate((0.04, 0.05, 0.09)):  # one noisy repeat
+        add_run(store, f"toy-fp32-w1-r{r}", "fp32", "allreduce", 1, compute=compute, repeat=r)
+    m = cm.fit(run_dirs=[tmp_path], comm_docs=[(comm_doc(synthetic_rows("unshaped", (2,))), "c")],
+               hold_out=[("repeat", "2")])  # fmt: skip
+    table = cm.validate_runs(m, tmp_path)
+    assert len(table) == 1
+    row = table.iloc[0]
+    assert row["runs"] == 3 and bool(row["in_fit"])
+    assert row["measured_s"] == pytest.approx(0.05 + 0.001 + 0.001 + 0.004, rel=1e-6)
+
+
 def test_host_cores_scale_codec_and_compute() -> None:
     m = free_model()
     m.phases = [
@@ -502,3 +580,23 @@ def test_cli_predict_reads_model_numel_counts(files: dict[str, Path]) -> None:
     assert len(lines) == 1 + 2 * 2  # header; two sizes x (baseline, integer-allreduce)
     assert any(",2500000," in line for line in lines) and any(",500000," in line for line in lines)
     assert not math.isnan(float(lines[1].split(",")[lines[0].split(",").index("total_s")]))
+
+
+def test_repeatability_script_compares_one_rank_runs(tmp_path: Path) -> None:
+    """benchmarks/repeatability.py (README's noise floor): 1-rank configurations of two sweeps,
+    matched whatever their link label, as the ratio of median iteration times."""
+    import importlib.util
+
+    for name, compute in (("a", 0.05), ("b", 0.06)):
+        store = ResultStore(tmp_path / name)
+        add_run(store, "toy-fp32-w1", "fp32", "allreduce", 1, compute=compute)
+        add_run(store, "toy-fp32-w2", "fp32", "allreduce", 2, compute=compute)
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "repeatability.py"
+    spec = importlib.util.spec_from_file_location("repeatability", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    frame = module.compare(str(tmp_path / "a"), str(tmp_path / "b"))
+    assert len(frame) == 1  # the 2-rank runs are left out
+    parts = 0.001 + 0.001 + 0.004  # encode, decode, step; no comm at one rank
+    assert frame["change"].iloc[0] == pytest.approx((0.06 + parts) / (0.05 + parts) - 1)
