@@ -54,11 +54,11 @@ bandwidth, the comm library's threads) even with a core each, so a world size th
 medians of all runs.
 
 **Bench comm for fitting:** ``qbench bench comm --sync stream --gap-ms G`` (calls back to back,
-each after G ms of busy CPU, like training steps with G ms of compute) is what runs see: the
-link idles (an emulated link's bucket refills) between steps, and no barrier realigns the ranks
-before a collective. The default ``--sync barrier`` can differ a lot: Open MPI's 2-rank
-allreduce over TCP runs at the link rate after a barrier but about twice as long back to back
-on the same 300 Mbit/s link.
+each after G ms of busy CPU, like training steps with G ms of compute) reproduces what ranks
+sharing cores see: waits for ranks the scheduler paused. With a core per rank the default
+barrier benches predicted held-out runs better (README, "Cost model against held-out runs"):
+back to back, Open MPI's 2-rank TCP allreduce flips at random between the link rate and half of
+it, and after a barrier it stays at the link rate.
 
 **Imbalance:** the iteration time is the slowest rank's, the phases are means over ranks; their
 ratio ``t_iteration / (compute + encode + comm + decode + step)`` is fitted per (backend,
