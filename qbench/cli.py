@@ -193,7 +193,7 @@ def kernels(
 @click.option(
     "--sync", type=click.Choice(["barrier", "stream"]), default="barrier", show_default=True,
     help="barrier: before every timed call; stream: calls back to back as in a training loop "
-    "(what runs see; fit the cost model on these).",
+    "(with --gap-ms: what ranks sharing cores see).",
 )  # fmt: skip
 @click.option(
     "--gap-ms", type=float, default=0.0, show_default=True,
