@@ -939,37 +939,37 @@ def imbalance_key(backend: str, scheme: str, k: int) -> str:
     return f"{backend}/{scheme}/{k}"
 
 
-def _imbalance(table: pd.DataFrame) -> dict[str, float]:
-    """Per (backend, scheme, K > 1) of runs without overlap: the median of the iteration time
-    (max over ranks) over the sum of the phases (means over ranks). Ranks finish a step at
-    different times; the slowest sets the pace, and no phase is charged for it."""
-    ratios: dict[str, list[float]] = {}
+def _phased_runs(table: pd.DataFrame) -> Iterable[tuple[Any, Scheme, float]]:
+    """(row, scheme, sum of the phases) of runs whose phases add up to the iteration: a known
+    scheme without overlap, every phase measured."""
     for r in table.itertuples(index=False):
-        if int(r.world_size) < 2 or not all(pd.notna(getattr(r, p)) for p in RUN_PARTS):
-            continue
-        try:
-            scheme = Scheme.parse(str(r.scheme))
-        except UserError:
-            continue
-        parts = sum(float(getattr(r, p)) for p in RUN_PARTS)
-        if scheme.overlap > 1 or parts <= 0 or not pd.notna(r.t_iteration):
-            continue
-        key = imbalance_key(str(r.backend), scheme.label, int(r.world_size))
-        ratios.setdefault(key, []).append(float(r.t_iteration) / parts)
-    return {k: max(1.0, float(np.median(v))) for k, v in sorted(ratios.items())}
-
-
-def _solo_comm(table: pd.DataFrame) -> dict[str, float]:
-    """Per (backend, scheme, workload) of 1-rank runs without overlap: the median comm phase."""
-    times: dict[str, list[float]] = {}
-    for r in table.itertuples(index=False):
-        if int(r.world_size) != 1 or not pd.notna(r.t_comm):
+        if not all(pd.notna(getattr(r, p)) for p in (*RUN_PARTS, "t_iteration")):
             continue
         try:
             scheme = Scheme.parse(str(r.scheme))
         except UserError:
             continue
         if scheme.overlap == 1:
+            yield r, scheme, sum(float(getattr(r, p)) for p in RUN_PARTS)
+
+
+def _imbalance(table: pd.DataFrame) -> dict[str, float]:
+    """Per (backend, scheme, K > 1): the median of the iteration time (max over ranks) over the
+    sum of the phases (means over ranks). Ranks finish a step at different times; the slowest
+    sets the pace, and no phase is charged for it."""
+    ratios: dict[str, list[float]] = {}
+    for r, scheme, parts in _phased_runs(table):
+        if int(r.world_size) > 1 and parts > 0:
+            key = imbalance_key(str(r.backend), scheme.label, int(r.world_size))
+            ratios.setdefault(key, []).append(float(r.t_iteration) / parts)
+    return {k: max(1.0, float(np.median(v))) for k, v in sorted(ratios.items())}
+
+
+def _solo_comm(table: pd.DataFrame) -> dict[str, float]:
+    """Per (backend, scheme, workload) of 1-rank runs: the median comm phase."""
+    times: dict[str, list[float]] = {}
+    for r, scheme, _ in _phased_runs(table):
+        if int(r.world_size) == 1:
             key = f"{r.backend}/{scheme.label}/{r.workload}"
             times.setdefault(key, []).append(float(r.t_comm))
     return {k: float(np.median(v)) for k, v in sorted(times.items())}
@@ -1062,7 +1062,7 @@ def fit(
         )
         model.sources.append(_source(doc, source, "comm", len(rows)))
     krows: list[tuple[dict[str, Any], str]] = []
-    ratios: list[pd.DataFrame] = []
+    tables: list[pd.DataFrame] = []
     for doc, source in kernel_docs:
         rows = kernel_rows(doc, source)
         krows += [(r, source) for r in rows]
@@ -1078,7 +1078,7 @@ def fit(
                 + (" after --hold-out" if hold_out else "")
             )
         c, p, compute, used = _run_points(table, comm_from_runs)
-        ratios.append(table)
+        tables.append(table)
         comm += c
         phases += p
         model.compute += compute
@@ -1090,8 +1090,8 @@ def fit(
         )
     model.kernels = _fit_kernels(krows)
     model.phases = _fit_phases(phases)
-    if ratios:
-        runs = pd.concat(ratios, ignore_index=True)
+    if tables:
+        runs = pd.concat(tables, ignore_index=True)
         model.imbalance = _imbalance(runs)
         model.solo_comm = _solo_comm(runs)
     model.collectives = fit_collectives(comm)
