@@ -939,6 +939,10 @@ def imbalance_key(backend: str, scheme: str, k: int) -> str:
     return f"{backend}/{scheme}/{k}"
 
 
+def solo_key(backend: str, scheme: str, workload: str | None) -> str:
+    return f"{backend}/{scheme}/{workload}"
+
+
 def _phased_runs(table: pd.DataFrame) -> Iterable[tuple[Any, Scheme, float]]:
     """(row, scheme, sum of the phases) of runs whose phases add up to the iteration: a known
     scheme without overlap, every phase measured."""
@@ -970,7 +974,7 @@ def _solo_comm(table: pd.DataFrame) -> dict[str, float]:
     times: dict[str, list[float]] = {}
     for r, scheme, _ in _phased_runs(table):
         if int(r.world_size) == 1:
-            key = f"{r.backend}/{scheme.label}/{r.workload}"
+            key = solo_key(str(r.backend), scheme.label, str(r.workload))
             times.setdefault(key, []).append(float(r.t_comm))
     return {k: float(np.median(v)) for k, v in sorted(times.items())}
 
@@ -1413,7 +1417,7 @@ def predict(model: CostModel, cfg: Config) -> Prediction:
             comm += coll.time(item.msgs, item.calls, cfg.network, cfg.tbf_burst)
             wire += item.wire
     if k == 1:
-        comm = model.solo_comm.get(f"{cfg.backend}/{scheme.label}/{cfg.workload}", 0.0)
+        comm = model.solo_comm.get(solo_key(cfg.backend, scheme.label, cfg.workload), 0.0)
     cpu = max(1.0, k / cfg.host_cores) if cfg.host_cores else 1.0
     if not shared:
         compute, step = compute * cpu, step * cpu
@@ -1441,8 +1445,8 @@ def _lag(model: CostModel, backend: str, scheme: Scheme, k: int) -> tuple[float,
     got = model.imbalance.get(imbalance_key(backend, scheme.label, k))
     if got is not None:
         return got, []
-    prefix = imbalance_key(backend, scheme.label, 0)[:-1]
-    ks = [int(key[len(prefix) :]) for key in model.imbalance if key.startswith(prefix)]
+    split = (key.rsplit("/", 2) for key in model.imbalance)
+    ks = [int(j) for b, name, j in split if (b, name) == (backend, scheme.label)]
     if not ks:
         return 1.0, []
     near = min(ks, key=lambda j: (abs(math.log(j / k)), -j))

@@ -71,8 +71,7 @@ def barrier_schedule(sync: str, warm: int) -> Callable[[int], bool]:
 
 def _calls(
     cm: comm.Comm, agg: aggregate.Aggregator, grad: torch.Tensor, calls: int,
-    sync: Callable[[], None], barrier_at: Callable[[int], bool] = lambda i: True,
-    gap_s: float = 0.0,
+    sync: Callable[[], None], barrier_at: Callable[[int], bool], gap_s: float = 0.0,
 ) -> torch.Tensor:  # fmt: skip
     """Time ``calls`` aggregate() calls; (calls, 5): seconds, encode, comm, decode, bytes.
     A barrier precedes call i where ``barrier_at(i)``; each call waits ``gap_s`` first."""
