@@ -108,7 +108,7 @@ def _print_matrix(m: Matrix, target: Path) -> None:
             s.run_id,
             s.model,
             s.backend,
-            s.scheme,
+            s.scheme_label,
             s.compressor_label,
             str(s.world_size),
             str(s.batch_size),

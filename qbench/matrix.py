@@ -9,10 +9,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from qbench import aggregate, compress, data, models, network
+from qbench.ddp import options as ddp_options
 from qbench.errors import UserError
 from qbench.scenario import Scenario
 
@@ -93,8 +95,7 @@ class RunSpec:
     @property
     def scheme_label(self) -> str:
         """The scheme plus its parameters, e.g. ``reduce-broadcast+overlap4``."""
-        extra = "".join(f"+{k}{_short(v)}" for k, v in sorted(self.scheme_params.items()))
-        return f"{self.scheme}{extra}"
+        return scheme_label(self.scheme, self.scheme_params)
 
     @property
     def compressor_label(self) -> str:
@@ -115,9 +116,11 @@ class RunSpec:
             "device": self.device_kind,
             "scheme": self.scheme_label,
             "mode": "overlap" if self.scheme_params.get("overlap", 1) > 1 else "breakdown",
+            # communication during backward (DDP buckets) or after it (one flat gradient)
+            "overlap": ddp_options.overlap(self.scheme, self.scheme_params),
             "compressor": c.label,
             "compressor_name": c.name,
-            "bits": c.nominal_bits,
+            "bits": None if math.isnan(c.nominal_bits) else c.nominal_bits,
             "world_size": self.world_size,
             "batch_size": self.batch_size,
             "global_batch": self.batch_size * self.world_size,
@@ -206,17 +209,15 @@ def expand(sc: Scenario) -> Matrix:
         weights,
     ) in axes:
         weight_bits = int(weights.get("bits", 0))
-        resolved = resolve_scheme(scheme_spec["name"], comp)
+        resolved, scheme_params = ddp_options.canonical(
+            resolve_scheme(scheme_spec["name"], comp), _params(scheme_spec), comp["name"]
+        )
         device, device_problem = _device_for(backend, dev)
         why = next(
             (
                 w
                 for c in (comp, *sc.layers.overrides.values())
-                if (
-                    w := incompatibility(
-                        backend, resolved, c, world_size=ws, params=_params(scheme_spec)
-                    )
-                )
+                if (w := incompatibility(backend, resolved, c, world_size=ws, params=scheme_params))
             ),
             None,
         )
@@ -225,6 +226,8 @@ def expand(sc: Scenario) -> Matrix:
                 "simulated-lowprec does not reduce the gradients (speed only, seed 002 "
                 "section 4.4), so it cannot train; drop it from accuracy (epochs) scenarios"
             )
+        if not why:
+            why = _overlap_problem(resolved, scheme_params, sc, compute)
         if not why and resolved == "push-sum" and scheme_spec.get("qgm") and sc.momentum:
             why = (
                 "push-sum's qgm is the momentum (quasi-global); the optimizer's would compound "
@@ -241,7 +244,8 @@ def expand(sc: Scenario) -> Matrix:
             )
         label = build_compressor(comp).label
         desc = (
-            f"{model} {backend} {resolved} {label} w{ws}{f' n{nodes}' if nodes > 1 else ''} "
+            f"{model} {backend} {scheme_label(resolved, scheme_params)} {label} "
+            f"w{ws}{f' n{nodes}' if nodes > 1 else ''} "
             f"{network.label(net)} seed{seed}{f' repeat{rep}' if rep else ''}"
             f"{f' skew{skew:g}' if skew else ''}{f' {compute}' if compute != 'fp32' else ''}"
             f"{f' w{weight_bits}bits' if weight_bits else ''}"
@@ -251,7 +255,8 @@ def expand(sc: Scenario) -> Matrix:
                 "model": (model, {"name": model, **mparams}), "dataset": (dataset,),
                 "world_size": (ws,), "nodes": (nodes,), "backend": (backend,),
                 "device": (dev, device or natural_device(backend)),
-                "scheme": (resolved, scheme_spec["name"], dict(scheme_spec)),
+                "scheme": (resolved, scheme_spec["name"], dict(scheme_spec),
+                           {"name": resolved, **scheme_params}),
                 "compressor": (comp["name"], label, dict(comp)),
                 "network": (network.label(net), dict(net)), "seed": (seed,), "repeat": (rep,),
                 "skew": (skew,), "compute": (compute,),
@@ -265,7 +270,7 @@ def expand(sc: Scenario) -> Matrix:
             scheme=resolved, compressor=dict(comp), batch_size=sc.batch_for(ws),
             warmup=sc.warmup, iterations=sc.iterations, lr=sc.lr, momentum=sc.momentum,
             seed=seed, timeout=sc.timeout, telemetry=sc.telemetry, layers=_layers_for(comp, sc),
-            scheme_params=_params(scheme_spec), network=dict(net), model_params=mparams,
+            scheme_params=scheme_params, network=dict(net), model_params=mparams,
             repeat=rep, nodes=nodes, price_per_hour=sc.price_per_hour, device=device,
             epochs=sc.epochs or 0, lr_schedule=dict(sc.lr_schedule),
             weight_decay=sc.weight_decay, skew=skew, target_accuracy=sc.target_accuracy,
@@ -334,6 +339,16 @@ def _filtered(
     return None
 
 
+def scheme_label(scheme: str, params: dict[str, Any]) -> str:
+    """``reduce-broadcast+overlap4``, ``reduce-broadcast+backward``: part of run ids, so the
+    spelling of existing parameters never changes."""
+    extra = "".join(
+        f"+{k}" if k == ddp_options.BACKWARD else f"+{k}{_short(v)}"
+        for k, v in sorted(params.items())
+    )
+    return f"{scheme}{extra}"
+
+
 def _short(v: Any) -> str:
     if isinstance(v, dict):
         return build_compressor(v).label if "name" in v else "-".join(map(str, v.values()))
@@ -353,7 +368,9 @@ def _layers_for(comp: dict[str, Any], sc: Scenario) -> dict[str, Any]:
 def resolve_scheme(scheme: str, comp: dict[str, Any]) -> str:
     if scheme != "auto":
         return scheme
-    return "allreduce" if comp["name"] == "none" else "reduce-broadcast"
+    if comp["name"] == "none":
+        return "allreduce"
+    return ddp_options.DDP if build_compressor(comp).hook_only else "reduce-broadcast"
 
 
 def incompatibility(
@@ -368,6 +385,14 @@ def incompatibility(
     from qbench.compress.qsgd import QSGD
 
     name = comp["name"]
+    why = ddp_options.incompatibility(backend, scheme, params or {}, name)
+    if why:
+        return why
+    if build_compressor(comp).hook_only and scheme != ddp_options.DDP:
+        return (
+            f"{name} is torch's DDP communication hook, not a codec the {scheme} scheme can "
+            f"call; use `scheme: ddp`"
+        )
     if scheme == "gossip":
         return _gossip_incompatibility(comp, world_size, params or {})
     if scheme == "async-ps":
@@ -406,6 +431,28 @@ def incompatibility(
                 f"integer-allreduce scales buckets by the max |x| over ranks, got qsgd norm "
                 f"{c.norm}; use `norm: max`"
             )
+    return None
+
+
+def _overlap_problem(scheme: str, params: dict[str, Any], sc: Scenario, compute: str) -> str | None:
+    """What the DDP loop (communication during backward) does not offer."""
+    if ddp_options.overlap(scheme, params) != ddp_options.BACKWARD:
+        return None
+    if scheme == ddp_options.DDP and sc.layers.overrides:
+        return (
+            "ddp sends every tensor through one torch hook; layer overrides need qbench's hook: "
+            "use e.g. `{name: reduce-broadcast, backward: true}`"
+        )
+    if sc.telemetry:
+        return (
+            "telemetry shadows each layer's encode after backward; DDP runs communicate during "
+            "backward and record none; drop `telemetry` or the DDP schemes"
+        )
+    if compute == "fp16":
+        return (
+            "fp16 compute zeroes an overflowing rank's gradient before it is communicated, but "
+            "DDP communicates during backward; use compute bf16 with DDP"
+        )
     return None
 
 

@@ -20,6 +20,7 @@ number format, not integer-kernel speed; reports label it so.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -189,6 +190,12 @@ def use_range_evonorm(model: nn.Module, group_size: int = 2) -> nn.Module:
 def quantize_weights_(params: torch.Tensor, sizes: list[int], bits: int) -> None:
     """Round every parameter tensor (consecutive slices of the flat ``params``) stochastically
     to ``bits``-bit fixed point with its own max-abs scale, in place."""
+    quantize_tensors_(torch.split(params, sizes), bits)
+
+
+def quantize_tensors_(tensors: Iterable[torch.Tensor], bits: int) -> None:
+    """:func:`quantize_weights_` for separate tensors (a model whose parameters are not views of
+    one flat buffer, as under DDP)."""
     with torch.no_grad():
-        for piece in torch.split(params, sizes):
+        for piece in tensors:
             piece.copy_(quantize_symmetric(piece, bits, stochastic=True))

@@ -39,11 +39,20 @@ ITERATION_COLUMNS: dict[str, str] = {
     "staleness": "float64",  # server version at apply minus the version the gradient saw
     "server_version": "float64",  # model version this update produced (1, 2, ...)
     "cum_bits": "float64",  # server rows: bits through the server (up + down) so far
+    # Communication overlapped with backward (qbench.ddp.timeline). t_comm is what the loop
+    # waited for (exposed); flat runs hide nothing (total = t_comm, fraction 0).
+    "t_forward": "float64",  # DDP runs: forward pass (t_compute = forward + backward compute)
+    "t_comm_total": "float64",  # seconds with at least one bucket in flight, hidden or not
+    "overlap_fraction": "float64",  # 1 - t_comm / t_comm_total: share hidden behind backward
+    "t_codec_total": "float64",  # DDP runs with qbench hooks: encode + decode time, any thread
 }
 
 # Columns added after schema version 1 was first written: readers fill them with NaN when a file
 # predates them, so older results stay readable.
-LATER_ITERATION_COLUMNS = ("staleness", "server_version", "cum_bits")
+LATER_ITERATION_COLUMNS = (
+    *("staleness", "server_version", "cum_bits", "t_forward", "t_comm_total"),
+    *("overlap_fraction", "t_codec_total"),
+)
 
 # Workers print "<WORKER_FAILED> <rank> failed: <Exception>: <message>" on stderr when they fail.
 WORKER_FAILED = "qbench worker rank"

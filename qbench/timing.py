@@ -51,5 +51,11 @@ class PhaseTimer:
         self._excluded += now - self._last
         self._last = now
 
+    @property
+    def last_mark(self) -> float:
+        """The clock (``time.perf_counter``) at the last mark or start, after the device wait:
+        loops that also take instants from elsewhere (DDP's buckets) line them up with it."""
+        return self._last
+
     def elapsed(self) -> float:
         return self._last - self._start - self._excluded

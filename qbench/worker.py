@@ -12,19 +12,20 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
-from qbench import aggregate, async_ps, comm, data, epochs, layers, models, precision
+from qbench import aggregate, async_ps, comm, precision
+from qbench.ddp import options as ddp_options
 from qbench.launch.slurm import apply_worker_env
 from qbench.matrix import RunSpec, build_compressor
 from qbench.records import WORKER_FAILED as FAILED_TAG
-from qbench.records import epochs_frame, iterations_frame
+from qbench.records import epochs_frame
 from qbench.store import EPOCHS, atomic_write_json, atomic_write_parquet
 from qbench.telemetry import Telemetry
 from qbench.timing import PhaseTimer
+from qbench.training import Training
 
 
 def _flatten(params: list[nn.Parameter]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,72 +44,17 @@ def _flatten(params: list[nn.Parameter]) -> tuple[torch.Tensor, torch.Tensor]:
     return flat_p, flat_g
 
 
-def _with_precision(model: nn.Module, spec: RunSpec) -> nn.Module:
-    """Swap in Range-EvoNorm and int8 fake-quantized layers before parameters are flattened."""
-    if spec.norm == "range-evonorm":
-        precision.use_range_evonorm(model)
-    if spec.compute == "int8":
-        precision.fake_quantize(model)
-    return model
+class Run(Training):
+    """Flat aggregation (what the seeds measured): backward runs to the end, then each layer
+    group's slice of one flat gradient buffer goes through the scheme."""
 
-
-def _device(kind: str) -> torch.device:
-    """The run's device; a CUDA rank takes the GPU of its local rank (torchrun, mpirun, srun)."""
-    if kind != "cuda":
-        return torch.device("cpu")
-    for var in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"):
-        if var in os.environ:
-            torch.cuda.set_device(int(os.environ[var]) % max(torch.cuda.device_count(), 1))
-            break
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-class Run:
     def __init__(self, spec: RunSpec, cm: comm.Comm, shard: tuple[int, int] | None = None) -> None:
-        """``shard``: (index, count) of this rank's training partition; default (rank, world
-        size). async-ps's server holds no partition of its own (qbench.async_ps.shard)."""
-        self.spec, self.comm = spec, cm
-        part, parts = shard or (cm.rank, cm.world_size)
-        self.device = _device(spec.device_kind)
-        torch.manual_seed(spec.seed)  # same initial model on every rank
-        info = models.info(spec.model, spec.model_params)
-        self.model = _with_precision(models.build(spec.model, spec.model_params), spec)
-        self.model = self.model.to(self.device)
-        named = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
-        policy = layers.LayerPolicy(**spec.layers) if spec.layers else layers.LayerPolicy()
-        self.groups = layers.plan(
-            [(n, p.numel()) for n, p in named.items()],
-            spec.compressor,
-            policy,
-            column_length={n: p.shape[-1] if p.dim() else 1 for n, p in named.items()},
-        )
-        ordered = [named[n] for g in self.groups for n in g.names]
+        super().__init__(spec, cm, shard)
+        ordered = [self.named[n] for g in self.groups for n in g.names]
         self.params, self.flat = _flatten(ordered)
         self.sizes = [p.numel() for p in ordered]  # for weights: {bits: N}
-        self.scaler = precision.LossScaler(enabled=spec.compute == "fp16")
-        self.epoch_data: epochs.EpochData | None = None
-        self.data: data.BatchSource | epochs.EpochBatches
-        if spec.dataset == "synthetic":
-            self.data = data.make(
-                spec.dataset, info, spec.batch_size, seed=spec.seed, rank=part,
-                device=self.device,
-            )  # fmt: skip
-        else:  # a real dataset: this rank's partition of the training split, per-epoch order
-            self.epoch_data = epochs.prepare(
-                spec.dataset, info.input_shape, world_size=parts, rank=part,
-                skew=spec.skew, seed=spec.seed, device=self.device,
-            )  # fmt: skip
-            self.data = epochs.EpochBatches(self.epoch_data, spec.batch_size, spec.seed, part)
-        self.opt = torch.optim.SGD(
-            self.model.parameters(), lr=spec.lr, momentum=spec.momentum,
-            weight_decay=spec.weight_decay,
-        )  # fmt: skip
-        self.epoch_rows: list[dict[str, Any]] = []
         self.aggs = self._aggregators()
-        self.telemetry = self._telemetry(named) if spec.telemetry else None
-        self.loss_fn = nn.CrossEntropyLoss()
-        self.rows: list[dict[str, Any]] = []
-        self._losses: list[torch.Tensor] = []
+        self.telemetry = self._telemetry(self.named) if spec.telemetry else None
 
     def _aggregators(self) -> list[tuple[slice, aggregate.Aggregator]]:
         out, pos = [], 0
@@ -165,9 +111,12 @@ class Run:
 
     def _record(self, it: int, timer: PhaseTimer) -> None:
         t = dict(timer.totals)
+        # After backward, every second of communication is exposed: none is hidden.
+        comm_total, hidden = t["comm"], 0.0
         if any(agg.overlapped for _, agg in self.aggs):
             # Overlapped mode: phases interleave, so per-phase times would be made up.
             t.update(encode=float("nan"), comm=float("nan"), decode=float("nan"))
+            comm_total = hidden = float("nan")
         self.rows.append(
             {
                 "run_id": self.spec.run_id,
@@ -180,6 +129,8 @@ class Run:
                 "payload_bytes": sum(agg.payload_bytes for _, agg in self.aggs),
                 "grad_bytes": 4 * self.flat.numel(),
                 "loss": float("nan"),
+                "t_comm_total": comm_total,
+                "overlap_fraction": hidden,
                 **self._scheme_metrics(),
             }
         )
@@ -200,61 +151,6 @@ class Run:
         if squares:
             out["consensus_distance"] = consensus_distance(self.comm, squares, self.device)
         return out
-
-    @property
-    def total_iterations(self) -> int:
-        if self.spec.epochs and isinstance(self.data, epochs.EpochBatches):
-            return self.spec.epochs * self.data.steps
-        return self.spec.warmup + self.spec.iterations
-
-    def before(self, it: int) -> None:
-        """Outside the timed iteration: the epoch's learning rate."""
-        batches = self.data
-        if (
-            self.spec.epochs
-            and isinstance(batches, epochs.EpochBatches)
-            and it % batches.steps == 0
-        ):
-            lr = epochs.lr_at(self.spec.lr, self.spec.lr_schedule, it // batches.steps)
-            for group in self.opt.param_groups:
-                group["lr"] = lr
-
-    def after(self, it: int) -> None:
-        """Outside the timed iteration: evaluate when an epoch ends (accuracy mode)."""
-        if not self.spec.epochs or not isinstance(self.data, epochs.EpochBatches):
-            return
-        if (it + 1) % self.data.steps == 0:
-            self._end_epoch((it + 1) // self.data.steps, it + 1, self.data.steps)
-
-    def _end_epoch(self, epoch: int, done: int, steps: int) -> None:
-        assert self.epoch_data is not None
-        rows = self.rows[-steps:]
-        sums = torch.tensor(
-            [sum(r["t_iteration"] for r in rows), float(torch.stack(self._losses[-steps:]).sum())],
-            dtype=torch.float64, device=self.device,
-        )  # fmt: skip
-        slowest = sums[:1].clone()
-        epochs.quiet_allreduce(self.comm, slowest, op="max")
-        epochs.quiet_allreduce(self.comm, sums)
-        avg = epochs.averaged(self.model, self.comm)
-        scores = epochs.evaluate(avg, self.epoch_data, self.comm)
-        gn = float("nan")  # a full pass over the partition: only where it is the measure
-        if self.spec.model in models.CONVEX:  # the same on every rank: all or none call
-            gn = epochs.gradient_norm(avg, self.epoch_data, self.comm, self.spec.weight_decay)
-        previous = self.epoch_rows[-1]["train_time_s"] if self.epoch_rows else 0.0
-        self.epoch_rows.append({
-            "run_id": self.spec.run_id, "epoch": epoch, "iteration": done,
-            "train_time_s": previous + float(slowest), "lr": self.opt.param_groups[0]["lr"],
-            "train_loss": float(sums[1]) / (steps * self.comm.world_size), **scores,
-            "grad_norm": gn,
-            "bytes_sent": sum(r["bytes_sent"] for r in self.rows),
-            "consensus_distance": rows[-1].get("consensus_distance", float("nan")),
-        })  # fmt: skip
-
-    def frame(self) -> Any:
-        for row, loss in zip(self.rows, self._losses, strict=False):
-            row["loss"] = float(loss)
-        return iterations_frame(self.rows)
 
 
 def _fault_injection(rank: int) -> tuple[int, str] | None:
@@ -279,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)  # one thread per CPU rank
     cm = comm.connect(spec.backend, timeout_s=spec.timeout)
     _write_host(spec_path.parent / "parts", cm.rank, spec)
-    run: Run | None = None
+    run: Training | None = None
     failed = False
     try:
         if spec.scheme == "async-ps":  # no synchronous step: server and workers (seed 003)
@@ -287,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             async_ps.run(run)
             cm.barrier()
             return 0
-        run = Run(spec, cm)
+        run = _training(spec, cm)
         timer = PhaseTimer(run.device)
         fault = _fault_injection(cm.rank)
         for it in range(run.total_iterations):
@@ -308,11 +204,22 @@ def main(argv: list[str] | None = None) -> int:
         print(line, file=sys.stderr, flush=True)
         return 1
     finally:
+        if run is not None:
+            run.close()
         if run is not None and run.rows:
             _write_parts(spec_path.parent / "parts", cm.rank, run)
         if failed:
             cm.abort(1)  # peers may be blocked in a collective: end the whole job now
         cm.close()
+
+
+def _training(spec: RunSpec, cm: comm.Comm) -> Training:
+    """The loop the spec asks for: DDP's buckets during backward, or flat after it."""
+    if ddp_options.overlap(spec.scheme, spec.scheme_params) == "backward":
+        from qbench.ddp.training import DDPRun  # torch's DDP machinery only where it runs
+
+        return DDPRun(spec, cm)
+    return Run(spec, cm)
 
 
 def _write_host(parts: Path, rank: int, spec: RunSpec) -> None:
@@ -324,11 +231,11 @@ def _write_host(parts: Path, rank: int, spec: RunSpec) -> None:
     atomic_write_json(parts / f"host-{rank}.json", doc)
 
 
-def _write_parts(parts: Path, rank: int, run: Run) -> None:
+def _write_parts(parts: Path, rank: int, run: Training) -> None:
     atomic_write_parquet(parts / f"rank-{rank}.parquet", run.frame())
     if rank == 0 and run.epoch_rows:
         atomic_write_parquet(parts / EPOCHS, epochs_frame(run.epoch_rows))
-    if run.telemetry is not None:
+    if isinstance(run, Run) and run.telemetry is not None:
         atomic_write_parquet(parts / f"telemetry-{rank}.parquet", run.telemetry.frame())
 
 

@@ -304,7 +304,7 @@ def test_registry() -> None:
 @pytest.mark.parametrize(
     ("name", "params", "needles"),
     [
-        ("qsgdd", {}, ["'qsgdd'", "none, onebit, qsgd"]),
+        ("qsgdd", {}, ["'qsgdd'", "none, onebit, powersgd, qsgd"]),
         ("qsgd", {"bits": 12}, ["bits", "12", "bits: 4"]),
         ("qsgd", {"bits": 0}, ["bits", "0"]),
         ("qsgd", {"bucket": 5}, ["'bucket'", "valid: bits, bucket_size, layout, norm, seed"]),

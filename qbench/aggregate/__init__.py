@@ -16,6 +16,7 @@ from qbench.aggregate.reduce_broadcast import ReduceBroadcast
 from qbench.aggregate.simulated_lowprec import SimulatedLowPrec
 from qbench.comm import Comm
 from qbench.compress import Compressor
+from qbench.ddp import options as ddp_options
 from qbench.errors import choice_error
 
 SCHEMES: dict[str, type[Aggregator]] = {
@@ -37,10 +38,14 @@ __all__ = ["SCHEMES", "Aggregator", "build", "check_params", "split_ranges"]
 
 
 def check_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
-    """Validate a scheme's name and parameters (UserError naming the bad one)."""
+    """Validate a scheme's name and parameters (UserError naming the bad one); the DDP options
+    (``backward``, ``bucket_cap_mb``, ...) are checked by qbench.ddp.options and kept."""
+    if name == ddp_options.DDP:
+        return ddp_options.check_ddp(params)
     if not isinstance(name, str) or name not in SCHEMES:  # a YAML list or mapping, too
-        raise choice_error("scheme", name, ["auto", *SCHEMES])
-    return SCHEMES[name].check_params(params)
+        raise choice_error("scheme", name, ["auto", ddp_options.DDP, *SCHEMES])
+    backward, own = ddp_options.split(name, params)
+    return {**SCHEMES[name].check_params(own), **backward}
 
 
 def build(
@@ -51,5 +56,6 @@ def build(
     offset: int = 0,
     params: dict[str, Any] | None = None,
 ) -> Aggregator:
-    kwargs = check_params(name, params or {})
+    _, own = ddp_options.split(name, params or {})  # DDP options belong to the DDP loop
+    kwargs = SCHEMES[name].check_params(own)
     return SCHEMES[name](comm, compressor, numel, offset, **kwargs)

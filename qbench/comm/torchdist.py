@@ -15,14 +15,31 @@ _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
 class TorchDistComm(Comm):
-    def __init__(self, backend: str, timeout_s: float = 600.0) -> None:
+    def __init__(self, backend: str, timeout_s: float = 600.0, *, init: bool = True) -> None:
+        """Join the process group torchrun set up (env://); ``init=False`` uses the default
+        group someone else already initialised (see :meth:`attach`)."""
         super().__init__()
         self.backend = backend
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        if init:
+            if backend == "nccl":
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
+        self._owner = init
+
+    @classmethod
+    def attach(cls) -> TorchDistComm:
+        """A communicator over the default process group of a script that initialised it
+        (qbench.ddp hooks in a user's own training loop); closing it leaves the group alone."""
+        if not dist.is_initialized():
+            from qbench.errors import UserError
+
+            raise UserError(
+                "qbench.ddp needs torch.distributed initialised first; call "
+                "torch.distributed.init_process_group(...) before building the hook"
+            )
+        return cls(str(dist.get_backend()), init=False)
 
     def allreduce_(self, tensor: torch.Tensor, op: str = "sum") -> None:
         self.bytes_sent += allreduce_bus_bytes(
@@ -76,5 +93,5 @@ class TorchDistComm(Comm):
         dist.barrier()
 
     def close(self) -> None:
-        if dist.is_initialized():
+        if self._owner and dist.is_initialized():
             dist.destroy_process_group()

@@ -18,12 +18,14 @@ from qbench.compress.fixedpoint import FixedPoint
 from qbench.compress.fp16 import BFloat16, Half
 from qbench.compress.none import NoCompression
 from qbench.compress.onebit import OneBit
+from qbench.compress.powersgd import PowerSGD
 from qbench.compress.qsgd import QSGD
 from qbench.compress.topk import TopK
 from qbench.errors import UserError, choice_error
 
 __all__ = [
-    "COMPRESSORS", "Compressor", "Key", "Payload", "WireField", "build", "from_spec", "parameters",
+    "COMPRESSORS", "HOOK_COMPRESSORS", "Compressor", "Key", "Payload", "WireField", "build",
+    "from_spec", "parameters",
 ]  # fmt: skip
 
 COMPRESSORS: dict[str, type[Compressor]] = {
@@ -36,6 +38,10 @@ COMPRESSORS: dict[str, type[Compressor]] = {
     TopK.name: TopK,
     Adaptive.name: Adaptive,
 }
+# Not codecs but DDP communication hooks (scheme ddp): specified and validated like the codecs,
+# never called to encode.
+HOOK_COMPRESSORS: dict[str, type[Compressor]] = {PowerSGD.name: PowerSGD}
+_ALL = {**COMPRESSORS, **HOOK_COMPRESSORS}
 
 _INTERNAL = frozenset({"state"})  # dataclass fields that are not user parameters
 
@@ -50,9 +56,9 @@ def build(name: str, **params: Any) -> Compressor:
 
     Names and types are checked here; value ranges in each class's ``__post_init__``.
     """
-    if not isinstance(name, str) or name not in COMPRESSORS:  # a YAML list or mapping, too
-        raise choice_error("compressor", name, list(COMPRESSORS))
-    cls = COMPRESSORS[name]
+    if not isinstance(name, str) or name not in _ALL:  # a YAML list or mapping, too
+        raise choice_error("compressor", name, list(_ALL))
+    cls = _ALL[name]
     valid = parameters(cls)
     hints = _hints(name)
     for param, value in params.items():
@@ -72,7 +78,7 @@ def from_spec(spec: Mapping[Any, Any]) -> Compressor:
     odd = next((k for k in params if not isinstance(k, str)), None)
     if odd is not None:
         build(name)  # an unknown name first, as for any other spec
-        raise _unknown(name, odd, parameters(COMPRESSORS[name]))
+        raise _unknown(name, odd, parameters(_ALL[name]))
     return build(name, **params)
 
 
@@ -82,7 +88,7 @@ def _unknown(name: str, param: object, valid: Mapping[str, object]) -> UserError
 
 @functools.cache
 def _hints(name: str) -> dict[str, Any]:
-    return typing.get_type_hints(COMPRESSORS[name])  # slow (evaluates annotations): once each
+    return typing.get_type_hints(_ALL[name])  # slow (evaluates annotations): once each
 
 
 def _check_type(name: str, field: dataclasses.Field[Any], expected: Any, value: object) -> Any:

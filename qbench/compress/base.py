@@ -74,11 +74,13 @@ class Compressor:
       fixed_size: True when ``wire_layout(n)`` fully determines the payload of n elements,
         so receivers can split a wire buffer without a size exchange.
       stateful: True when the compressor keeps error-feedback residuals between steps.
+      hook_only: True when it is not a codec but a DDP communication hook (powersgd).
     """
 
     name: ClassVar[str] = "base"
     fixed_size: ClassVar[bool] = True
     stateful: ClassVar[bool] = False
+    hook_only: ClassVar[bool] = False
     seed: int = 0
     state: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
 

@@ -1,0 +1,213 @@
+"""qbench's compressors as a DDP communication hook: each bucket through a flat scheme's exchange.
+
+DDP hands a bucket to the hook as soon as backward has computed its last gradient. The hook
+queues it for a communication thread (the CPU stand-in for a CUDA communication stream) and
+returns a future at once, so backward goes on computing earlier layers meanwhile. The thread
+takes buckets in the order DDP hands them over (the same on every rank, which keeps the
+collectives matched) and runs, on each segment of the bucket, exactly the code of the flat
+scheme (``qbench.aggregate``: reduce-broadcast, allgather or integer-allreduce): encode, the
+collectives, decode of the mean into the bucket. Then it completes the future, and DDP copies the
+bucket back into the gradients. So payloads, wire bytes, error feedback and unbiasedness are the
+flat scheme's, per bucket.
+
+Segments: the tensors of a bucket that share a compressor under the layer policy (seed 002
+sends small tensors in fp32, ``qbench.layers``) are exchanged together, gathered into one vector
+when they are not adjacent; each segment keeps its own aggregator, and with it its own
+error-feedback residuals, for as long as DDP keeps the bucket
+(DDP rebuilds its buckets once, after the first iteration, in gradient-ready order; the
+aggregators are then built anew for the new buckets).
+
+Random draws are keyed by the bucket's offset in the hand-over order, so no two buckets of a
+step share draws.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from qbench import aggregate
+from qbench.comm import Comm
+from qbench.compress import from_spec
+from qbench.ddp.timeline import BucketTimeline
+from qbench.timing import PhaseTimer
+
+SpecFor = Callable[[torch.Tensor], dict[str, Any]]
+"""The compressor spec (``{name: ..., ...}``) for one parameter of a bucket."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """The tensors of a bucket that share a compressor: buffer ranges, exchanged as one."""
+
+    ranges: tuple[tuple[int, int], ...]
+    spec: dict[str, Any]
+
+    @property
+    def numel(self) -> int:
+        return sum(b - a for a, b in self.ranges)
+
+    def gather(self, buffer: torch.Tensor) -> torch.Tensor:
+        """The segment's values as one vector (a view when they are contiguous)."""
+        if len(self.ranges) == 1:
+            a, b = self.ranges[0]
+            return buffer[a:b]
+        return torch.cat([buffer[a:b] for a, b in self.ranges])
+
+    def scatter(self, values: torch.Tensor, buffer: torch.Tensor) -> None:
+        pos = 0
+        for a, b in self.ranges:
+            view = buffer[a:b]
+            if values.data_ptr() + pos * values.element_size() != view.data_ptr():
+                view.copy_(values[pos : pos + b - a])
+            pos += b - a
+
+
+def segments(params: list[torch.Tensor], spec_for: SpecFor) -> list[Segment]:
+    """The bucket's tensors grouped by compressor, in order of first appearance. DDP orders a
+    bucket by when gradients become ready, so weights and biases alternate; exchanging each
+    run of equal specs separately would multiply the messages, so each group is gathered into
+    one vector, as the flat schemes lay out one slice per group."""
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    specs: dict[str, dict[str, Any]] = {}
+    pos = 0
+    for p in params:
+        spec = spec_for(p)
+        key = repr(sorted(spec.items()))
+        specs[key] = spec
+        group = ranges.setdefault(key, [])
+        if group and group[-1][1] == pos:
+            group[-1] = (group[-1][0], pos + p.numel())
+        else:
+            group.append((pos, pos + p.numel()))
+        pos += p.numel()
+    return [Segment(tuple(r), specs[k]) for k, r in ranges.items()]
+
+
+@dataclass
+class _Job:
+    index: int
+    buffer: torch.Tensor
+    plan: list[tuple[Segment, aggregate.Aggregator]]
+    step: int
+    future: torch.futures.Future[torch.Tensor]
+    ready_event: Any = None  # torch.cuda.Event on GPU: the bucket is complete on the device
+
+
+@dataclass
+class SchemeHookState:
+    """State handed to DDP with :func:`scheme_hook` (see the module docstring)."""
+
+    scheme: str
+    comm: Comm
+    seed: int
+    spec_for: SpecFor
+    scheme_params: dict[str, Any] = field(default_factory=dict)
+    timeline: BucketTimeline = field(default_factory=BucketTimeline)
+    step: int = 0
+    payload_bytes: int = 0
+    grad_bytes: int = 0
+    t_encode: float = 0.0
+    t_decode: float = 0.0
+    _plans: dict[tuple[int, ...], list[tuple[Segment, aggregate.Aggregator]]] = field(
+        default_factory=dict, repr=False
+    )
+    _offset: int = 0
+    _jobs: queue.Queue[_Job | None] = field(default_factory=queue.Queue, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+
+    def reset(self) -> None:
+        """Start a new iteration's measurements."""
+        self.timeline.reset()
+        self.payload_bytes = self.grad_bytes = 0
+        self.t_encode = self.t_decode = 0.0
+
+    def close(self) -> None:
+        """Stop the communication thread (it also ends with the process: a daemon)."""
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def submit(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        buffer = bucket.buffer()
+        if bucket.index() == 0:
+            self._offset = 0
+        job = _Job(bucket.index(), buffer, self._plan(bucket), self.step, torch.futures.Future())
+        if buffer.is_cuda:
+            job.ready_event = torch.cuda.Event()
+            job.ready_event.record()
+        self.timeline.hand_over(job.index)
+        self.grad_bytes += 4 * buffer.numel()
+        if bucket.is_last():
+            self.step += 1
+        self._start()
+        self._jobs.put(job)
+        return job.future
+
+    def _plan(self, bucket: dist.GradBucket) -> list[tuple[Segment, aggregate.Aggregator]]:
+        params = list(bucket.parameters())
+        key = (bucket.index(), *(id(p) for p in params))
+        if key not in self._plans:
+            self._plans[key] = [(s, self._aggregator(s)) for s in segments(params, self.spec_for)]
+        self._offset += bucket.buffer().numel()
+        return self._plans[key]
+
+    def _aggregator(self, seg: Segment) -> aggregate.Aggregator:
+        compressor = from_spec({**seg.spec, "seed": self.seed})
+        return aggregate.build(
+            self.scheme, self.comm, compressor, seg.numel,
+            offset=self._offset + seg.ranges[0][0], params=self.scheme_params,
+        )  # fmt: skip
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="qbench-ddp-comm", daemon=True)
+            self._thread.start()
+
+    def _serve(self) -> None:
+        stream = None
+        while (job := self._jobs.get()) is not None:
+            try:
+                if job.ready_event is not None:
+                    stream = stream or torch.cuda.Stream(device=job.buffer.device)
+                    with torch.cuda.stream(stream):
+                        stream.wait_event(job.ready_event)
+                        self._run(job)
+                    stream.synchronize()  # the mean is in the bucket before DDP reads it
+                else:
+                    self._run(job)
+                self.timeline.done(job.index)
+                job.future.set_result(job.buffer)
+            except BaseException as e:  # the training loop re-raises it from DDP's wait
+                job.future.set_exception(e)  # type: ignore[arg-type]  # torch's stub
+
+    def _run(self, job: _Job) -> None:
+        timer = PhaseTimer(job.buffer.device)
+        timer.start()
+        for seg, agg in job.plan:
+            mean = agg.aggregate(seg.gather(job.buffer), job.step, timer)
+            seg.scatter(mean, job.buffer)
+            self.payload_bytes += agg.payload_bytes
+        self.t_encode += timer.totals["encode"]
+        self.t_decode += timer.totals["decode"]
+
+
+def scheme_hook(
+    state: SchemeHookState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: the bucket through ``state.scheme``'s exchange (module doc)."""
+    return state.submit(bucket)
+
+
+# DDP checks a hook's annotations as objects; `from __future__ import annotations` made them
+# strings, so give DDP the real ones.
+scheme_hook.__annotations__.update(
+    {"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
+)

@@ -1,0 +1,125 @@
+"""PyTorch's own DDP communication: its allreduce, its fp16 / bf16 compress hooks and PowerSGD.
+
+These are what practitioners run, so they are the baselines and peers qbench compares its
+compressors against. Each is torch's hook, unchanged, wrapped only to record when a bucket was
+handed over and when its mean was ready (:mod:`qbench.ddp.timeline`) and how many bytes it put
+on the wire (the nccl-tests bus convention of :mod:`qbench.comm.base`):
+
+* ``none``: ``default_hooks.allreduce_hook``, which torch documents as equivalent to DDP
+  without a hook (divide by K, allreduce of the bucket, 4 bytes per value);
+* ``fp16`` / ``bf16``: ``fp16_compress_hook`` / ``bf16_compress_hook`` (cast, allreduce in 16
+  bits, cast back: 2 bytes per value);
+* ``powersgd``: ``powerSGD_hook`` with ``PowerSGDState`` (Vogels et al. 2019): per matrix, P and
+  Q of rank r are allreduced instead of the gradient; 1-D tensors and matrices that would not
+  shrink ``min_compression_rate`` times go uncompressed. Its state counts the values it sends,
+  which give the bytes; before ``start_iter`` it allreduces the bucket as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+from qbench.comm import Comm, allreduce_bus_bytes
+from qbench.ddp.timeline import BucketTimeline
+
+TorchHook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
+WIRE_BYTES_PER_VALUE = {"none": 4, "fp16": 2, "bf16": 2}
+HOOKS: dict[str, TorchHook] = {
+    "none": default_hooks.allreduce_hook,
+    "fp16": default_hooks.fp16_compress_hook,
+    "bf16": default_hooks.bf16_compress_hook,
+}
+
+
+@dataclass
+class TorchHookState:
+    """State handed to DDP with :func:`torch_hook`: torch's own hook and its state, plus the
+    measurements of the current iteration (read and reset by the caller)."""
+
+    name: str
+    hook: TorchHook
+    inner: Any  # the process group (None: the default group), or a PowerSGDState
+    comm: Comm  # bytes_sent accumulates here
+    timeline: BucketTimeline
+    payload_bytes: int = 0
+    grad_bytes: int = 0
+    step: int = 0
+
+    def reset(self) -> None:
+        self.timeline.reset()
+        self.payload_bytes = self.grad_bytes = 0
+
+
+def powersgd_state(
+    *, rank: int, start_iter: int, warm_start: bool, error_feedback: bool,
+    min_compression_rate: float, seed: int, group: Any = None,
+) -> powerSGD_hook.PowerSGDState:  # fmt: skip
+    """torch's PowerSGD state from qbench's parameter names (see qbench.compress.powersgd)."""
+    return powerSGD_hook.PowerSGDState(
+        process_group=group, matrix_approximation_rank=rank, start_powerSGD_iter=start_iter,
+        min_compression_rate=min_compression_rate, use_error_feedback=error_feedback,
+        warm_start=warm_start, random_seed=seed,
+    )  # fmt: skip
+
+
+def make_state(
+    name: str, comm: Comm, params: dict[str, Any], seed: int, group: Any = None
+) -> TorchHookState:
+    if name == "powersgd":
+        inner = powersgd_state(**params, seed=seed, group=group)
+        return TorchHookState(name, powerSGD_hook.powerSGD_hook, inner, comm, BucketTimeline())
+    return TorchHookState(name, HOOKS[name], group, comm, BucketTimeline())
+
+
+def torch_hook(
+    state: TorchHookState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: torch's hook for ``state.name``, timed and byte-counted."""
+    index, numel = bucket.index(), bucket.buffer().numel()
+    sent_values = _values_before(state, bucket)
+    state.timeline.hand_over(index)
+    fut = state.hook(state.inner, bucket)
+    wire = _wire(state.name, _values_after(state, sent_values, numel))
+    state.payload_bytes += wire
+    state.grad_bytes += 4 * numel
+    state.comm.bytes_sent += allreduce_bus_bytes(wire, state.comm.world_size)
+    if bucket.is_last():
+        state.step += 1
+
+    def ready(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+        state.timeline.done(index)
+        return f.value()
+
+    return fut.then(ready)
+
+
+def _wire(name: str, values: int) -> int:
+    return WIRE_BYTES_PER_VALUE.get(name, 4) * values
+
+
+def _values_before(state: TorchHookState, bucket: dist.GradBucket) -> int | None:
+    """PowerSGD's running count of values sent before this bucket, when it will compress it;
+    None when the bucket goes out whole."""
+    inner = state.inner
+    if state.name != "powersgd" or inner.iter < inner.start_powerSGD_iter:
+        return None
+    return int(inner.total_numel_after_compression)
+
+
+def _values_after(state: TorchHookState, before: int | None, numel: int) -> int:
+    if before is None:
+        return numel
+    return int(state.inner.total_numel_after_compression) - before
+
+
+# DDP checks a hook's annotations as objects; `from __future__ import annotations` made them
+# strings, so give DDP the real ones.
+torch_hook.__annotations__.update(
+    {"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
+)
