@@ -26,12 +26,19 @@ def tiny() -> KernelResult:
     return kernels.measure(sizes=[10], repeats=1)
 
 
-def test_rows_cover_every_registered_default_and_op(tiny: KernelResult) -> None:
-    built, _ = kernels.resolve(None)
-    assert built, "at least none/qsgd/onebit are always registered"
-    expected = {(c.label, op) for c in built for op in kernels.OPS}
+# The labels of kernels.DEFAULT_SPECS, written out: none, fp16, bf16, qsgd bits/bucket 2/128,
+# 4/512, 8/512, 16/8192, onebit bucket 64, fixedpoint 8 bits, topk 1 %, adaptive defaults.
+DEFAULT_LABELS = (
+    "fp32", "fp16", "bf16", "qsgd-2b-b128", "qsgd-4b-b512", "qsgd-8b-b512", "qsgd-16b-b8192",
+    "1bit-b64", "fixed-8b", "topk-1%", "adaptive-c6-m4-f3%",
+)  # fmt: skip
+
+
+def test_rows_cover_every_default_and_op(tiny: KernelResult) -> None:
+    expected = {(label, op) for label in DEFAULT_LABELS for op in ("encode", "decode")}
     assert {(r.compressor, r.op) for r in tiny.rows} == expected
-    assert len(tiny.rows) == len(expected)
+    assert len(tiny.rows) == len(expected) == 22
+    assert tiny.notes == []  # every default is registered: nothing skipped
     assert {r.numel for r in tiny.rows} == {2**10}
     assert {r.device for r in tiny.rows} == {"cpu"}
 

@@ -70,6 +70,77 @@ def test_idx_round_trip(tmp_path: Path, suffix: str) -> None:
         assert (tmp_path / "i.gz").read_bytes()[:2] == b"\x1f\x8b"  # really gzip
 
 
+# Hand-made IDX files (the format as published with MNIST): a 4-byte magic 0x0000TTNN, big-endian
+# (TT the element type: 0x08 uint8, 0x09 int8, 0x0B int16, 0x0C int32, 0x0D float32, 0x0E
+# float64; NN the number of dimensions), NN big-endian uint32 sizes, then the elements,
+# big-endian, in C order. Sizes above 255 and multi-byte elements tell the byte orders apart.
+LABELS_258 = (
+    b"\x00\x00\x08\x01"  # magic: uint8, 1 dimension
+    + (258).to_bytes(4, "big")  # 00 00 01 02; little-endian it would read 0x02010000
+    + bytes(range(256)) + b"\xfe\xff"
+)  # fmt: skip
+IMAGES_2X2X3 = (
+    b"\x00\x00\x08\x03"  # magic: uint8, 3 dimensions
+    + b"\x00\x00\x00\x02" + b"\x00\x00\x00\x02" + b"\x00\x00\x00\x03"
+    + bytes([0, 1, 2, 3, 4, 5, 250, 251, 252, 253, 254, 255])
+)  # fmt: skip
+FLOATS_2X2 = (
+    b"\x00\x00\x0d\x02"  # magic: float32, 2 dimensions
+    + (2).to_bytes(4, "big") + (2).to_bytes(4, "big")
+    + b"\x3f\x80\x00\x00"  # 1.0 (sign 0, exponent 127, mantissa 0)
+    + b"\xc0\x00\x00\x00"  # -2.0
+    + b"\x3e\x20\x00\x00"  # 0.15625 = 1.25 * 2^-3
+    + b"\x00\x00\x00\x01"  # 2^-149, the smallest float32 denormal
+)  # fmt: skip
+INTS_AND_DOUBLES = {
+    "int16": (b"\x00\x00\x0b\x01" + (3).to_bytes(4, "big") + b"\x01\x02\xff\xfe\x80\x00",
+              np.array([258, -2, -32768], dtype=np.int16)),
+    "int32": (b"\x00\x00\x0c\x01" + (2).to_bytes(4, "big") + b"\x00\x01\x00\x00\xff\xff\xff\xff",
+              np.array([65536, -1], dtype=np.int32)),
+    "float64": (b"\x00\x00\x0e\x01" + (1).to_bytes(4, "big") + b"\x3f\xf0" + b"\x00" * 6,
+                np.array([1.0], dtype=np.float64)),
+    "int8": (b"\x00\x00\x09\x01" + (2).to_bytes(4, "big") + b"\x7f\x80",
+             np.array([127, -128], dtype=np.int8)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_idx_reader_on_hand_made_big_endian_bytes(tmp_path: Path, gz: bool) -> None:
+    def put(name: str, raw: bytes) -> Path:
+        path = tmp_path / (name + (".gz" if gz else ""))
+        path.write_bytes(gzip.compress(raw) if gz else raw)
+        return path
+
+    labels = read_idx(put("labels", LABELS_258), magic=LABELS_MAGIC)
+    assert labels.shape == (258,) and labels.dtype == np.uint8
+    assert labels[:3].tolist() == [0, 1, 2] and labels[-3:].tolist() == [255, 254, 255]
+    images = read_idx(put("images", IMAGES_2X2X3), magic=IMAGES_MAGIC)
+    assert images.tolist() == [[[0, 1, 2], [3, 4, 5]], [[250, 251, 252], [253, 254, 255]]]
+    floats = read_idx(put("floats", FLOATS_2X2))
+    assert floats.dtype == np.float32
+    assert floats.tolist() == [[1.0, -2.0], [0.15625, 2.0**-149]]
+    for name, (raw, want) in INTS_AND_DOUBLES.items():
+        got = read_idx(put(name, raw))
+        assert got.dtype == want.dtype and got.tolist() == want.tolist(), name
+
+
+def test_idx_writer_produces_the_hand_made_bytes(tmp_path: Path) -> None:
+    """The writer's bytes, not just the round trip: a reader and writer that both switched
+    to little-endian would still agree with each other, but not with these."""
+    cases = {
+        "labels": (np.concatenate([np.arange(256), [254, 255]]).astype(np.uint8), LABELS_258),
+        "images": (np.array([0, 1, 2, 3, 4, 5, 250, 251, 252, 253, 254, 255], dtype=np.uint8)
+                   .reshape(2, 2, 3), IMAGES_2X2X3),
+        "floats": (np.array([[1.0, -2.0], [0.15625, 2.0**-149]], dtype=np.float32), FLOATS_2X2),
+        **{name: (array, raw) for name, (raw, array) in INTS_AND_DOUBLES.items()},
+    }  # fmt: skip
+    for name, (array, raw) in cases.items():
+        write_idx(tmp_path / name, array)
+        assert (tmp_path / name).read_bytes() == raw, name
+    write_idx(tmp_path / "floats.gz", cases["floats"][0])
+    assert gzip.decompress((tmp_path / "floats.gz").read_bytes()) == FLOATS_2X2
+
+
 def _corrupt_files(tmp_path: Path) -> dict[str, tuple[Path, int]]:
     """Each bad file and the magic it is read with."""
     good = np.zeros((4, 3, 3), dtype=np.uint8)

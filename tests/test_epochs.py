@@ -107,21 +107,83 @@ def test_batch_larger_than_the_partition_says_so() -> None:
         epochs.EpochBatches(_data(10), batch_size=64, seed=0, rank=0)
 
 
-def test_gradient_norm_is_zero_at_a_minimum_and_positive_elsewhere() -> None:
-    class Solo:  # one rank: the sums are already complete
-        rank, world_size, bytes_sent = 0, 1, 0
+class _Solo:
+    """One rank: the sums are already complete."""
 
-        def allreduce_(self, tensor: torch.Tensor, op: str = "sum") -> None:
-            return None
+    rank, world_size, bytes_sent = 0, 1, 0
 
+    def allreduce_(self, tensor: torch.Tensor, op: str = "sum") -> None:
+        return None
+
+
+class _Twins(_Solo):
+    """Two ranks holding the same partition: the allreduce doubles every sum, count included."""
+
+    world_size = 2
+
+    def allreduce_(self, tensor: torch.Tensor, op: str = "sum") -> None:
+        tensor.mul_(2)
+
+
+def _logreg(weight: list[float], bias: list[float]) -> torch.nn.Linear:
+    model = torch.nn.Linear(1, 2)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor(weight)[:, None])
+        model.bias.copy_(torch.tensor(bias))
+    return model
+
+
+def _two_class_data(x: list[float], y: list[int]) -> epochs.EpochData:
+    return epochs.EpochData(
+        train_x=torch.tensor(x)[:, None], train_y=torch.tensor(y), test_x=torch.zeros(1, 1),
+        test_y=torch.zeros(1, dtype=torch.long), num_classes=2,
+    )  # fmt: skip
+
+
+def test_gradient_norm_is_exactly_zero_at_a_stationary_point() -> None:
+    """Two samples at the same x with labels 0 and 1, logits 0: softmax (1/2, 1/2), so the
+    per-sample gradients (p - onehot) x are (-1/2, 1/2) x and (1/2, -1/2) x and cancel."""
+    data = _two_class_data([3.0, 3.0], [0, 1])
+    model = _logreg([0.0, 0.0], [0.0, 0.0])
+    norm = epochs.gradient_norm(model, data, _Solo(), weight_decay=0.1)  # type: ignore[arg-type]
+    assert norm == 0.0  # weight decay of zero weights adds nothing
+
+
+def test_gradient_norm_matches_the_hand_derived_gradient() -> None:
+    """Logits 0 (zero weights, zero bias) and every label 0: each sample's gradient is
+    p - onehot(0) = (-1/2, 1/2) for the bias and (-1/2, 1/2) x for the weights. Over x = 1, 2,
+    3, 6 (mean 3): bias (-1/2, 1/2), weights (-3/2, 3/2); norm sqrt(1/4 + 1/4 + 9/4 + 9/4)."""
+    data = _two_class_data([1.0, 2.0, 3.0, 6.0], [0, 0, 0, 0])
+    model = _logreg([0.0, 0.0], [0.0, 0.0])
+    want = math.sqrt(5.0)
+    got = epochs.gradient_norm(model, data, _Solo(), weight_decay=0.0)  # type: ignore[arg-type]
+    assert got == pytest.approx(want, rel=1e-12)
+    # the mean over all samples: twins' doubled sums over a doubled count change nothing
+    twins = epochs.gradient_norm(model, data, _Twins(), weight_decay=0.0)  # type: ignore[arg-type]
+    assert twins == pytest.approx(want, rel=1e-12)
+
+
+def test_gradient_norm_adds_weight_decay_times_the_parameters() -> None:
+    """x = 0: the logits are the bias (0, 0) whatever the weights, so the loss gradient is
+    (-1/2, 1/2) for the bias and 0 for the weights (3, -4); weight decay 0.1 adds 0.1 times
+    every parameter: weights (0.3, -0.4), bias unchanged (zero). Norm sqrt(1/2 + 0.25)."""
+    data = _two_class_data([0.0, 0.0], [0, 0])
+    model = _logreg([3.0, -4.0], [0.0, 0.0])
+    got = epochs.gradient_norm(model, data, _Solo(), weight_decay=0.1)  # type: ignore[arg-type]
+    assert got == pytest.approx(math.sqrt(0.5 + 0.25), rel=1e-6)  # float32 parameters
+
+
+def test_gradient_norm_is_tiny_near_the_minimum_of_a_constant_label() -> None:
+    """Every label 0: a bias margin of 60 leaves p(1) = 1 / (1 + e^60) per sample, so the
+    bias gradient is (-p1, p1) and the weight gradient (-p1, p1) * mean(x) = (-p1, p1) * 1.5
+    over x = 0..3: norm p1 * sqrt(2 * (1 + 1.5^2))."""
     data = _data(4)
     data.train_y = torch.zeros(4, dtype=torch.long)
-    model = torch.nn.Linear(1, 2)
-    assert epochs.gradient_norm(model, data, Solo(), weight_decay=0.0)  # type: ignore[arg-type] > 0
-    with torch.no_grad():  # a constant label: a huge bias margin is (nearly) optimal
-        model.weight.zero_()
-        model.bias.copy_(torch.tensor([30.0, -30.0]))
-    assert epochs.gradient_norm(model, data, Solo(), weight_decay=0.0)  # type: ignore[arg-type] < 1e-9
+    model = _logreg([0.0, 0.0], [30.0, -30.0])
+    p1 = 1 / (1 + math.exp(60.0))
+    want = p1 * math.sqrt(2 * (1 + 1.5**2))
+    got = epochs.gradient_norm(model, data, _Solo(), weight_decay=0.0)  # type: ignore[arg-type]
+    assert 0 < got == pytest.approx(want, rel=1e-5)
 
 
 @pytest.mark.slow

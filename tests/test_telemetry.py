@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
+import pytest
 import torch
 
+from qbench import timing
 from qbench.matrix import build_compressor
 from qbench.telemetry import TELEMETRY_COLUMNS, Telemetry
 from qbench.timing import PhaseTimer
@@ -37,12 +40,43 @@ def test_rows_per_layer_and_values() -> None:
     assert last.loc["v", "bits_per_value"] == 2.0  # 1 bit + 2 fp32 means per 64 values
 
 
-def test_timer_skip_excludes_time() -> None:
+class FakeClock:
+    """perf_counter that returns the given readings in turn (binary fractions: sums are exact)."""
+
+    def __init__(self, *readings: float) -> None:
+        self.readings = list(readings)
+
+    def __call__(self) -> float:
+        return self.readings.pop(0)
+
+
+def test_timer_skip_excludes_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock(10.0, 10.5, 12.5, 12.75, 13.0, 16.0, 16.125)
+    # qbench.timing's own view of the time module only: pytest and the rest keep the real clock
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=clock))
     timer = PhaseTimer(torch.device("cpu"))
-    timer.start()
-    timer.mark("compute")
-    sum(range(200_000))
-    timer.skip()
-    timer.mark("step")
-    parts = sum(timer.totals.values())
-    assert abs(timer.elapsed() - parts) < 1e-9
+    timer.start()  # 10.0
+    timer.mark("compute")  # 10.5: 0.5 s of compute
+    timer.skip()  # 12.5: 2 s of telemetry, charged to nothing
+    timer.mark("step")  # 12.75: 0.25 s of step, not 2.25
+    timer.mark("comm")  # 13.0: 0.25 s of comm
+    timer.skip()  # 16.0: 3 s more left out
+    timer.mark("step")  # 16.125: another 0.125 s of step
+    assert timer.totals == {"compute": 0.5, "encode": 0.0, "comm": 0.25, "decode": 0.0,
+                            "step": 0.375}  # fmt: skip
+    assert timer.elapsed() == 1.125  # 6.125 s of wall time less the 5 skipped
+    assert clock.readings == []  # one clock reading per call, no more
+
+
+def test_timer_start_forgets_the_previous_iteration(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock(0.0, 1.0, 5.0, 8.0, 8.5)
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=clock))
+    timer = PhaseTimer(torch.device("cpu"))
+    timer.start()  # 0
+    timer.skip()  # 1: 1 s skipped
+    timer.mark("encode")  # 5
+    timer.start()  # 8: a new iteration; totals and skipped time reset
+    timer.mark("decode")  # 8.5
+    assert timer.totals == {"compute": 0.0, "encode": 0.0, "comm": 0.0, "decode": 0.5,
+                            "step": 0.0}  # fmt: skip
+    assert timer.elapsed() == 0.5
