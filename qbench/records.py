@@ -74,6 +74,21 @@ EPOCH_COLUMNS: dict[str, str] = {
     "consensus_distance": "float64",  # gossip: at the end of the epoch, else NaN
 }
 
+# DDP runs (overlap: backward), one row per rank, iteration and bucket: when DDP handed the
+# bucket to the hook and when its mean was ready, in seconds after the forward pass ended
+# (qbench.ddp.timeline). The overlap-aware cost model reads the buckets' ready times from here.
+BUCKET_COLUMNS: dict[str, str] = {
+    "run_id": "string",
+    "rank": "int32",
+    "iteration": "int32",
+    "warmup": "bool",
+    "bucket": "int32",  # DDP's bucket index (0 is handed over first)
+    "numel": "int64",  # gradient values in the bucket
+    "payload_bytes": "int64",  # this rank's encoded bucket
+    "t_handed": "float64",  # backward computed the bucket's last gradient
+    "t_ready": "float64",  # the bucket's mean was ready (the hook's future completed)
+}
+
 STATUSES = ("ok", "failed", "timeout", "interrupted", "running")
 
 
@@ -109,6 +124,11 @@ def iterations_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """Build a frame with exactly the schema's columns and dtypes (optional ones NaN)."""
     frame = pd.DataFrame(rows, columns=list(ITERATION_COLUMNS))  # missing columns -> NaN
     return frame.astype(ITERATION_COLUMNS)
+
+
+def buckets_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    frame = pd.DataFrame(rows, columns=list(BUCKET_COLUMNS))
+    return frame.astype(BUCKET_COLUMNS)
 
 
 def epochs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:

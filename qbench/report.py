@@ -139,6 +139,8 @@ _COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "bytes_per_iteration": ("MB/iter", _num(1e-6, 3)),
     "compression_ratio": ("ratio", _num(1.0, 1, "x")),
     "speedup_vs_fp32": ("vs fp32", _X),
+    "baseline": ("fp32 baseline", _text),
+    "speedup_vs_flat_fp32": ("vs flat fp32", _X),
     "scalability": ("scale", _X),
     **{c: report_page.DISPLAY[c] for c in stats.MONEY_COLUMNS},  # shown when a price is set
 }
@@ -146,7 +148,8 @@ _MD_COLUMNS = tuple(c for c in _COLUMNS if c not in stats.MONEY_COLUMNS)
 _TERMINAL_COLUMNS = (
     *(*_LABEL_COLUMNS, "compressor", "world_size", "status", "samples_per_s"),
     *("t_iteration_median", "t_compute", "t_encode", "t_comm", "t_decode"),
-    *("bytes_per_iteration", "compression_ratio", "speedup_vs_fp32", "scalability"),
+    *("bytes_per_iteration", "compression_ratio", "speedup_vs_fp32", "baseline"),
+    "scalability",
 )
 
 _TEXTUAL = (*_LABEL_COLUMNS, "compressor", "status")
@@ -192,6 +195,13 @@ def markdown_report(summary: pd.DataFrame, title: str, acc: pd.DataFrame | None 
     parts = [f"# qbench report: {title}", f"{len(summary)} runs: {status}."]
     parts.append("Times are medians over measured iterations (warm-up dropped); an iteration")
     parts[-1] += " lasts as long as its slowest rank. `(simulated)`: speed-only simulation."
+    parts[-1] += (
+        " `vs fp32` is the speedup over the fastest fp32 configuration of the same model, ranks,"
+        " backend and network (`fp32 baseline` names it: `ddp` is PyTorch DDP, bucketed"
+        " allreduce overlapped with backward); `vs flat fp32` is over fp32 aggregated after"
+        " backward, the seeds' baseline. Runs with `+backward` or `ddp` communicate during"
+        " backward: their `comm` is the exposed part only."
+    )
     money = tuple(c for c in stats.MONEY_COLUMNS if c in summary and summary[c].notna().any())
     parts += ["## Summary", _markdown_table(summary, _MD_COLUMNS + money)]
     if acc is not None and not acc.empty:

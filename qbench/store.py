@@ -17,8 +17,11 @@ RUN_JSON = "run.json"
 ITERATIONS = "iterations.parquet"
 EPOCHS = "epochs.parquet"  # accuracy mode: one row per epoch
 TELEMETRY = "telemetry.parquet"  # per-layer compression telemetry, when requested
+BUCKETS = "buckets.parquet"  # DDP runs: per-bucket hand-over and ready times
 SPEC_JSON = "spec.json"
 PARTS = "parts"  # per-rank partial records written by workers, merged by the driver
+# Per-rank parquet parts (parts/<kind>-<rank>.parquet) and the run file each merges into.
+RANK_PARTS = {"rank": ITERATIONS, "telemetry": TELEMETRY, "buckets": BUCKETS}
 REPORT = "report"
 SWEEP_JSON = "sweep.json"
 
@@ -54,6 +57,26 @@ def atomic_write_parquet(path: Path, frame: pd.DataFrame) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def rank_part(parts: Path, kind: str, rank: int) -> Path:
+    """Where a worker writes its rank's part of ``kind`` (a key of ``RANK_PARTS``)."""
+    return parts / f"{kind}-{rank}.parquet"
+
+
+def rank_parts(parts: Path, kind: str) -> list[Path]:
+    """Every rank's part of ``kind`` found in ``parts``, by rank."""
+    found = parts.glob(f"{kind}-*.parquet")
+    return sorted(found, key=lambda p: int(p.stem.rpartition("-")[2]))
+
+
+def host_part(parts: Path, rank: int) -> Path:
+    """Where a worker writes the host it ran on (the driver adds them to machine.json)."""
+    return parts / f"host-{rank}.json"
+
+
+def host_parts(parts: Path) -> list[Path]:
+    return sorted(parts.glob("host-*.json"), key=lambda p: int(p.stem.rpartition("-")[2]))
 
 
 class ResultStore:

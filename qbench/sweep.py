@@ -27,11 +27,13 @@ from qbench.records import WORKER_FAILED as FAILED_TAG
 from qbench.records import RunRecord
 from qbench.store import (
     EPOCHS,
-    TELEMETRY,
+    RANK_PARTS,
     ResultStore,
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_parquet,
+    host_parts,
+    rank_parts,
 )
 
 STDERR_TAIL_LINES = 30
@@ -257,7 +259,7 @@ def _reset_run_dir(store: ResultStore, spec: RunSpec) -> None:
         for p in parts.iterdir():
             p.unlink()
     store.iterations_path(spec.run_id).unlink(missing_ok=True)
-    for name in (TELEMETRY, EPOCHS):
+    for name in (*RANK_PARTS.values(), EPOCHS):
         (store.run_dir(spec.run_id) / name).unlink(missing_ok=True)
     atomic_write_json(store.spec_path(spec.run_id), spec.to_dict())
 
@@ -286,14 +288,14 @@ def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
 
 def _merge_parts(store: ResultStore, spec: RunSpec, status: str) -> str:
     """Concatenate per-rank parts into iterations.parquet; a missing rank makes an ok run failed."""
-    parts = sorted(store.parts_dir(spec.run_id).glob("rank-*.parquet"))
-    if parts:
-        frame = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
-        store.write_iterations(spec.run_id, frame)
-    telemetry = sorted(store.parts_dir(spec.run_id).glob("telemetry-*.parquet"))
-    if telemetry:
-        frame = pd.concat([pd.read_parquet(p) for p in telemetry], ignore_index=True)
-        atomic_write_parquet(store.run_dir(spec.run_id) / TELEMETRY, frame)
+    parts: list[Path] = []
+    for kind, name in RANK_PARTS.items():
+        found = rank_parts(store.parts_dir(spec.run_id), kind)
+        if kind == "rank":
+            parts = found
+        if found:
+            frame = pd.concat([pd.read_parquet(p) for p in found], ignore_index=True)
+            atomic_write_parquet(store.run_dir(spec.run_id) / name, frame)
     epochs = store.parts_dir(spec.run_id) / EPOCHS
     if epochs.exists():  # rank 0's; written once, when the ranks finished
         epochs.replace(store.run_dir(spec.run_id) / EPOCHS)
@@ -308,7 +310,7 @@ def _record_hosts(store: ResultStore, spec: RunSpec) -> None:
     """Add the ranks' hosts (parts/host-<r>.json) to the run's machine.json."""
     path = store.run_dir(spec.run_id) / "machine.json"
     hosts = []
-    for p in sorted(store.parts_dir(spec.run_id).glob("host-*.json")):
+    for p in host_parts(store.parts_dir(spec.run_id)):
         try:
             hosts.append(json.loads(p.read_text()))
         except (OSError, ValueError):

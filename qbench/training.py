@@ -140,6 +140,10 @@ class Training:
             "consensus_distance": rows[-1].get("consensus_distance", float("nan")),
         })  # fmt: skip
 
+    def buckets_frame(self) -> Any:
+        """Per-bucket rows (records.BUCKET_COLUMNS) for loops that have buckets; else None."""
+        return None
+
     def frame(self) -> Any:
         for row, loss in zip(self.rows, self._losses, strict=False):
             row["loss"] = float(loss)

@@ -22,7 +22,7 @@ from qbench.launch.slurm import apply_worker_env
 from qbench.matrix import RunSpec, build_compressor
 from qbench.records import WORKER_FAILED as FAILED_TAG
 from qbench.records import epochs_frame
-from qbench.store import EPOCHS, atomic_write_json, atomic_write_parquet
+from qbench.store import EPOCHS, atomic_write_json, atomic_write_parquet, host_part, rank_part
 from qbench.telemetry import Telemetry
 from qbench.timing import PhaseTimer
 from qbench.training import Training
@@ -228,15 +228,18 @@ def _write_host(parts: Path, rank: int, spec: RunSpec) -> None:
 
     doc = {"rank": rank, "hostname": socket.gethostname(), "pid": os.getpid(),
            "device": spec.device_kind}  # fmt: skip
-    atomic_write_json(parts / f"host-{rank}.json", doc)
+    atomic_write_json(host_part(parts, rank), doc)
 
 
 def _write_parts(parts: Path, rank: int, run: Training) -> None:
-    atomic_write_parquet(parts / f"rank-{rank}.parquet", run.frame())
+    atomic_write_parquet(rank_part(parts, "rank", rank), run.frame())
     if rank == 0 and run.epoch_rows:
         atomic_write_parquet(parts / EPOCHS, epochs_frame(run.epoch_rows))
     if isinstance(run, Run) and run.telemetry is not None:
-        atomic_write_parquet(parts / f"telemetry-{rank}.parquet", run.telemetry.frame())
+        atomic_write_parquet(rank_part(parts, "telemetry", rank), run.telemetry.frame())
+    buckets = run.buckets_frame()
+    if buckets is not None:
+        atomic_write_parquet(rank_part(parts, "buckets", rank), buckets)
 
 
 if __name__ == "__main__":

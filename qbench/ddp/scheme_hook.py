@@ -143,7 +143,7 @@ class SchemeHookState:
         if buffer.is_cuda:
             job.ready_event = torch.cuda.Event()
             job.ready_event.record()
-        self.timeline.hand_over(job.index)
+        self.timeline.hand_over(job.index, buffer.numel())
         self.grad_bytes += 4 * buffer.numel()
         if bucket.is_last():
             self.step += 1
@@ -195,6 +195,7 @@ class SchemeHookState:
             mean = agg.aggregate(seg.gather(job.buffer), job.step, timer)
             seg.scatter(mean, job.buffer)
             self.payload_bytes += agg.payload_bytes
+            self.timeline.add_payload(job.index, agg.payload_bytes)
         self.t_encode += timer.totals["encode"]
         self.t_decode += timer.totals["decode"]
 

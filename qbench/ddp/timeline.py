@@ -32,20 +32,39 @@ class BucketTimeline:
 
     handed: dict[int, float] = field(default_factory=dict)
     ready: dict[int, float] = field(default_factory=dict)
+    numel: dict[int, int] = field(default_factory=dict)
+    payload: dict[int, int] = field(default_factory=dict)
+    """Bytes of this rank's encoded bucket (as the iteration's payload_bytes, per bucket)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def reset(self) -> None:
         with self._lock:
-            self.handed.clear()
-            self.ready.clear()
+            for d in (self.handed, self.ready, self.numel, self.payload):
+                d.clear()
 
-    def hand_over(self, index: int) -> None:
+    def hand_over(self, index: int, numel: int = 0) -> None:
         with self._lock:
             self.handed[index] = time.perf_counter()
+            self.numel[index] = numel
+
+    def add_payload(self, index: int, nbytes: int) -> None:
+        with self._lock:
+            self.payload[index] = self.payload.get(index, 0) + nbytes
 
     def done(self, index: int) -> None:
         with self._lock:
             self.ready[index] = time.perf_counter()
+
+    def rows(self, origin: float) -> list[dict[str, float]]:
+        """One row per bucket (``BUCKET_COLUMNS`` less run, rank and iteration), instants in
+        seconds after ``origin`` (the end of the forward pass)."""
+        with self._lock:
+            return [
+                {"bucket": i, "numel": self.numel.get(i, 0),
+                 "payload_bytes": self.payload.get(i, 0), "t_handed": t - origin,
+                 "t_ready": self.ready.get(i, math.nan) - origin}
+                for i, t in sorted(self.handed.items())
+            ]  # fmt: skip
 
     def last_hand_over(self) -> float:
         with self._lock:

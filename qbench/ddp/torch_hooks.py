@@ -83,9 +83,10 @@ def torch_hook(
     """DDP communication hook: torch's hook for ``state.name``, timed and byte-counted."""
     index, numel = bucket.index(), bucket.buffer().numel()
     sent_values = _values_before(state, bucket)
-    state.timeline.hand_over(index)
+    state.timeline.hand_over(index, numel)
     fut = state.hook(state.inner, bucket)
     wire = _wire(state.name, _values_after(state, sent_values, numel))
+    state.timeline.add_payload(index, wire)
     state.payload_bytes += wire
     state.grad_bytes += 4 * numel
     state.comm.bytes_sent += allreduce_bus_bytes(wire, state.comm.world_size)

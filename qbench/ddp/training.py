@@ -27,6 +27,7 @@ from qbench.ddp.scheme_hook import SchemeHookState, scheme_hook
 from qbench.ddp.timeline import overlap_fraction
 from qbench.ddp.torch_hooks import TorchHookState, make_state, torch_hook
 from qbench.matrix import RunSpec, build_compressor
+from qbench.records import buckets_frame
 from qbench.timing import PhaseTimer
 from qbench.training import Training
 
@@ -51,6 +52,7 @@ class DDPRun(Training):
             self.state = self._scheme_state(own)
             self.ddp.register_comm_hook(self.state, scheme_hook)
         self.grad_bytes = 4 * sum(p.numel() for p in self.named.values())
+        self.bucket_rows: list[dict[str, Any]] = []
 
     def _torch_state(self) -> TorchHookState:
         c = build_compressor(self.spec.compressor)
@@ -87,6 +89,14 @@ class DDPRun(Training):
         timer.mark("step")
         self._losses.append(loss.detach())
         self._record(it, timer, forward_end, backward_end)
+        for row in self.state.timeline.rows(origin=forward_end):
+            self.bucket_rows.append({
+                "run_id": self.spec.run_id, "rank": self.comm.rank, "iteration": it,
+                "warmup": it < self.spec.warmup, **row,
+            })  # fmt: skip
+
+    def buckets_frame(self) -> Any:
+        return buckets_frame(self.bucket_rows)
 
     def _record(self, it: int, timer: PhaseTimer, forward_end: float, backward_end: float) -> None:
         last = self.state.timeline.last_hand_over()
