@@ -17,7 +17,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from qbench import accuracy, plots, plots_accuracy, plots_study, report_page, stats
+from qbench import accuracy, plots, plots_accuracy, plots_study, plots_utility, report_page, stats
 from qbench.errors import UserError, choice_error
 from qbench.store import ResultStore, atomic_write_bytes
 
@@ -67,6 +67,7 @@ def write_report(
             figures += plots.save_all(fig, report_dir / "accuracy")
     study = plots_study.write_study_figures(summary, report_dir)
     figures, notes = figures + study[0], notes + study[1]
+    figures += plots_utility.write_utility_figure(summary, report_dir)
     page = report_page.write_page(report_dir, summary, acc, figures)
     if fmt is not None:
         render(summary, fmt, out)

@@ -13,8 +13,8 @@ or, calling ``register_comm_hook`` yourself::
 ``none``, ``fp16``, ``bf16`` and ``powersgd`` are torch's own hooks (``qbench.ddp.torch_hooks``);
 every other compressor is encoded per bucket and exchanged with a flat scheme's collectives
 (``exchange``: reduce-broadcast, allgather or integer-allreduce; ``qbench.ddp.scheme_hook``).
-The state's ``timeline``, ``payload_bytes`` and ``comm.bytes_sent`` hold the current
-iteration's measurements.
+The state's ``payload_bytes`` (this rank's encoded gradient), ``bytes_sent`` (what it put on
+the wire) and ``timeline`` (when each bucket was handed over and ready) describe the last step.
 
 This package's ``__init__`` imports no torch (the planner reads ``qbench.ddp.options``).
 """

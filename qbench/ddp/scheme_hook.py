@@ -122,11 +122,19 @@ class SchemeHookState:
     _jobs: queue.Queue[_Job | None] = field(default_factory=queue.Queue, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
 
+    _sent_at_reset: int = 0
+
     def reset(self) -> None:
-        """Start a new iteration's measurements."""
+        """Start a new iteration's measurements (also done when bucket 0 of a step arrives)."""
         self.timeline.reset()
         self.payload_bytes = self.grad_bytes = 0
         self.t_encode = self.t_decode = 0.0
+        self._sent_at_reset = self.comm.bytes_sent
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes this rank put on the wire since the step began (qbench.comm.base)."""
+        return self.comm.bytes_sent - self._sent_at_reset
 
     def close(self) -> None:
         """Stop the communication thread (it also ends with the process: a daemon)."""
@@ -137,8 +145,9 @@ class SchemeHookState:
 
     def submit(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         buffer = bucket.buffer()
-        if bucket.index() == 0:
+        if bucket.index() == 0:  # a new step: the counters hold the last step's until now
             self._offset = 0
+            self.reset()
         job = _Job(bucket.index(), buffer, self._plan(bucket), self.step, torch.futures.Future())
         if buffer.is_cuda:
             job.ready_event = torch.cuda.Event()

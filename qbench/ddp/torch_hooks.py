@@ -50,10 +50,18 @@ class TorchHookState:
     payload_bytes: int = 0
     grad_bytes: int = 0
     step: int = 0
+    _sent_at_reset: int = 0
 
     def reset(self) -> None:
+        """Start a new iteration's measurements (also done when bucket 0 of a step arrives)."""
         self.timeline.reset()
         self.payload_bytes = self.grad_bytes = 0
+        self._sent_at_reset = self.comm.bytes_sent
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes this rank put on the wire since the step began (qbench.comm.base)."""
+        return self.comm.bytes_sent - self._sent_at_reset
 
 
 def powersgd_state(
@@ -82,6 +90,8 @@ def torch_hook(
 ) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: torch's hook for ``state.name``, timed and byte-counted."""
     index, numel = bucket.index(), bucket.buffer().numel()
+    if index == 0:  # a new step: the counters hold the last step's until now
+        state.reset()
     sent_values = _values_before(state, bucket)
     state.timeline.hand_over(index, numel)
     fut = state.hook(state.inner, bucket)
