@@ -5,7 +5,8 @@ over through DLPack (no copy) and kernels run on torch's current stream of the t
 so they are ordered with the surrounding torch work without synchronising. Selected by
 ``qbench.compress.native.kernels_for`` for CUDA tensors; ``available()`` is False, with
 ``why_unavailable()`` saying why, when CuPy is missing (``pip install 'qbench[cuda12]'`` or
-``'qbench[cuda13]'``), no GPU is visible or the sources do not compile.
+``'qbench[cuda13]'``), no GPU is visible or the sources do not compile. Under
+``QBENCH_CUDA=emulate`` CPU tensors take this path too, run by ``qbench.compress.cuda_emulate``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from qbench.compress import cuda_emulate
 from qbench.compress._buckets import levels_nbytes, num_buckets, tree_width
 from qbench.compress.native import LAYOUTS, NORMS, Kernels, kernel_dir
 
@@ -80,14 +82,27 @@ def _kernel(device: torch.device, name: str) -> Any:
 def _launch(
     device: torch.device, name: str, blocks: int, threads: int, args: tuple[Any, ...], smem: int
 ) -> None:
-    """Run one kernel on torch's current stream; tensors in args cross via DLPack."""
+    """Run one kernel on torch's current stream; tensors in args cross via DLPack.
+
+    CPU tensors come here only under QBENCH_CUDA=emulate / racecheck: the same launch then runs
+    in the emulator (qbench.compress.cuda_emulate), which reads the arguments as the driver would.
+    """
+    grid = max(1, min(blocks, _MAX_BLOCKS))
+    if device.type == "cpu":
+        cuda_emulate.launch(_SOURCES, name, grid, threads, args, smem)
+        return
     import cupy
 
     fn = _kernel(device, name)
     stream = torch.cuda.current_stream(device)
     with cupy.cuda.Device(device.index), cupy.cuda.ExternalStream(stream.cuda_stream):
         converted = tuple(cupy.from_dlpack(a) if isinstance(a, torch.Tensor) else a for a in args)
-        fn((max(1, min(blocks, _MAX_BLOCKS)),), (threads,), converted, shared_mem=smem)
+        fn((grid,), (threads,), converted, shared_mem=smem)
+
+
+def emulator_unavailable() -> str:
+    """Why QBENCH_CUDA=emulate cannot run these kernels on CPU tensors ('' when it can)."""
+    return cuda_emulate.why_unavailable(_SOURCES)
 
 
 def _bucket_threads(per_bucket: int) -> int:
