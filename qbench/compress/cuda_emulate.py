@@ -136,27 +136,30 @@ def build(
     target = directory / f"{stem}.so"
     if target.is_file():
         return target
-    (directory / f"{stem}.cpp").write_text(unit)
-    kdir, obj = kernel_dir(), directory / f"{stem}.o"  # gcov finds stem.gcno beside the object
-    steps = [
-        [cxx, *flags, "-I", str(kdir), "-c", str(directory / f"{stem}.cpp"), "-o", str(obj)],
-        [cxx, *flags, "-shared", str(obj), str(kdir / _RUNTIME[0]), "-o"],
-    ]
-    # A private temporary name, then an atomic rename: processes building at once never load a
-    # half-written library.
-    fd, tmp = tempfile.mkstemp(prefix=stem + ".", suffix=".tmp", dir=directory)
-    os.close(fd)
+    # Intermediate files go to a private directory, so that processes building at once never
+    # write the same one; a coverage build keeps them beside the library for gcov (stem.gcno).
+    work = directory if coverage else Path(tempfile.mkdtemp(prefix=f"{stem}.", dir=directory))
     try:
-        for cmd in [*steps[:-1], [*steps[-1], tmp]]:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-            if proc.returncode:
-                detail = " ".join(proc.stderr.strip()[-800:].split())
-                raise RuntimeError(f"`{' '.join(cmd)}` failed: {detail}")
-        os.replace(tmp, target)
+        _compile(cxx, flags, unit, work / stem, target)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        if work != directory:
+            shutil.rmtree(work, ignore_errors=True)
     return target
+
+
+def _compile(cxx: str, flags: Sequence[str], unit: str, base: Path, target: Path) -> None:
+    """unit -> base.o -> base.so, then renamed to target: never seen half-written."""
+    kdir, source, obj, lib = kernel_dir(), Path(f"{base}.cpp"), f"{base}.o", f"{base}.so.tmp"
+    source.write_text(unit)
+    for cmd in (
+        [cxx, *flags, "-I", str(kdir), "-c", str(source), "-o", obj],
+        [cxx, *flags, "-shared", obj, str(kdir / _RUNTIME[0]), "-o", lib],
+    ):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if proc.returncode:
+            detail = " ".join(proc.stderr.strip()[-800:].split())
+            raise RuntimeError(f"`{' '.join(cmd)}` failed: {detail}")
+    os.replace(lib, target)
 
 
 def _writable_cache() -> Path:
