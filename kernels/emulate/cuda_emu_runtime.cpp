@@ -11,16 +11,13 @@
 // (a barrier not every thread reaches, a shuffle mask naming absent lanes, too many threads or
 // too much shared memory) stops the launch with a message instead.
 #include "cuda_emu_runtime.h"
-
-#include <sys/mman.h>
-#include <ucontext.h>
+#include "cuda_emu_fiber.h"
 
 #include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,7 +32,6 @@ namespace {
 
 constexpr unsigned kMaxThreads = 1024;      // per block, as on every GPU since sm_20
 constexpr uint64_t kMaxShared = 48 << 10;   // dynamic shared memory without an opt-in attribute
-constexpr size_t kStackBytes = 256 << 10;   // per fiber; kernels keep little on the stack
 constexpr unsigned kSwitchOdds = 4;         // random schedules switch at 1 in 4 yield points
 
 struct Kernel {
@@ -83,120 +79,8 @@ struct Warp {
   unsigned arrived, mask;
 };
 
-// -- contexts: the registers a fiber resumes with ----------------------------------------------
-// On x86-64 a switch saves the callee-saved registers on the old stack and loads them from the
-// new one, without the signal-mask system call of swapcontext (a launch switches millions of
-// times); elsewhere, or with -DEMU_UCONTEXT, ucontext does it.
-#if defined(__x86_64__) && !defined(EMU_UCONTEXT)
-struct Context {
-  void *sp;
-};
-extern "C" void emu_switch_stack(void **save_sp, void *load_sp);
-asm(R"(
-  .text
-  .p2align 4
-  .type emu_switch_stack, @function
-emu_switch_stack:
-  pushq %rbp
-  pushq %rbx
-  pushq %r12
-  pushq %r13
-  pushq %r14
-  pushq %r15
-  subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
-  movq %rsp, (%rdi)
-  movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
-  addq $8, %rsp
-  popq %r15
-  popq %r14
-  popq %r13
-  popq %r12
-  popq %rbx
-  popq %rbp
-  ret
-  .size emu_switch_stack, .-emu_switch_stack
-)");
 
-void switch_context(Context &from, Context &to) { emu_switch_stack(&from.sp, to.sp); }
-
-// A frame emu_switch_stack "returns" from into entry, 16-byte aligned as after a call.
-void start_context(Context &c, char *stack, size_t size, void (*entry)()) {
-  auto *top = reinterpret_cast<uint64_t *>(
-      reinterpret_cast<uintptr_t>(stack + size) & ~static_cast<uintptr_t>(15));
-  uint32_t mxcsr;
-  uint16_t fpucw;
-  asm volatile("stmxcsr %0; fnstcw %1" : "=m"(mxcsr), "=m"(fpucw));
-  uint64_t *sp = top - 2;  // top[-1]: entry's (never used) return address
-  top[-1] = 0;
-  top[-2] = reinterpret_cast<uint64_t>(entry);
-  sp -= 7;  // rbp, rbx, r12..r15: zero; then mxcsr and the x87 control word
-  std::memset(sp, 0, 7 * sizeof(uint64_t));
-  std::memcpy(sp, &mxcsr, sizeof mxcsr);
-  std::memcpy(reinterpret_cast<char *>(sp) + 4, &fpucw, sizeof fpucw);
-  c.sp = sp;
-}
-#else
-struct Context {
-  ucontext_t uc;
-};
-
-void switch_context(Context &from, Context &to) { swapcontext(&from.uc, &to.uc); }
-
-void start_context(Context &c, char *stack, size_t size, void (*entry)()) {
-  c.uc.uc_stack.ss_sp = stack;
-  c.uc.uc_stack.ss_size = size;
-  c.uc.uc_link = nullptr;  // entry never returns
-  makecontext(&c.uc, entry, 0);
-}
-#endif
-
-// getcontext returns twice in general; kept out of line so that no caller's locals need to
-// survive that (the context is only ever entered through start_context).
-__attribute__((noinline)) bool init_context(Context &c) {
-#if defined(__x86_64__) && !defined(EMU_UCONTEXT)
-  c.sp = nullptr;
-  return true;
-#else
-  return getcontext(&c.uc) == 0;
-#endif
-}
-
-// The fibers of this OS thread: a context and a stack each, made once and reused by every block,
-// with a guard page below each stack so that an overflow faults instead of corrupting another.
-class Pool {
- public:
-  ~Pool() {
-    for (auto &slot : slots_) munmap(slot->stack - kGuard, kStackBytes + kGuard);
-  }
-  // The context of fiber i, or nullptr when no stack can be mapped.
-  Context *get(size_t i) {
-    while (slots_.size() <= i) {
-      void *p = mmap(nullptr, kStackBytes + kGuard, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-      if (p == MAP_FAILED) return nullptr;
-      mprotect(p, kGuard, PROT_NONE);
-      auto slot = std::make_unique<Slot>();  // not moved again: a ucontext points into itself
-      slot->stack = static_cast<char *>(p) + kGuard;
-      if (!init_context(slot->context)) return nullptr;
-      slots_.push_back(std::move(slot));
-    }
-    return &slots_[i]->context;
-  }
-  char *stack(size_t i) { return slots_[i]->stack; }
-
- private:
-  struct Slot {
-    Context context;
-    char *stack;
-  };
-  static constexpr size_t kGuard = 4096;
-  std::vector<std::unique_ptr<Slot>> slots_;
-};
-thread_local Pool pool;
+thread_local fiber::Pool pool;  // this OS thread's fibers
 
 struct Run {
   const Kernel *kernel;
@@ -206,7 +90,7 @@ struct Run {
   unsigned n;  // threads per block
   std::vector<Fiber> fibers;
   std::vector<Warp> warps;
-  Context scheduler;
+  fiber::Context scheduler;
   unsigned current, at_barrier, done;
   unsigned cursor;  // where pick() starts looking: threads below (above, reversed) wait
   uint64_t smem;
@@ -233,7 +117,7 @@ std::string format(const char *fmt, ...) {
 
 Fiber &running() { return active->fibers[active->current]; }
 
-void switch_out() { switch_context(*pool.get(active->current), active->scheduler); }
+void switch_out() { fiber::switch_context(*pool.get(active->current), active->scheduler); }
 
 void fiber_main() {
   Run &r = *active;
@@ -298,9 +182,9 @@ std::string check_shared(const Run &r) {
 std::string start_fibers(Run &r) {
   for (unsigned i = 0; i < r.n; i++) {
     r.fibers[i].state = State::ready;
-    Context *c = pool.get(i);
+    fiber::Context *c = pool.get(i);
     if (!c) return format("cannot map a stack for thread %u", i);
-    start_context(*c, pool.stack(i), kStackBytes, fiber_main);
+    fiber::start_context(*c, pool.stack(i), fiber_main);
   }
   return "";
 }
@@ -323,7 +207,7 @@ std::string run_block(Run &r, unsigned b) {
     }
     r.current = static_cast<unsigned>(next);
     thread_idx = {r.current, 0, 0};
-    switch_context(r.scheduler, *pool.get(r.current));
+    fiber::switch_context(r.scheduler, *pool.get(r.current));
   }
   preempt = false;
   return r.error.empty() ? check_shared(r) : r.error;

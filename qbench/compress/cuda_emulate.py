@@ -35,7 +35,12 @@ MODES = ("off", "emulate", "racecheck")
 Sources = Mapping[str, Sequence[str]]
 """Kernel sources (relative to kernel_dir(), or absolute) and the kernels each defines."""
 
-_RUNTIME = ("emulate/cuda_emu_runtime.cpp", "emulate/cuda_emu_runtime.h", "emulate/cuda_emu.h")
+_RUNTIME = (
+    "emulate/cuda_emu_runtime.cpp",  # compiled beside the kernels; the headers it includes:
+    "emulate/cuda_emu_runtime.h",
+    "emulate/cuda_emu_fiber.h",
+    "emulate/cuda_emu.h",
+)
 # -ffp-contract=off: one rounding per float operation, as the GPU's __f*_rn intrinsics.
 _FLAGS = ("-std=c++17", "-ffp-contract=off", "-fPIC", "-pthread", "-fvisibility=hidden")
 _OPTIMIZE = ("-O2",)
