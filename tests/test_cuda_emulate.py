@@ -79,12 +79,14 @@ def _bytes(t: torch.Tensor) -> bytes:
     return t.view(torch.uint8).numpy().tobytes()
 
 
-def _c_and_emulated(fn: Callable[..., Tensors], *args: Any) -> tuple[Tensors, Tensors]:
+def _c_and_emulated(
+    fn: Callable[..., Tensors], *args: Any, mode: str = "emulate"
+) -> tuple[Tensors, Tensors]:
     """fn(*args)'s tensors from the C kernels, then from the emulated CUDA kernels."""
     with native.backend("native"):
         with cuda_emulate.emulation("off"):
             want = fn(*args)
-        with cuda_emulate.emulation("emulate"):
+        with cuda_emulate.emulation(mode):
             got = fn(*args)
     return want, got
 
@@ -183,14 +185,18 @@ def test_onebit_nan_inf_and_a_strided_residual_match_c() -> None:
 
 
 # -- the launch path ------------------------------------------------------------------------------
-def test_grid_stride_loops_match_c(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cuda, "_MAX_BLOCKS", 2)  # fewer blocks than buckets or groups
-    for bucket_size in (7, 8, 264):
-        c = QSGD(bits=5, norm="l2", bucket_size=bucket_size)
-        want, got = _c_and_emulated(_qsgd_outputs, c, _grad(5003))
-        _assert_same(want, got, bucket_size)
-    want, got = _c_and_emulated(_onebit_outputs, 40, True, 5003, 2)
-    _assert_same(want, got, "onebit")
+@pytest.mark.parametrize("mode", ["emulate", "racecheck"])
+def test_grid_stride_loops_match_c(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    # Fewer blocks than buckets or groups: a block reuses its shared memory for the next bucket,
+    # so a barrier missing after a block reduction shows here.
+    monkeypatch.setattr(cuda, "_MAX_BLOCKS", 2)
+    for norm, bucket_size in (("max", 7), ("l2", 8), ("max", 264), ("l2", 264), ("max", 300)):
+        c = QSGD(bits=5, norm=norm, bucket_size=bucket_size)  # type: ignore[arg-type]
+        want, got = _c_and_emulated(_qsgd_outputs, c, _grad(3001), mode=mode)
+        _assert_same(want, got, (norm, bucket_size))
+    for bucket_size in (40, 300):
+        want, got = _c_and_emulated(_onebit_outputs, bucket_size, True, 3001, 2, mode=mode)
+        _assert_same(want, got, ("onebit", bucket_size))
 
 
 def test_every_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
