@@ -114,6 +114,15 @@ def _group_blocks(numel: int) -> int:
     return -(-((numel + 7) // 8) // _GROUP_THREADS)
 
 
+def _empty(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A buffer the kernels fill. On the CPU, where only the emulator runs them, its bytes are
+    0xff: a byte no thread writes then fails the byte-for-byte tests, where torch.empty could
+    hand back memory that still holds the right answer from the C loops' last call."""
+    if device.type == "cpu":
+        return torch.full((numel * dtype.itemsize,), 0xFF, dtype=torch.uint8).view(dtype)
+    return torch.empty(numel, dtype=dtype, device=device)
+
+
 def _i64(x: int) -> np.int64:
     return np.int64(x)
 
@@ -145,8 +154,8 @@ class _CUDAKernels:
         offset: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         x, n, dev = grad.contiguous(), grad.numel(), grad.device
-        levels = torch.empty(levels_nbytes(n, bits), dtype=torch.uint8, device=dev)
-        scales = torch.empty(num_buckets(n, bucket_size), dtype=torch.float32, device=dev)
+        levels = _empty(levels_nbytes(n, bits), torch.uint8, dev)
+        scales = _empty(num_buckets(n, bucket_size), torch.float32, dev)
         if n == 0:
             return levels, scales
         shape = (_i64(n), _i64(bucket_size), _i32(bits), _i32(LAYOUTS[layout]))
@@ -177,7 +186,7 @@ class _CUDAKernels:
     ) -> torch.Tensor:
         accumulate = out is not None
         if out is None:
-            out = torch.empty(numel, dtype=torch.float32, device=scales.device)
+            out = _empty(numel, torch.float32, scales.device)
         if numel:
             args: tuple[Any, ...] = (levels.contiguous(), scales.contiguous(), _i64(numel))
             args += (_i64(bucket_size),)
@@ -189,12 +198,12 @@ class _CUDAKernels:
         self, grad: torch.Tensor, residual: torch.Tensor | None, *, bucket_size: int, ef: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         g, n, dev = grad.contiguous(), grad.numel(), grad.device
-        signs = torch.empty((n + 7) // 8, dtype=torch.uint8, device=dev)
-        means = torch.empty(2 * num_buckets(n, bucket_size), dtype=torch.float32, device=dev)
+        signs = _empty((n + 7) // 8, torch.uint8, dev)
+        means = _empty(2 * num_buckets(n, bucket_size), torch.float32, dev)
         new_residual = None
         if ef:  # updated in place when the old residual is a plain buffer
             plain = residual is not None and residual.is_contiguous()
-            new_residual = residual if plain else torch.empty_like(g)
+            new_residual = residual if plain else _empty(n, torch.float32, dev).view(g.shape)
             residual = residual.contiguous() if residual is not None else None
         if n == 0:
             return signs, means, new_residual
@@ -217,7 +226,7 @@ class _CUDAKernels:
     ) -> torch.Tensor:
         accumulate = out is not None
         if out is None:
-            out = torch.empty(numel, dtype=torch.float32, device=means.device)
+            out = _empty(numel, torch.float32, means.device)
         if numel:
             args: tuple[Any, ...] = (signs.contiguous(), means.contiguous(), _i64(numel))
             args += (_i64(bucket_size), out, _i32(accumulate))
