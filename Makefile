@@ -9,7 +9,7 @@ NVCC   ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/
 CUDA_ARCHS ?= 80 90
 DEMO_OUT ?= results/smoke
 
-.PHONY: venv demo test test-fast test-slow lint kernels figures clean
+.PHONY: venv demo test test-fast test-slow lint kernels cuda-coverage figures clean
 
 venv: $(STAMP)
 
@@ -46,6 +46,12 @@ kernels:
 	    $(NVCC) -std=c++17 -arch=sm_$$a -Ikernels -cubin -o kernels/build/$$(basename $$f .cu).sm_$$a.cubin $$f || exit 1; \
 	  done; done; \
 	else echo "kernels: no CUDA sources"; fi
+
+# Line coverage of kernels/*.cu run on CPU threads by the CUDA emulator (gcov on an -O0
+# --coverage build; docs/cuda-emulation.md). Exits non-zero unless every kernel line ran; gcov's
+# annotated sources stay in kernels/build/coverage.
+cuda-coverage: venv
+	$(BIN)/python -m qbench.compress.cuda_coverage --out kernels/build/coverage
 
 # Every figure of the paper scenarios: each scenarios/paper/*.yaml is swept into results/<name>
 # (resuming: finished runs are kept) and reported; figures and the report page go to

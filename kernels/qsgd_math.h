@@ -8,8 +8,8 @@
 //   device the QB_F* intrinsics say so; C must be compiled with -ffp-contract=off (native.py
 //   does) and without -ffast-math;
 // - x / s is a true division: torch divides, and x * (1/s) can differ in the last bit;
-// - floor-then-clamp in float equals truncate-then-clamp in int (see qb_level_of), and
-//   truncation vectorises without SSE4.1 rounding.
+// - clamp-then-floor in float equals clamp-then-truncate (see qb_level_of), and truncation
+//   vectorises without SSE4.1 rounding.
 #pragma once
 #include "qbench_rng.h"
 
@@ -49,14 +49,17 @@ QB_HD int qb_qsgd_zero_bucket(float scale, int32_t layout) {
   return layout == QB_LAYOUT_INTERVALS && !(scale > 0.0f);
 }
 
-// clamp(floor(v), 0, top) as the reference computes it: truncation equals floor for v >= 0 and
-// both clamp to 0 for v < 0 (NaN: 0 on the device, INT_MIN clamped to 0 on the host; torch's
-// NaN -> int cast packs to code 0 too). The lower clamp is needed: with an l2 scale of values
-// near the float32 underflow (x * x subnormal), |x| / s can exceed 1 by up to ~22%.
+// clamp(floor(v), 0, top) as the reference computes it, clamped in float first so that the
+// conversion only ever sees [0, top]: truncation then equals floor. v < 0 and NaN give 0 (torch's
+// NaN -> int cast packs to code 0 too), v > top gives top, also for v beyond the int32 range,
+// which the host's cast leaves undefined (x86 returns INT_MIN: code 0 instead of top, for a huge
+// value in a bucket whose scale is NaN under layout sign). The upper clamp is needed: with an l2
+// scale of values near the float32 underflow (x * x subnormal), |x| / s can exceed 1 by ~22%.
 QB_HD int32_t qb_level_of(float v, int32_t top) {
-  int32_t level = QB_F2I_RZ(v);
-  level = level < 0 ? 0 : level;
-  return level > top ? top : level;
+  const float top_f = (float)top;
+  v = v >= 0.0f ? v : 0.0f;
+  v = v <= top_f ? v : top_f;
+  return QB_F2I_RZ(v);
 }
 
 // intervals: t = (x / s + 1) * (top / 2); level = clamp(floor(t + u), 0, top).

@@ -5,7 +5,8 @@ over through DLPack (no copy) and kernels run on torch's current stream of the t
 so they are ordered with the surrounding torch work without synchronising. Selected by
 ``qbench.compress.native.kernels_for`` for CUDA tensors; ``available()`` is False, with
 ``why_unavailable()`` saying why, when CuPy is missing (``pip install 'qbench[cuda12]'`` or
-``'qbench[cuda13]'``), no GPU is visible or the sources do not compile.
+``'qbench[cuda13]'``), no GPU is visible or the sources do not compile. Under
+``QBENCH_CUDA=emulate`` CPU tensors take this path too, run by ``qbench.compress.cuda_emulate``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from qbench.compress import cuda_emulate
 from qbench.compress._buckets import levels_nbytes, num_buckets, tree_width
 from qbench.compress.native import LAYOUTS, NORMS, Kernels, kernel_dir
 
@@ -80,14 +82,27 @@ def _kernel(device: torch.device, name: str) -> Any:
 def _launch(
     device: torch.device, name: str, blocks: int, threads: int, args: tuple[Any, ...], smem: int
 ) -> None:
-    """Run one kernel on torch's current stream; tensors in args cross via DLPack."""
+    """Run one kernel on torch's current stream; tensors in args cross via DLPack.
+
+    CPU tensors come here only under QBENCH_CUDA=emulate / racecheck: the same launch then runs
+    in the emulator (qbench.compress.cuda_emulate), which reads the arguments as the driver would.
+    """
+    grid = max(1, min(blocks, _MAX_BLOCKS))
+    if device.type == "cpu":
+        cuda_emulate.launch(_SOURCES, name, grid, threads, args, smem)
+        return
     import cupy
 
     fn = _kernel(device, name)
     stream = torch.cuda.current_stream(device)
     with cupy.cuda.Device(device.index), cupy.cuda.ExternalStream(stream.cuda_stream):
         converted = tuple(cupy.from_dlpack(a) if isinstance(a, torch.Tensor) else a for a in args)
-        fn((max(1, min(blocks, _MAX_BLOCKS)),), (threads,), converted, shared_mem=smem)
+        fn((grid,), (threads,), converted, shared_mem=smem)
+
+
+def emulator_unavailable() -> str:
+    """Why QBENCH_CUDA=emulate cannot run these kernels on CPU tensors ('' when it can)."""
+    return cuda_emulate.why_unavailable(_SOURCES)
 
 
 def _bucket_threads(per_bucket: int) -> int:
@@ -97,6 +112,15 @@ def _bucket_threads(per_bucket: int) -> int:
 
 def _group_blocks(numel: int) -> int:
     return -(-((numel + 7) // 8) // _GROUP_THREADS)
+
+
+def _empty(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A buffer the kernels fill. On the CPU, where only the emulator runs them, its bytes are
+    0xff: a byte no thread writes then fails the byte-for-byte tests, where torch.empty could
+    hand back memory that still holds the right answer from the C loops' last call."""
+    if device.type == "cpu":
+        return torch.full((numel * dtype.itemsize,), 0xFF, dtype=torch.uint8).view(dtype)
+    return torch.empty(numel, dtype=dtype, device=device)
 
 
 def _i64(x: int) -> np.int64:
@@ -130,8 +154,8 @@ class _CUDAKernels:
         offset: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         x, n, dev = grad.contiguous(), grad.numel(), grad.device
-        levels = torch.empty(levels_nbytes(n, bits), dtype=torch.uint8, device=dev)
-        scales = torch.empty(num_buckets(n, bucket_size), dtype=torch.float32, device=dev)
+        levels = _empty(levels_nbytes(n, bits), torch.uint8, dev)
+        scales = _empty(num_buckets(n, bucket_size), torch.float32, dev)
         if n == 0:
             return levels, scales
         shape = (_i64(n), _i64(bucket_size), _i32(bits), _i32(LAYOUTS[layout]))
@@ -162,7 +186,7 @@ class _CUDAKernels:
     ) -> torch.Tensor:
         accumulate = out is not None
         if out is None:
-            out = torch.empty(numel, dtype=torch.float32, device=scales.device)
+            out = _empty(numel, torch.float32, scales.device)
         if numel:
             args: tuple[Any, ...] = (levels.contiguous(), scales.contiguous(), _i64(numel))
             args += (_i64(bucket_size),)
@@ -174,12 +198,12 @@ class _CUDAKernels:
         self, grad: torch.Tensor, residual: torch.Tensor | None, *, bucket_size: int, ef: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         g, n, dev = grad.contiguous(), grad.numel(), grad.device
-        signs = torch.empty((n + 7) // 8, dtype=torch.uint8, device=dev)
-        means = torch.empty(2 * num_buckets(n, bucket_size), dtype=torch.float32, device=dev)
+        signs = _empty((n + 7) // 8, torch.uint8, dev)
+        means = _empty(2 * num_buckets(n, bucket_size), torch.float32, dev)
         new_residual = None
         if ef:  # updated in place when the old residual is a plain buffer
             plain = residual is not None and residual.is_contiguous()
-            new_residual = residual if plain else torch.empty_like(g)
+            new_residual = residual if plain else _empty(n, torch.float32, dev).view(g.shape)
             residual = residual.contiguous() if residual is not None else None
         if n == 0:
             return signs, means, new_residual
@@ -202,7 +226,7 @@ class _CUDAKernels:
     ) -> torch.Tensor:
         accumulate = out is not None
         if out is None:
-            out = torch.empty(numel, dtype=torch.float32, device=means.device)
+            out = _empty(numel, torch.float32, means.device)
         if numel:
             args: tuple[Any, ...] = (signs.contiguous(), means.contiguous(), _i64(numel))
             args += (_i64(bucket_size), out, _i32(accumulate))

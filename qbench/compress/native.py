@@ -5,7 +5,8 @@ Paths, chosen per tensor by :func:`kernels_for`:
 - CPU tensor: ``kernels/cpu/qbench_cpu.c``, built on first use with the system C compiler
   (``$CC``, else ``cc`` / ``gcc`` / ``clang``) into a cache directory keyed by a hash of the
   sources, the compiler, its flags and the CPU (``-march=native``), then loaded with ctypes;
-- CUDA tensor: ``kernels/*.cu`` through CuPy, see ``qbench.compress.cuda``;
+- CUDA tensor: ``kernels/*.cu`` through CuPy, see ``qbench.compress.cuda``; CPU tensors too
+  when ``QBENCH_CUDA=emulate`` (or ``racecheck``) asks for the CUDA kernels on CPU threads;
 - otherwise, or when the backend is ``torch``: the torch reference in each compressor module.
 
 All paths produce byte-identical payloads (tests/test_native.py, tests/test_cuda.py). A path
@@ -37,6 +38,7 @@ import torch
 from qbench.compress import rng
 from qbench.compress._buckets import levels_nbytes, num_buckets
 from qbench.compress.base import Key
+from qbench.errors import UserError
 
 BACKENDS = ("auto", "torch", "native")
 ENV_BACKEND = "QBENCH_COMPRESS_BACKEND"
@@ -152,12 +154,32 @@ def can_accumulate(out: torch.Tensor, numel: int, device: torch.device) -> bool:
 
 def _compiled_for(device: torch.device) -> tuple[Kernels | None, str]:
     if device.type == "cpu":
+        emulated = _emulated_cuda()
+        if emulated is not None:
+            return emulated, ""
         return (CPU, "") if available() else (None, why_unavailable())
     if device.type == "cuda":
         from qbench.compress import cuda  # CuPy is imported only when a CUDA tensor shows up
 
         return (cuda.CUDA, "") if cuda.available() else (None, cuda.why_unavailable())
     return None, f"no compiled kernels for {device.type} tensors"
+
+
+def _emulated_cuda() -> Kernels | None:
+    """The CUDA path for CPU tensors when QBENCH_CUDA asks for the emulator, else None."""
+    from qbench.compress import cuda_emulate
+
+    wanted = cuda_emulate.mode()
+    if wanted == "off":
+        return None
+    from qbench.compress import cuda
+
+    reason = cuda.emulator_unavailable()
+    if reason:  # asked for by name: running the C loops instead would hide that
+        env = cuda_emulate.ENV_CUDA
+        fix = "install g++ or clang++, or unset" if "no C++ compiler" in reason else "or unset"
+        raise UserError(f"{env}={wanted}: {reason}; {fix} {env}")
+    return cuda.CUDA
 
 
 # -- sources and build ----------------------------------------------------------------------------

@@ -1,0 +1,162 @@
+"""Line coverage of the CUDA kernels run by the emulator (python -m qbench.compress.cuda_coverage).
+
+Builds the emulated kernels with gcov counters (-O0 --coverage) in a fresh directory, runs every
+kernel of qbench.compress.cuda through the compressors as QBENCH_CUDA=emulate does (both norms
+and layouts, fused and two-kernel QSGD, 16-bit codes, strided bucket trees, 1-bit with and
+without error feedback, decodes with and without accumulate), then reads the counters back with
+gcov. Counted: every line of kernels/*.cu, and the lines of the shared headers that the kernels
+compile for the device (__CUDA_ARCH__ is defined, as under nvcc). A line of a template counts as
+run only when every instantiation ran it. Exit status 1 when any line never ran. `make
+cuda-coverage` runs it and keeps gcov's annotated sources in kernels/build/coverage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from qbench.compress import cuda, cuda_emulate, native
+from qbench.compress.onebit import OneBit
+from qbench.compress.qsgd import QSGD
+
+
+@dataclass(frozen=True)
+class FileCoverage:
+    path: Path
+    runs: dict[int, int]
+    """Line number -> times run (the least over the functions that contain the line)."""
+
+    @property
+    def missed(self) -> list[int]:
+        return sorted(line for line, count in self.runs.items() if count == 0)
+
+
+@dataclass(frozen=True)
+class Report:
+    files: list[FileCoverage]
+
+    @property
+    def lines(self) -> int:
+        return sum(len(f.runs) for f in self.files)
+
+    @property
+    def covered(self) -> int:
+        return self.lines - sum(len(f.missed) for f in self.files)
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.covered / self.lines if self.lines else 0.0
+
+    def render(self) -> str:
+        out = [f"{'file':<16} {'lines':>6} {'run':>6} {'cover':>7}"]
+        for f in self.files:
+            run = len(f.runs) - len(f.missed)
+            share = 100 * run / len(f.runs) if f.runs else 100.0
+            out.append(f"{f.path.name:<16} {len(f.runs):>6} {run:>6} {share:>6.1f}%")
+        out.append(f"{'total':<16} {self.lines:>6} {self.covered:>6} {self.percent:>6.1f}%")
+        for f in self.files:
+            text = f.path.read_text().splitlines()
+            out += [f"never run: {f.path.name}:{n}: {text[n - 1].strip()}" for n in f.missed]
+        return "\n".join(out)
+
+
+def exercise() -> None:
+    """Every kernel and every path through them, on small tensors."""
+    x = torch.randn(2053, generator=torch.Generator().manual_seed(0))
+    x[:600] = 0.0  # an all-zero bucket: the codes a zero scale skips
+    for bits, layout, norm, bucket_size in [
+        (4, "intervals", "max", 8),  # fused, blockDim >= the bucket's tree
+        (5, "intervals", "l2", 16),  # the same with the l2 tree
+        (3, "sign", "l2", 512),  # fused, the strided tree
+        (16, "sign", "max", 7),  # two kernels: groups of 8 cross buckets; 16-bit codes
+        (2, "intervals", "l2", 300),  # two kernels, the strided tree
+    ]:
+        c = QSGD(bits=bits, layout=layout, norm=norm, bucket_size=bucket_size)  # type: ignore[arg-type]
+        payload = c.encode(x, step=1)
+        c.decode(payload)
+        c.decode(payload, out=torch.ones(x.numel()))
+    for bucket_size, error_feedback in [(5, True), (300, True), (64, False)]:
+        onebit = OneBit(bucket_size=bucket_size, error_feedback=error_feedback)
+        for _ in range(2):  # no residual yet, then the residual updated in place
+            payload = onebit.encode(x, name="w")
+        onebit.decode(payload)
+        onebit.decode(payload, out=torch.ones(x.numel()))
+
+
+def measure(keep: Path | None = None) -> Report:
+    """Build with counters, run exercise(), read the counts; gcov's sources into keep if given."""
+    with tempfile.TemporaryDirectory(prefix="qbench-cuda-coverage-") as tmp:
+        build = Path(tmp)
+        library = cuda_emulate.build(cuda._SOURCES, coverage=True, directory=build)
+        emu = cuda_emulate.Emulator(library)
+        with (
+            cuda_emulate.substituted(cuda._SOURCES, emu),
+            native.backend("native"),
+            cuda_emulate.emulation("emulate"),
+        ):
+            exercise()
+        emu.coverage_dump()
+        unit = library.with_suffix(".cpp")
+        gcov = shutil.which("gcov") or "gcov"
+        cmd = [gcov, "--json-format", "--stdout", "--object-directory", str(build), str(unit)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=build, timeout=300)
+        if proc.returncode:
+            raise RuntimeError(f"`{' '.join(cmd)}` failed: {proc.stderr.strip()[-500:]}")
+        report = _report(json.loads(proc.stdout))
+        if keep is not None:
+            _annotate(gcov, build, unit, report, keep)
+        return report
+
+
+def _annotate(gcov: str, build: Path, unit: Path, report: Report, keep: Path) -> None:
+    """gcov's annotated copies of the kernel sources (name.cu.gcov: counts beside each line)."""
+    with tempfile.TemporaryDirectory(dir=build) as tmp:
+        cmd = [gcov, "--object-directory", str(build), str(unit)]
+        subprocess.run(cmd, capture_output=True, cwd=tmp, timeout=300)
+        keep.mkdir(parents=True, exist_ok=True)
+        for f in report.files:  # not the system headers gcov also annotates
+            annotated = Path(tmp) / f"{f.path.name}.gcov"
+            if annotated.is_file():
+                shutil.copy(annotated, keep / annotated.name)
+
+
+def _report(data: dict[str, object]) -> Report:
+    kdir = native.kernel_dir().resolve()
+    files = []
+    for entry in data["files"]:  # type: ignore[attr-defined]
+        path = Path(entry["file"]).resolve()
+        if path.parent != kdir or path.suffix not in (".cu", ".h"):
+            continue  # the shim, the generated unit and system headers are no kernel lines
+        runs: dict[int, int] = {}
+        for line in entry["lines"]:
+            n, count = line["line_number"], line["count"]
+            runs[n] = min(runs.get(n, count), count)
+        files.append(FileCoverage(path, runs))
+    return Report(sorted(files, key=lambda f: (f.path.suffix != ".cu", f.path.name)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m qbench.compress.cuda_coverage", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--out", type=Path, help="keep gcov's annotated sources (*.gcov) here")
+    args = parser.parse_args(argv)
+    try:
+        report = measure(args.out)
+    except RuntimeError as exc:
+        print(f"cuda-coverage: {exc}", file=sys.stderr)
+        return 2
+    print(report.render())
+    return 0 if report.covered == report.lines and report.lines else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
