@@ -160,5 +160,5 @@ def codecs(r: Run) -> tuple[AsyncParams, GradientCodec, Compressor]:
         [(part, agg.compressor) for part, agg in r.aggs],
         params.ratio if params.variant == "sparse" else None,
     )
-    down = from_spec({**(params.down or {"name": "none"}), "seed": r.spec.seed})
+    down = from_spec(params.down or "none", seed=r.spec.seed)
     return params, codec, down

@@ -209,7 +209,7 @@ def compare(a: Path, b: Path, fmt: str) -> None:
 
 def models() -> None:
     from qbench import models as zoo
-    from qbench.models.params import human, significant
+    from qbench.catalog.model_params import human, significant
 
     t = Table(title="model zoo (forward GFLOPs per sample: 2 per multiply-add)")
     for col in ("name", "parameters", "grad MB fp32", "GFLOPs/sample", "input", "classes"):

@@ -153,7 +153,7 @@ def parse(raw: Any) -> LayerPolicy:
 def _override(pattern: str, spec: Any) -> dict[str, Any]:
     """One ``overrides`` entry: a compressor name or ``{name: ..., <parameter>: ...}``, checked
     the way the scenario's ``compressor:`` entries are (UserError naming the pattern)."""
-    from qbench import compress
+    from qbench import catalog
 
     if isinstance(spec, str):
         spec = {"name": spec}
@@ -163,7 +163,7 @@ def _override(pattern: str, spec: Any) -> dict[str, Any]:
             f"got {spec!r}; e.g. `'*.bias': none` or `'fc.*': {{name: qsgd, bits: 8}}`"
         )
     try:
-        compress.from_spec(spec)
+        catalog.compressor(spec)
     except UserError as e:
         raise UserError(f"layers.overrides[{pattern!r}]: {e}") from None
     return dict(spec)

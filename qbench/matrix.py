@@ -9,13 +9,14 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from qbench import aggregate, compress, data, models, network
-from qbench.ddp import options as ddp_options
-from qbench.errors import UserError
+from qbench import catalog, network
+from qbench.catalog import datasets, rules
+from qbench.catalog import models as zoo
+from qbench.errors import UserError, choice_error
 from qbench.scenario import Scenario
 
 # Fields added after results existed: left out of the hash while they hold their default.
@@ -95,11 +96,11 @@ class RunSpec:
     @property
     def scheme_label(self) -> str:
         """The scheme plus its parameters, e.g. ``reduce-broadcast+overlap4``."""
-        return scheme_label(self.scheme, self.scheme_params)
+        return catalog.scheme_label(self.scheme, self.scheme_params)
 
     @property
     def compressor_label(self) -> str:
-        return build_compressor(self.compressor).label
+        return catalog.compressor_label(self.compressor)
 
     @property
     def device_kind(self) -> str:
@@ -107,8 +108,9 @@ class RunSpec:
         return self.device or natural_device(self.backend)
 
     def labels(self) -> dict[str, Any]:
-        """Flat columns reports group by (stored in run.json)."""
-        c = build_compressor(self.compressor)
+        """Flat columns reports group by (stored in run.json); the driver adds the model's
+        size and FLOPs (``numel``, ``gflops_per_sample``: qbench.models, which needs torch)."""
+        c = catalog.compressor(self.compressor)
         return {
             "model": self.model,
             "dataset": self.dataset,
@@ -117,22 +119,17 @@ class RunSpec:
             "scheme": self.scheme_label,
             "mode": "overlap" if self.scheme_params.get("overlap", 1) > 1 else "breakdown",
             # communication during backward (DDP buckets) or after it (one flat gradient)
-            "overlap": ddp_options.overlap(self.scheme, self.scheme_params),
+            "overlap": rules.overlap(self.scheme, self.scheme_params),
             "compressor": c.label,
             "compressor_name": c.name,
-            "bits": None if math.isnan(c.nominal_bits) else c.nominal_bits,
+            "bits": c.nominal_bits,
             "world_size": self.world_size,
             "batch_size": self.batch_size,
             "global_batch": self.batch_size * self.world_size,
             # seed 002 section 4.4: NCCL "simulated" low precision sends the bytes but does not
             # reduce the gradients; every table and figure must say so.
-            "simulated": self.scheme == "simulated-lowprec",
+            "simulated": not catalog.SCHEMES[self.scheme].reduces,
             "network": network.label(self.network),
-            "numel": models.parameter_count(self.model, self.model_params),
-            # forward FLOPs of one sample (cached): the computation side of seed 002's
-            # communication / computation ratio (MB / GFLOPS), for reports that cannot import
-            # the models
-            "gflops_per_sample": models.flops_per_sample(self.model, self.model_params) / 1e9,
             "model_params": dict(self.model_params),
             "seed": self.seed,
             "repeat": self.repeat,
@@ -166,116 +163,43 @@ class Matrix:
     excluded: list[Excluded]
 
 
-def build_compressor(params: dict[str, Any]) -> compress.Compressor:
-    return compress.from_spec(params)
+@dataclass(frozen=True)
+class _Point:
+    """One combination of the scenario's axes, before it is checked."""
+
+    model: str
+    model_params: dict[str, Any]
+    dataset: str
+    network: dict[str, Any]
+    world_size: int
+    nodes: int
+    backend: str
+    device: str
+    compressor: catalog.CompressorSpec
+    scheme_spec: dict[str, Any]
+    """The scheme as the scenario wrote it."""
+    scheme: str
+    """Resolved (``auto``) and canonical (``rules.canonical``)."""
+    scheme_params: dict[str, Any]
+    seed: int
+    repeat: int
+    skew: float
+    compute: str
+    weight_bits: int
 
 
 def expand(sc: Scenario) -> Matrix:
     """Cross-product of the scenario's axes; validates names and parameters first."""
-    model_entries = [(m["name"], models.check_params(m["name"], _params(m))) for m in sc.model]
-    for d in sc.dataset:
-        if d not in data.DATASETS:
-            from qbench.errors import choice_error
-
-            raise choice_error("dataset", d, list(data.DATASETS))
-    for c in (*sc.compressor, *sc.layers.overrides.values()):
-        build_compressor(c)  # raises UserError naming the bad parameter
-    for s in sc.scheme:
-        if s["name"] != "auto":
-            aggregate.check_params(s["name"], _params(s))
-            continue
-        for comp in sc.compressor:  # auto: the parameters must suit what it resolves to
-            resolved = resolve_scheme("auto", comp)
-            try:
-                aggregate.check_params(resolved, _params(s))
-            except UserError as e:
-                raise UserError(
-                    f"scheme auto is {resolved} for compressor {comp['name']}, and {e}; "
-                    f"name the scheme, e.g. `scheme: [{{name: reduce-broadcast, overlap: 4}}]`"
-                ) from None
+    models_ = _check(sc)
     runs: list[RunSpec] = []
     excluded: list[Excluded] = []
     seen: set[str] = set()
-    # Nested products (same order as one flat product): typed, where an 11-way one is not.
-    places = list(itertools.product(sc.world_size, sc.nodes, sc.backend, sc.device))
-    variants = list(itertools.product(sc.compressor, sc.scheme))
-    draws = list(itertools.product(sc.seed, range(sc.repeats), sc.skew, sc.compute, sc.weights))
-    axes = itertools.product(model_entries, sc.dataset, sc.network, places, variants, draws)
-    for (model, mparams), dataset, net, (ws, nodes, backend, dev), (comp, scheme_spec), (
-        seed,
-        rep,
-        skew,
-        compute,
-        weights,
-    ) in axes:
-        weight_bits = int(weights.get("bits", 0))
-        resolved, scheme_params = ddp_options.canonical(
-            resolve_scheme(scheme_spec["name"], comp), _params(scheme_spec), comp["name"]
-        )
-        device, device_problem = _device_for(backend, dev)
-        why = next(
-            (
-                w
-                for c in (comp, *sc.layers.overrides.values())
-                if (w := incompatibility(backend, resolved, c, world_size=ws, params=scheme_params))
-            ),
-            None,
-        )
-        if not why and sc.epochs and resolved == "simulated-lowprec":
-            why = (
-                "simulated-lowprec does not reduce the gradients (speed only, seed 002 "
-                "section 4.4), so it cannot train; drop it from accuracy (epochs) scenarios"
-            )
-        if not why:
-            why = _overlap_problem(resolved, scheme_params, sc, compute)
-        if not why and resolved == "push-sum" and scheme_spec.get("qgm") and sc.momentum:
-            why = (
-                "push-sum's qgm is the momentum (quasi-global); the optimizer's would compound "
-                "with it; set `momentum: 0` in the scenario"
-            )
-        if not why and net and backend == "nccl":
-            why = (
-                "network.bandwidth emulates links between CPU processes (gloo, mpi); nccl would "
-                "talk GPU to GPU inside one host and bypass them; use gloo or remove `network:`"
-            )
-        if not why:
-            why = device_problem or _placement_problem(
-                ws, nodes, device or natural_device(backend), sc.gpus_per_node
-            )
-        label = build_compressor(comp).label
-        desc = (
-            f"{model} {backend} {scheme_label(resolved, scheme_params)} {label} "
-            f"w{ws}{f' n{nodes}' if nodes > 1 else ''} "
-            f"{network.label(net)} seed{seed}{f' repeat{rep}' if rep else ''}"
-            f"{f' skew{skew:g}' if skew else ''}{f' {compute}' if compute != 'fp32' else ''}"
-            f"{f' w{weight_bits}bits' if weight_bits else ''}"
-        )
-        if not why:
-            values = {
-                "model": (model, {"name": model, **mparams}), "dataset": (dataset,),
-                "world_size": (ws,), "nodes": (nodes,), "backend": (backend,),
-                "device": (dev, device or natural_device(backend)),
-                "scheme": (resolved, scheme_spec["name"], dict(scheme_spec),
-                           {"name": resolved, **scheme_params}),
-                "compressor": (comp["name"], label, dict(comp)),
-                "network": (network.label(net), dict(net)), "seed": (seed,), "repeat": (rep,),
-                "skew": (skew,), "compute": (compute,),
-            }  # fmt: skip
-            why = _filtered(values, sc.include, sc.exclude)
+    for point in _points(sc, models_):
+        why = _why_not(sc, point)
         if why:
-            excluded.append(Excluded(desc, why))
+            excluded.append(Excluded(_describe(point), why))
             continue
-        spec = RunSpec(
-            scenario=sc.name, model=model, dataset=dataset, world_size=ws, backend=backend,
-            scheme=resolved, compressor=dict(comp), batch_size=sc.batch_for(ws),
-            warmup=sc.warmup, iterations=sc.iterations, lr=sc.lr, momentum=sc.momentum,
-            seed=seed, timeout=sc.timeout, telemetry=sc.telemetry, layers=_layers_for(comp, sc),
-            scheme_params=scheme_params, network=dict(net), model_params=mparams,
-            repeat=rep, nodes=nodes, price_per_hour=sc.price_per_hour, device=device,
-            epochs=sc.epochs or 0, lr_schedule=dict(sc.lr_schedule),
-            weight_decay=sc.weight_decay, skew=skew, target_accuracy=sc.target_accuracy,
-            compute=compute, norm=sc.norm, weight_bits=weight_bits,
-        )  # fmt: skip
+        spec = _run_spec(sc, point)
         if spec.run_id not in seen:  # "auto" may resolve to a scheme also listed explicitly
             seen.add(spec.run_id)
             runs.append(spec)
@@ -286,6 +210,122 @@ def expand(sc: Scenario) -> Matrix:
     # repeats of one (their median is what reports and the cost model compare).
     runs.sort(key=lambda r: r.repeat)  # stable: matrix order within a repeat
     return Matrix(runs, excluded)
+
+
+def _check(sc: Scenario) -> list[tuple[str, dict[str, Any]]]:
+    """Every name and parameter of the scenario validated (UserError naming the bad one);
+    returns the models with their normalised parameters."""
+    model_entries = [(m["name"], zoo.check_params(m["name"], _params(m))) for m in sc.model]
+    for d in sc.dataset:
+        if d not in datasets.DATASETS:
+            raise choice_error("dataset", d, list(datasets.DATASETS))
+    for c in (*sc.compressor, *sc.layers.overrides.values()):
+        catalog.compressor(c)
+    for s in sc.scheme:
+        if s["name"] != "auto":
+            catalog.scheme(s)
+            continue
+        for comp in sc.compressor:  # auto: the parameters must suit what it resolves to
+            resolved = rules.resolve_auto(catalog.compressor(comp))
+            try:
+                catalog.scheme({**s, "name": resolved})
+            except UserError as e:
+                raise UserError(
+                    f"scheme auto is {resolved} for compressor {comp['name']}, and {e}; "
+                    f"name the scheme, e.g. `scheme: [{{name: reduce-broadcast, overlap: 4}}]`"
+                ) from None
+    return model_entries
+
+
+def _points(sc: Scenario, model_entries: list[tuple[str, dict[str, Any]]]) -> Iterator[_Point]:
+    # Nested products (same order as one flat product): typed, where an 11-way one is not.
+    places = list(itertools.product(sc.world_size, sc.nodes, sc.backend, sc.device))
+    variants = list(itertools.product(sc.compressor, sc.scheme))
+    draws = list(itertools.product(sc.seed, range(sc.repeats), sc.skew, sc.compute, sc.weights))
+    axes = itertools.product(model_entries, sc.dataset, sc.network, places, variants, draws)
+    for (model, mparams), dataset, net, place, (comp, scheme_spec), draw in axes:
+        ws, nodes, backend, dev = place
+        seed, rep, skew, compute, weights = draw
+        spec = catalog.compressor(comp)
+        name = rules.resolve_auto(spec) if scheme_spec["name"] == "auto" else scheme_spec["name"]
+        scheme, params = rules.canonical(name, _params(scheme_spec), spec.name)
+        yield _Point(
+            model, mparams, dataset, dict(net), ws, nodes, backend, dev, spec, scheme_spec,
+            scheme, params, seed, rep, skew, compute, int(weights.get("bits", 0)),
+        )  # fmt: skip
+
+
+def _why_not(sc: Scenario, p: _Point) -> str | None:
+    """The first reason the combination cannot run (the catalog's rules, then the hardware,
+    then the scenario's include / exclude), or None."""
+    combo = rules.Combo(
+        p.backend, p.scheme, p.scheme_params, p.compressor, world_size=p.world_size,
+        overrides=tuple(catalog.compressor(c) for c in sc.layers.overrides.values()),
+        accuracy=bool(sc.epochs), momentum=sc.momentum, telemetry=sc.telemetry,
+        compute=p.compute,
+    )  # fmt: skip
+    device, device_problem = _device_for(p.backend, p.device)
+    kind = device or natural_device(p.backend)
+    return (
+        rules.why_not(combo)
+        or _network_problem(p)
+        or device_problem
+        or _placement_problem(p.world_size, p.nodes, kind, sc.gpus_per_node)
+        or _filtered(_filter_values(p, kind), sc.include, sc.exclude)
+    )
+
+
+def _network_problem(p: _Point) -> str | None:
+    if p.network and p.backend == "nccl":
+        return (
+            "network.bandwidth emulates links between CPU processes (gloo, mpi); nccl would "
+            "talk GPU to GPU inside one host and bypass them; use gloo or remove `network:`"
+        )
+    return None
+
+
+def _filter_values(p: _Point, device: str) -> dict[str, tuple[Any, ...]]:
+    """What include / exclude entries may match per axis: names, labels and full mappings."""
+    c = p.compressor
+    return {
+        "model": (p.model, {"name": p.model, **p.model_params}), "dataset": (p.dataset,),
+        "world_size": (p.world_size,), "nodes": (p.nodes,), "backend": (p.backend,),
+        "device": (p.device, device),
+        "scheme": (p.scheme, p.scheme_spec["name"], dict(p.scheme_spec),
+                   {"name": p.scheme, **p.scheme_params}),
+        "compressor": (c.name, c.label, dict(c.given)),
+        "network": (network.label(p.network), dict(p.network)), "seed": (p.seed,),
+        "repeat": (p.repeat,), "skew": (p.skew,), "compute": (p.compute,),
+    }  # fmt: skip
+
+
+def _describe(p: _Point) -> str:
+    where = f"w{p.world_size}{f' n{p.nodes}' if p.nodes > 1 else ''}"
+    extras = (
+        (f" repeat{p.repeat}" if p.repeat else "") + (f" skew{p.skew:g}" if p.skew else "")
+        + (f" {p.compute}" if p.compute != "fp32" else "")
+        + (f" w{p.weight_bits}bits" if p.weight_bits else "")
+    )  # fmt: skip
+    return (
+        f"{p.model} {p.backend} {catalog.scheme_label(p.scheme, p.scheme_params)} "
+        f"{p.compressor.label} {where} {network.label(p.network)} seed{p.seed}{extras}"
+    )
+
+
+def _run_spec(sc: Scenario, p: _Point) -> RunSpec:
+    device, _ = _device_for(p.backend, p.device)
+    return RunSpec(
+        scenario=sc.name, model=p.model, dataset=p.dataset, world_size=p.world_size,
+        backend=p.backend, scheme=p.scheme, compressor=dict(p.compressor.given),
+        batch_size=sc.batch_for(p.world_size), warmup=sc.warmup, iterations=sc.iterations,
+        lr=sc.lr, momentum=sc.momentum, seed=p.seed, timeout=sc.timeout,
+        telemetry=sc.telemetry, layers=_layers_for(p.compressor.given, sc),
+        scheme_params=p.scheme_params, network=p.network, model_params=p.model_params,
+        repeat=p.repeat, nodes=p.nodes, price_per_hour=sc.price_per_hour, device=device,
+        epochs=sc.epochs or 0, lr_schedule=dict(sc.lr_schedule),
+        weight_decay=sc.weight_decay, skew=p.skew, target_accuracy=sc.target_accuracy,
+        compute=p.compute, norm=sc.norm, weight_bits=p.weight_bits,
+    )  # fmt: skip
 
 
 def natural_device(backend: str) -> str:
@@ -339,22 +379,6 @@ def _filtered(
     return None
 
 
-def scheme_label(scheme: str, params: dict[str, Any]) -> str:
-    """``reduce-broadcast+overlap4``, ``reduce-broadcast+backward``: part of run ids, so the
-    spelling of existing parameters never changes."""
-    extra = "".join(
-        f"+{k}" if k == ddp_options.BACKWARD else f"+{k}{_short(v)}"
-        for k, v in sorted(params.items())
-    )
-    return f"{scheme}{extra}"
-
-
-def _short(v: Any) -> str:
-    if isinstance(v, dict):
-        return build_compressor(v).label if "name" in v else "-".join(map(str, v.values()))
-    return str(v)
-
-
 def _params(spec: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in spec.items() if k != "name"}
 
@@ -366,123 +390,8 @@ def _layers_for(comp: dict[str, Any], sc: Scenario) -> dict[str, Any]:
 
 
 def resolve_scheme(scheme: str, comp: dict[str, Any]) -> str:
-    if scheme != "auto":
-        return scheme
-    if comp["name"] == "none":
-        return "allreduce"
-    return ddp_options.DDP if build_compressor(comp).hook_only else "reduce-broadcast"
+    """``auto`` resolved for ``comp`` (see ``catalog.rules.resolve_auto``)."""
+    return rules.resolve_auto(catalog.compressor(comp)) if scheme == "auto" else scheme
 
 
-def incompatibility(
-    backend: str,
-    scheme: str,
-    comp: dict[str, Any],
-    *,
-    world_size: int | None = None,
-    params: dict[str, Any] | None = None,
-) -> str | None:
-    """Why a combination cannot run, or None."""
-    from qbench.compress.qsgd import QSGD
-
-    name = comp["name"]
-    why = ddp_options.incompatibility(backend, scheme, params or {}, name)
-    if why:
-        return why
-    if build_compressor(comp).hook_only and scheme != ddp_options.DDP:
-        return (
-            f"{name} is torch's DDP communication hook, not a codec the {scheme} scheme can "
-            f"call; use `scheme: ddp`"
-        )
-    if scheme == "gossip":
-        return _gossip_incompatibility(comp, world_size, params or {})
-    if scheme == "async-ps":
-        return _async_ps_incompatibility(backend, world_size)
-    if scheme == "push-sum" and getattr(build_compressor(comp), "error_feedback", False):
-        return (
-            f"push-sum keeps its own error feedback (Choco's public copies per link); set "
-            f"`error_feedback: false` on {comp['name']}"
-        )
-    if scheme == "allreduce" and name not in ("none", "fp16", "bf16"):
-        return (
-            f"allreduce sums raw buffers and cannot sum packed {name} payloads; "
-            "use compressor none, fp16 or bf16, or scheme reduce-broadcast"
-        )
-    if scheme == "allreduce" and name == "bf16" and backend == "mpi":
-        return (
-            "MPI cannot sum bf16 buffers (numpy, hence mpi4py, has no bfloat16 datatype); "
-            "use backend gloo or nccl, or compressor fp16"
-        )
-    # integer-allreduce: compressor none (groups the layer policy keeps in fp32) takes a plain
-    # fp32 allreduce; anything else must be qsgd levels that sum as bounded integers.
-    if scheme == "integer-allreduce" and name != "none":
-        c = build_compressor(comp)
-        if not isinstance(c, QSGD):
-            return (
-                f"integer-allreduce sums qsgd levels as integers and needs compressor qsgd, "
-                f"got {name}; e.g. `{{name: qsgd, bits: 8}}`, or scheme reduce-broadcast"
-            )
-        if c.bits < 2:
-            return (
-                "integer-allreduce needs qsgd bits >= 2 (levels -L..L, L = 2^(bits-1) - 1), "
-                "got bits 1; e.g. `bits: 2`"
-            )
-        if c.norm != "max":
-            return (
-                f"integer-allreduce scales buckets by the max |x| over ranks, got qsgd norm "
-                f"{c.norm}; use `norm: max`"
-            )
-    return None
-
-
-def _overlap_problem(scheme: str, params: dict[str, Any], sc: Scenario, compute: str) -> str | None:
-    """What the DDP loop (communication during backward) does not offer."""
-    if ddp_options.overlap(scheme, params) != ddp_options.BACKWARD:
-        return None
-    if scheme == ddp_options.DDP and sc.layers.overrides:
-        return (
-            "ddp sends every tensor through one torch hook; layer overrides need qbench's hook: "
-            "use e.g. `{name: reduce-broadcast, backward: true}`"
-        )
-    if sc.telemetry:
-        return (
-            "telemetry shadows each layer's encode after backward; DDP runs communicate during "
-            "backward and record none; drop `telemetry` or the DDP schemes"
-        )
-    if compute == "fp16":
-        return (
-            "fp16 compute zeroes an overflowing rank's gradient before it is communicated, but "
-            "DDP communicates during backward; use compute bf16 with DDP"
-        )
-    return None
-
-
-def _async_ps_incompatibility(backend: str, world_size: int | None) -> str | None:
-    """async-ps: rank 0 serves and the others train; the server receives from any source."""
-    if world_size is not None and world_size < 2:
-        return (
-            f"async-ps needs a server (rank 0) and at least one worker: world_size >= 2, "
-            f"got {world_size}"
-        )
-    if backend == "nccl":
-        return (
-            "async-ps receives from whichever worker sends first, which nccl cannot; "
-            "use backend gloo or mpi"
-        )
-    return None
-
-
-def _gossip_incompatibility(
-    comp: dict[str, Any], world_size: int | None, params: dict[str, Any]
-) -> str | None:
-    from qbench.aggregate import topology
-
-    if world_size is not None:
-        why = topology.incompatibility(params.get("topology", "ring"), world_size)
-        if why:
-            return why
-    if getattr(build_compressor(comp), "error_feedback", False):
-        return (
-            f"gossip algorithms carry their own error feedback (Choco's x_hat, DeepSqueeze's "
-            f"delta); set `error_feedback: false` on {comp['name']}"
-        )
-    return None
+incompatibility = rules.incompatibility

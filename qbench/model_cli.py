@@ -306,7 +306,7 @@ def _network(text: str) -> str:
 
 def count(text: str, option: str, minimum: int = 1) -> int:
     """``61M``, ``2.5e6``, ``500k``, ``25_000_000`` -> int (UserError otherwise)."""
-    from qbench.models import params
+    from qbench.catalog import model_params as params
 
     try:
         return params.count(minimum)(str(text))

@@ -75,6 +75,11 @@ def host_part(parts: Path, rank: int) -> Path:
     return parts / f"host-{rank}.json"
 
 
+def model_part(parts: Path) -> Path:
+    """Where rank 0 writes the model's size and FLOPs (labels the driver adds to run.json)."""
+    return parts / "model.json"
+
+
 def host_parts(parts: Path) -> list[Path]:
     return sorted(parts.glob("host-*.json"), key=lambda p: int(p.stem.rpartition("-")[2]))
 

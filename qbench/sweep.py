@@ -33,6 +33,7 @@ from qbench.store import (
     atomic_write_json,
     atomic_write_parquet,
     host_parts,
+    model_part,
     rank_parts,
 )
 
@@ -245,6 +246,7 @@ def _finish(
     record.exit_code = code
     status = _merge_parts(store, spec, status)
     _record_hosts(store, spec)
+    record.labels.update(_model_labels(store, spec))
     record.status = status
     if status != "ok":
         record.stderr_tail = _tail(run_dir / "stderr.log")
@@ -304,6 +306,16 @@ def _merge_parts(store: ResultStore, spec: RunSpec, status: str) -> str:
     if status == "ok" and spec.epochs and not (store.run_dir(spec.run_id) / EPOCHS).exists():
         return "failed"
     return status
+
+
+def _model_labels(store: ResultStore, spec: RunSpec) -> dict[str, Any]:
+    """``numel`` and ``gflops_per_sample`` as rank 0 measured them (the driver never imports
+    torch); none when the run died before it wrote them."""
+    try:
+        doc = json.loads(model_part(store.parts_dir(spec.run_id)).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: doc[k] for k in ("numel", "gflops_per_sample") if k in doc}
 
 
 def _record_hosts(store: ResultStore, spec: RunSpec) -> None:

@@ -16,13 +16,21 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from qbench import aggregate, async_ps, comm, precision
-from qbench.ddp import options as ddp_options
+from qbench import aggregate, async_ps, comm, models, precision
+from qbench.catalog import rules
+from qbench.compress import from_spec
 from qbench.launch.slurm import apply_worker_env
-from qbench.matrix import RunSpec, build_compressor
+from qbench.matrix import RunSpec
 from qbench.records import WORKER_FAILED as FAILED_TAG
 from qbench.records import epochs_frame
-from qbench.store import EPOCHS, atomic_write_json, atomic_write_parquet, host_part, rank_part
+from qbench.store import (
+    EPOCHS,
+    atomic_write_json,
+    atomic_write_parquet,
+    host_part,
+    model_part,
+    rank_part,
+)
 from qbench.telemetry import Telemetry
 from qbench.timing import PhaseTimer
 from qbench.training import Training
@@ -59,7 +67,7 @@ class Run(Training):
     def _aggregators(self) -> list[tuple[slice, aggregate.Aggregator]]:
         out, pos = [], 0
         for g in self.groups:
-            c = build_compressor({**g.compressor, "seed": self.spec.seed})
+            c = from_spec(g.compressor, seed=self.spec.seed)
             agg = aggregate.build(
                 self.spec.scheme, self.comm, c, g.numel, offset=pos, params=self.spec.scheme_params
             )
@@ -73,7 +81,7 @@ class Run(Training):
             for n in g.names:
                 entries.append((n, slice(pos, pos + named[n].numel()), g.compressor))
                 pos += named[n].numel()
-        make = lambda c: build_compressor({**c, "seed": self.spec.seed})  # noqa: E731
+        make = lambda c: from_spec(c, seed=self.spec.seed)  # noqa: E731
         return Telemetry(entries, make, self.spec.run_id, self.comm.rank)
 
     def iteration(self, it: int, timer: PhaseTimer) -> None:
@@ -175,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)  # one thread per CPU rank
     cm = comm.connect(spec.backend, timeout_s=spec.timeout)
     _write_host(spec_path.parent / "parts", cm.rank, spec)
+    if cm.rank == 0:
+        _write_model(spec_path.parent / "parts", spec)
     run: Training | None = None
     failed = False
     try:
@@ -215,11 +225,22 @@ def main(argv: list[str] | None = None) -> int:
 
 def _training(spec: RunSpec, cm: comm.Comm) -> Training:
     """The loop the spec asks for: DDP's buckets during backward, or flat after it."""
-    if ddp_options.overlap(spec.scheme, spec.scheme_params) == "backward":
+    if rules.overlap(spec.scheme, spec.scheme_params) == "backward":
         from qbench.ddp.training import DDPRun  # torch's DDP machinery only where it runs
 
         return DDPRun(spec, cm)
     return Run(spec, cm)
+
+
+def _write_model(parts: Path, spec: RunSpec) -> None:
+    """The model's size and forward FLOPs per sample (meta device, cached on disk): the run's
+    ``numel`` and ``gflops_per_sample`` labels, the computation side of seed 002's
+    communication / computation ratio, for reports that cannot import the models."""
+    stats = {
+        "numel": models.parameter_count(spec.model, spec.model_params),
+        "gflops_per_sample": models.flops_per_sample(spec.model, spec.model_params) / 1e9,
+    }
+    atomic_write_json(model_part(parts), stats)
 
 
 def _write_host(parts: Path, rank: int, spec: RunSpec) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from qbench import aggregate, comm
-from qbench.matrix import build_compressor
+from qbench.compress import from_spec
 from qbench.timing import PhaseTimer
 from qbench.worker import Run
 
@@ -59,7 +59,7 @@ def target(rank: int) -> torch.Tensor:
 def run_case(cm: comm.Comm, case: dict[str, Any]) -> dict[str, Any]:
     params: dict[str, Any] = {k: case[k] for k in ("algorithm", "topology", "gamma") if k in case}
     aggs = [
-        (part, aggregate.build("gossip", cm, build_compressor(case["comp"]),
+        (part, aggregate.build("gossip", cm, from_spec(case["comp"]),
                                part.stop - part.start, offset=part.start, params=params))
         for part in SLICES
     ]  # fmt: skip

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from qbench import aggregate, comm
-from qbench.matrix import build_compressor
+from qbench.compress import from_spec
 from qbench.timing import PhaseTimer
 
 
@@ -26,7 +26,7 @@ def main() -> None:
     backend, scheme, comp_json, numel, steps, out = sys.argv[1:7]
     torch.set_num_threads(1)
     cm = comm.connect(backend, timeout_s=60)
-    compressor = build_compressor(json.loads(comp_json))
+    compressor = from_spec(json.loads(comp_json))
     params = json.loads(sys.argv[7]) if len(sys.argv) > 7 else {}
     agg = aggregate.build(scheme, cm, compressor, int(numel), params=params)
     timer = PhaseTimer(torch.device("cpu"))

@@ -22,7 +22,7 @@ import torch
 from qbench import aggregate, comm
 from qbench.aggregate.directed import Mixing
 from qbench.aggregate.push_sum import PushSum
-from qbench.matrix import build_compressor
+from qbench.compress import from_spec
 from qbench.timing import PhaseTimer
 from qbench.worker import Run
 
@@ -70,7 +70,7 @@ def build(cm: comm.Comm, case: dict[str, Any]) -> list[tuple[slice, PushSum]]:
     params = {k: case[k] for k in ("topology", "gamma") if k in case}
     aggs = []
     for part in SLICES:
-        c = build_compressor(case["comp"])
+        c = from_spec(case["comp"])
         agg = aggregate.build("push-sum", cm, c, part.stop - part.start, part.start, params)
         assert isinstance(agg, PushSum)
         if case.get("skewed"):

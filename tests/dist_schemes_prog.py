@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from qbench import aggregate, comm
-from qbench.matrix import build_compressor
+from qbench.compress import from_spec
 from qbench.timing import PhaseTimer
 
 
@@ -33,7 +33,7 @@ def make_gradient(kind: str, rank: int, step: int, numel: int, bucket_size: int)
 
 
 def run_case(cm: comm.Comm, case: dict[str, Any]) -> dict[str, Any]:
-    compressor = build_compressor(case["comp"])
+    compressor = from_spec(case["comp"])
     agg = aggregate.build(
         case["scheme"], cm, compressor, case["numel"], params=case.get("params", {})
     )

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from qbench.aggregate import split_ranges
-from qbench.matrix import build_compressor
+from qbench.compress import from_spec
 from tests.dist_prog import gradient
 from tests.distributed import here, launch
 
@@ -69,7 +69,7 @@ def _reference_steps(comp: dict, world: int, chunks: int = 1) -> list[torch.Tens
     """The scheme's maths written out: per chunk, owners average the decoded payloads of their
     range, re-encode the mean, and everyone decodes every owner's range."""
     grads_by_step = []
-    encoders = [build_compressor(comp) for _ in range(world)]
+    encoders = [from_spec(comp) for _ in range(world)]
     align = int(comp.get("bucket_size", 1))
     for step in range(STEPS):
         grads = [gradient(r, step, NUMEL) for r in range(world)]

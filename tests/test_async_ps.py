@@ -23,8 +23,9 @@ from qbench import aggregate, async_ps, scenario
 from qbench.async_metrics import bits_until_loss
 from qbench.async_protocol import GradientCodec, Push, Reply, may_hand_out
 from qbench.comm.base import Comm
+from qbench.compress import from_spec
 from qbench.errors import UserError
-from qbench.matrix import build_compressor, expand
+from qbench.matrix import expand
 from qbench.worker import Run
 
 QSGD8 = {"name": "qsgd", "bits": 8}
@@ -132,7 +133,7 @@ def test_headers_round_trip() -> None:
 def _groups(specs: Sequence[dict[str, Any]], sizes: Sequence[int]) -> list[tuple[slice, Any]]:
     out, pos = [], 0
     for spec, n in zip(specs, sizes, strict=True):
-        out.append((slice(pos, pos + n), build_compressor(spec)))
+        out.append((slice(pos, pos + n), from_spec(spec)))
         pos += n
     return out
 

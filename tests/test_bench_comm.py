@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from qbench import aggregate
+from qbench import catalog
 from qbench.bench import comm, comm_worker, render_comm
 from qbench.bench.comm import CommResult, CommRow
 from qbench.errors import UserError
@@ -161,7 +161,7 @@ def test_settings_defaults_and_errors() -> None:
                             "warmup": 2, "bandwidth": None}  # fmt: skip
     s = comm.settings(**base)
     assert s.backends == ("gloo",) and s.world_sizes == (2,) and s.network == "unshaped"
-    assert {x["name"] for x in s.schemes} == set(aggregate.SCHEMES)  # gossip: skipped by plan
+    assert {x["name"] for x in s.schemes} == set(catalog.SCHEMES)  # gossip: skipped by plan
     assert {"name": "qsgd", "bits": 4, "bucket_size": 512} in s.compressors
     bad_values: list[tuple[dict[str, Any], str]] = [
         ({"world_sizes": [1]}, "world sizes"), ({"repeats": 0}, "repeats"),

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from qbench.compress import COMPRESSORS, Compressor, Payload, build
+from qbench.compress import COMPRESSORS, Compressor, Payload, build, from_spec
 from qbench.compress.bitpack import unpack
 from qbench.compress.none import NoCompression
 from qbench.compress.onebit import OneBit
@@ -307,7 +307,11 @@ def test_registry() -> None:
         ("qsgdd", {}, ["'qsgdd'", "none, onebit, powersgd, qsgd"]),
         ("qsgd", {"bits": 12}, ["bits", "12", "bits: 4"]),
         ("qsgd", {"bits": 0}, ["bits", "0"]),
-        ("qsgd", {"bucket": 5}, ["'bucket'", "valid: bits, bucket_size, layout, norm, seed"]),
+        (
+            "qsgd",
+            {"bucket": 5},
+            ["'bucket'", "did you mean 'bucket_size'?", "valid: bits, bucket_size, norm, layout"],
+        ),
         ("qsgd", {"bucket_size": 0}, ["bucket_size", ">= 1", "0"]),
         ("qsgd", {"norm": "inf"}, ["norm", "'inf'", "'l2'"]),
         ("qsgd", {"layout": "log"}, ["layout", "'log'"]),
@@ -316,9 +320,9 @@ def test_registry() -> None:
         ("qsgd", {"bits": True}, ["bits", "int", "True"]),
         ("qsgd", {"bits": 4.0}, ["bits", "int", "4.0"]),
         ("onebit", {"bucket_size": -1}, ["bucket_size", "-1"]),
-        ("onebit", {"error_feedback": "yes"}, ["error_feedback", "bool", "'yes'"]),
-        ("onebit", {"bits": 1}, ["'bits'", "valid: bucket_size, columns, error_feedback, seed"]),
-        ("none", {"state": {}}, ["'state'", "valid: seed"]),
+        ("onebit", {"error_feedback": "yes"}, ["error_feedback", "true or false", "'yes' (str)"]),
+        ("onebit", {"bits": 1}, ["'bits'", "valid: bucket_size, error_feedback, columns"]),
+        ("none", {"state": {}}, ["none takes no parameters, got 'state'"]),
     ],
 )
 def test_build_errors(name: str, params: dict[str, object], needles: list[str]) -> None:
@@ -328,6 +332,12 @@ def test_build_errors(name: str, params: dict[str, object], needles: list[str]) 
     assert "\n" not in message
     for needle in needles:
         assert needle in message
+
+
+def test_a_seed_in_a_spec_is_refused_not_silently_replaced() -> None:
+    with pytest.raises(UserError, match=r"qsgd: seed is the run's .* remove `seed`"):
+        from_spec({"name": "qsgd", "bits": 4, "seed": 3})
+    assert from_spec({"name": "qsgd"}, seed=3).seed == 3  # the run's seed, passed apart
 
 
 def test_direct_construction_validates_too() -> None:

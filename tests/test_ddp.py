@@ -23,7 +23,7 @@ import torch
 
 import qbench.ddp
 from qbench import matrix, scenario
-from qbench.ddp import options
+from qbench.catalog import rules
 from qbench.ddp.scheme_hook import segments
 from qbench.ddp.timeline import BucketTimeline, overlap_fraction, union_length
 from qbench.errors import UserError
@@ -120,7 +120,7 @@ def test_ddp_on_mpi_is_excluded_with_the_reason() -> None:
     [
         ("scheme: [{name: ddp, bucket_cap_mb: -1}]", "bucket_cap_mb must be a size in MB > 0"),
         ("scheme: [{name: ddp, exchange: x}]", "scheme ddp: unknown parameter 'exchange'"),
-        ("scheme: [{name: gossip, backward: true}]", "only allreduce, reduce-broadcast"),
+        ("scheme: [{name: gossip, backward: true}]", "gossip: unknown parameter 'backward'"),
         ("scheme: [{name: allgather, backward: 1}]", "backward must be true or false"),
         ("scheme: [{name: allgather, bucket_cap_mb: 4}]", "need `backward: true`"),
         ("compressor: [{name: powersgd, rank: 0}]", "rank must be an integer >= 1"),
@@ -154,16 +154,13 @@ def test_comm_hook_names_a_bad_parameter_and_a_bad_exchange() -> None:
         qbench.ddp.comm_hook("onebit", comm=fake, exchange="integer-allreduce")
 
 
-def test_options_split_and_canonical() -> None:
-    assert options.split("reduce-broadcast", {"overlap": 4}) == ({}, {"overlap": 4})
-    assert options.split("allgather", {"backward": True, "bucket_cap_mb": 1}) == (
-        {"backward": True, "bucket_cap_mb": 1.0},
-        {},
-    )
-    assert options.canonical("ddp", {}, "onebit") == ("reduce-broadcast", {"backward": True})
-    assert options.canonical("ddp", {}, "fp16") == ("ddp", {})
-    assert options.overlap("allgather", {"backward": True}) == "backward"
-    assert options.overlap("allgather", {}) == "none"
+def test_one_spelling_per_ddp_configuration() -> None:
+    assert rules.canonical("ddp", {}, "onebit") == ("reduce-broadcast", {"backward": True})
+    assert rules.canonical("ddp", {}, "fp16") == ("ddp", {})
+    assert rules.canonical("allreduce", {"backward": True}, "none") == ("ddp", {})
+    assert rules.canonical("allgather", {"backward": False}, "qsgd") == ("allgather", {})
+    assert rules.overlap("allgather", {"backward": True}) == "backward"
+    assert rules.overlap("allgather", {}) == "none"
 
 
 # -- two gloo ranks -----------------------------------------------------------------------------

@@ -19,7 +19,6 @@ import signal
 import sys
 import tempfile
 import threading
-import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,9 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from qbench import aggregate, compress, data, layers, models, scenario
+from qbench import catalog, compress, data, layers, models, scenario
+from qbench.catalog import models as zoo
+from qbench.catalog.params import Param
 from qbench.errors import UserError
 from qbench.matrix import Matrix, RunSpec, expand
 
@@ -54,27 +55,19 @@ def _model_names() -> list[str]:
 
 
 def _model_params() -> dict[str, list[str]]:
-    """Parameter names of the models that take some (from the registry, private: best effort)."""
-    entries = getattr(models, "_ENTRIES", {})
-    return {
-        n: list(getattr(e, "params", {})) for n, e in entries.items() if getattr(e, "params", {})
-    }
+    """Parameter names of the models that take some (from the catalog)."""
+    return {n: list(e.params) for n, e in zoo.MODELS.items() if e.params}
 
 
 def _literal_choices() -> list[str]:
-    out: set[str] = set()
-    for cls in compress.COMPRESSORS.values():
-        for hint in typing.get_type_hints(cls).values():
-            if typing.get_origin(hint) is typing.Literal:
-                out.update(str(a) for a in typing.get_args(hint))
-    return sorted(out)
+    """Every listed choice of a compressor or scheme parameter (the catalog's)."""
+    entries = [*catalog.COMPRESSORS.values(), *catalog.SCHEMES.values()]
+    return sorted({str(c) for e in entries for p in e.params for c in p.choices})
 
 
-COMPRESSORS = sorted(compress.COMPRESSORS)
-COMPRESSOR_PARAMS = sorted(
-    {p for cls in compress.COMPRESSORS.values() for p in compress.parameters(cls)}
-)
-SCHEMES = ["auto", *sorted(aggregate.SCHEMES)]
+COMPRESSORS = sorted(catalog.COMPRESSORS)
+COMPRESSOR_PARAMS = sorted({p.name for e in catalog.COMPRESSORS.values() for p in e.params})
+SCHEMES = ["auto", *sorted(catalog.SCHEMES)]
 SCHEME_PARAMS = ["overlap", "topology", "algorithm", "gamma", "down"]
 MODELS = _model_names()
 MODEL_PARAMS_BY_NAME = _model_params()
@@ -146,32 +139,33 @@ def valid_axis(element: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 # ---- mostly valid values: what a user would write, typed from the code ------------------------
 
 
-def _typed_value(hint: Any) -> st.SearchStrategy[Any]:
-    """A plausible value for a dataclass field of this type (Literal choices, small numbers)."""
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) is typing.Literal:
-        return st.sampled_from(args)
-    if args:  # a union: any of its members
-        return st.one_of(*(_typed_value(a) for a in args if a is not type(None)))
-    if hint is bool:
-        return st.booleans()
-    if hint is int:
-        return st.one_of(st.integers(0, 64), st.sampled_from([128, 512, 4096]))
-    if hint is float:
-        return st.one_of(st.floats(0, 1), st.sampled_from([0.01, 0.5, 1.0, 2.0]))
-    return SCALARS
+def _typed_value(param: Param) -> st.SearchStrategy[Any]:
+    """A plausible value for a catalog parameter (its choices, small numbers of its type)."""
+    if param.choices:
+        return st.sampled_from(param.choices)
+    kinds = param.kind if isinstance(param.kind, tuple) else (param.kind,)
+    options: list[st.SearchStrategy[Any]] = [st.just(param.default)]
+    if bool in kinds:
+        options.append(st.booleans())
+    if int in kinds:
+        options.append(st.one_of(st.integers(0, 64), st.sampled_from([128, 512, 4096])))
+    if float in kinds:
+        options.append(st.one_of(st.floats(0, 1), st.sampled_from([0.01, 0.5, 1.0, 2.0])))
+    return st.one_of(*options)
 
 
 @st.composite
 def good_compressor(draw: st.DrawFn) -> Any:
     name = draw(st.sampled_from(COMPRESSORS))
-    cls = compress.COMPRESSORS[name]
-    hints = typing.get_type_hints(cls)
-    params = draw(st.lists(st.sampled_from(sorted(compress.parameters(cls)) or ["seed"]),
-                           max_size=3, unique=True))  # fmt: skip
+    entry = catalog.COMPRESSORS[name]
+    params = (
+        draw(st.lists(st.sampled_from(entry.params), max_size=3, unique=True))
+        if (entry.params)
+        else []
+    )
     if not params and draw(st.booleans()):
         return name
-    return {"name": name, **{p: draw(_typed_value(hints[p])) for p in params}}
+    return {"name": name, **{p.name: draw(_typed_value(p)) for p in params}}
 
 
 GOOD_SCHEME = st.one_of(
@@ -477,7 +471,7 @@ def runnable(run: RunSpec, labels: bool) -> None:
         run.labels()
     back = RunSpec.from_dict(json.loads(json.dumps(run.to_dict())))  # spec.json, strict JSON
     assert back.run_id == run.run_id, "spec.json changes the run"
-    aggregate.check_params(run.scheme, run.scheme_params)
+    catalog.scheme({"name": run.scheme, **run.scheme_params})
     compress.from_spec(run.compressor)
     policy = layers.LayerPolicy(**run.layers) if run.layers else layers.LayerPolicy()
     for spec in policy.overrides.values():

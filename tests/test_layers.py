@@ -92,7 +92,7 @@ def test_resnet20_plan_matches_readme() -> None:
 
 def test_onebit_per_column_buckets_are_last_dimension() -> None:
     """CNTK's 1bitSGD quantizes per column: a 3x3 conv gets columns of 3 values (seed 002)."""
-    from qbench.matrix import build_compressor
+    from qbench.compress import from_spec
 
     params = [("conv.weight", 16 * 8 * 3 * 3), ("fc.weight", 10 * 64), ("fc2.weight", 5 * 64)]
     cols = {"conv.weight": 3, "fc.weight": 64, "fc2.weight": 64}
@@ -102,7 +102,7 @@ def test_onebit_per_column_buckets_are_last_dimension() -> None:
     assert by_name["conv.weight"]["bucket_size"] == 3
     assert by_name["fc.weight"]["bucket_size"] == 64
     assert len(groups) == 2  # tensors with equal column length share a group
-    conv = build_compressor(by_name["conv.weight"])
+    conv = from_spec(by_name["conv.weight"])
     assert conv.label == "1bit-col"
     # 3 sign bits + two fp32 means per column: ~22 bits per value, no compression at all
     assert conv.wire_nbytes(1152) * 8 / 1152 > 20

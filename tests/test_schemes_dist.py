@@ -18,13 +18,12 @@ import torch
 
 from qbench import aggregate
 from qbench.aggregate.integer_allreduce import sum_dtype
-from qbench.aggregate.parameter_server import ParameterServer
+from qbench.catalog.rules import incompatibility
 from qbench.comm import Comm, allreduce_bus_bytes
-from qbench.compress import Key
+from qbench.compress import Key, from_spec
 from qbench.compress._buckets import buckets
 from qbench.compress.rng import uniform
 from qbench.errors import UserError
-from qbench.matrix import build_compressor, incompatibility
 from qbench.timing import PhaseTimer
 from tests.dist_schemes_prog import make_gradient
 from tests.distributed import here, launch
@@ -132,7 +131,7 @@ def exact_mean(case: dict[str, Any], world: int, step: int) -> torch.Tensor:
 
 # -- references --------------------------------------------------------------------------------
 def ref_allgather(case: dict[str, Any], world: int) -> list[torch.Tensor]:
-    enc = [build_compressor(case["comp"]) for _ in range(world)]
+    enc = [from_spec(case["comp"]) for _ in range(world)]
     out = []
     for step in range(case["steps"]):
         acc = torch.zeros(case["numel"])
@@ -143,8 +142,8 @@ def ref_allgather(case: dict[str, Any], world: int) -> list[torch.Tensor]:
 
 
 def ref_parameter_server(case: dict[str, Any], world: int) -> list[torch.Tensor]:
-    up = [build_compressor(case["comp"]) for _ in range(world)]
-    down = build_compressor(case["params"].get("down") or {"name": "none"})
+    up = [from_spec(case["comp"]) for _ in range(world)]
+    down = from_spec(case["params"].get("down") or {"name": "none"})
     out = []
     for step in range(case["steps"]):
         acc = torch.zeros(case["numel"])
@@ -196,7 +195,7 @@ def test_allgather_matches_reference(ranks_of, backend: str, id_: str) -> None:
         for step in range(STEPS):
             torch.testing.assert_close(rec["results"][step], ref[step], rtol=1e-5, atol=1e-6)
     if id_ == "ag-qsgd":  # (K-1) copies of the own payload per step
-        wire = build_compressor(case["comp"]).wire_nbytes(NUMEL)
+        wire = from_spec(case["comp"]).wire_nbytes(NUMEL)
         assert [r["bytes_sent"] for r in recs] == [STEPS * (world - 1) * wire] * world
         assert recs[0]["payload_bytes"] == wire
 
@@ -212,9 +211,9 @@ def test_parameter_server_matches_reference(ranks_of, backend: str, id_: str) ->
         for step in range(STEPS):
             torch.testing.assert_close(rec["results"][step], ref[step], rtol=1e-5, atol=1e-6)
     down = case["params"].get("down") or {"name": "none"}
-    if build_compressor(down).fixed_size and build_compressor(case["comp"]).fixed_size:
-        up_bytes = build_compressor(case["comp"]).wire_nbytes(NUMEL)
-        down_bytes = build_compressor(down).wire_nbytes(NUMEL)
+    if from_spec(down).fixed_size and from_spec(case["comp"]).fixed_size:
+        up_bytes = from_spec(case["comp"]).wire_nbytes(NUMEL)
+        down_bytes = from_spec(down).wire_nbytes(NUMEL)
         # The server sends K-1 copies of the mean down; every worker sends its payload up.
         assert recs[0]["bytes_sent"] == STEPS * (world - 1) * down_bytes
         assert recs[1]["bytes_sent"] == STEPS * up_bytes
@@ -240,7 +239,7 @@ def test_simulated_returns_own_gradient_and_sends_payload_bytes(
     recs = records(ranks_of, backend, id_)
     max_bytes = [0] * STEPS
     for r, rec in enumerate(recs):
-        enc = build_compressor(case["comp"])
+        enc = from_spec(case["comp"])
         for step in range(STEPS):
             payload = enc.encode(grads(case, world, step)[r], step=step, rank=r, name="own")
             torch.testing.assert_close(rec["results"][step], enc.decode(payload), rtol=0, atol=0)
@@ -355,15 +354,17 @@ def test_sum_dtype_refuses_int32_overflow() -> None:
 
 
 def test_parameter_server_params() -> None:
-    assert ParameterServer.check_params({}) == {"down": None}
-    assert ParameterServer.check_params({"down": "fp16"}) == {"down": {"name": "fp16"}}
+    assert aggregate.check_params("parameter-server", {}) == {"down": None}
+    assert aggregate.check_params("parameter-server", {"down": "fp16"}) == {
+        "down": {"name": "fp16"}
+    }
     assert aggregate.check_params("parameter-server", {"down": QSGD8}) == {"down": QSGD8}
 
 
 @pytest.mark.parametrize(
     ("params", "match"),
     [
-        ({"dwon": QSGD8}, "unknown parameter 'dwon'; valid: down"),
+        ({"dwon": QSGD8}, "unknown parameter 'dwon' .*; valid: down"),
         ({"down": {"name": "qsgd", "bits": 12}}, "bits must be 1..8 or 16, got 12"),
         ({"down": {"name": "qsgx"}}, "unknown compressor 'qsgx'"),
         ({"down": {"name": "qsgd", "bitz": 4}}, "unknown parameter 'bitz'"),
@@ -377,10 +378,18 @@ def test_parameter_server_rejects_bad_params(params: dict, match: str) -> None:
         aggregate.check_params("parameter-server", params)
 
 
-@pytest.mark.parametrize("scheme", ["allgather", "simulated-lowprec", "allreduce"])
-def test_schemes_without_params_reject_them(scheme: str) -> None:
-    assert aggregate.check_params(scheme, {}) == {}
-    with pytest.raises(UserError, match="takes no parameters"):
+DDP_DEFAULTS = {"backward": False, "bucket_cap_mb": 25.0, "gradient_as_bucket_view": False}
+
+
+@pytest.mark.parametrize(
+    ("scheme", "own", "match"),
+    [("allgather", DDP_DEFAULTS, "unknown parameter 'down'; valid: backward, bucket_cap_mb"),
+     ("allreduce", DDP_DEFAULTS, "unknown parameter 'down'; valid: backward, bucket_cap_mb"),
+     ("simulated-lowprec", {}, "takes no parameters")],
+)  # fmt: skip
+def test_schemes_without_params_of_their_own(scheme: str, own: dict, match: str) -> None:
+    assert aggregate.check_params(scheme, {}) == own  # only the DDP options (docs/ddp.md)
+    with pytest.raises(UserError, match=match):
         aggregate.check_params(scheme, {"down": QSGD8})
 
 
@@ -390,8 +399,9 @@ def test_schemes_without_params_reject_them(scheme: str) -> None:
      ({"overlap": True}, "chunk count >= 1")],
 )  # fmt: skip
 def test_integer_allreduce_takes_only_overlap(params: dict, match: str) -> None:
-    assert aggregate.check_params("integer-allreduce", {}) == {"overlap": 1}
-    assert aggregate.check_params("integer-allreduce", {"overlap": 8}) == {"overlap": 8}
+    got = aggregate.check_params("integer-allreduce", {"overlap": 8})
+    assert got == {"overlap": 8, **DDP_DEFAULTS}
+    assert aggregate.check_params("integer-allreduce", {})["overlap"] == 1
     with pytest.raises(UserError, match=match):
         aggregate.check_params("integer-allreduce", params)
 
@@ -466,7 +476,7 @@ class Loopback(Comm):
     ],
 )
 def test_one_rank_runs_and_times_every_phase(scheme: str, comp: dict, params: dict) -> None:
-    agg = aggregate.build(scheme, Loopback(), build_compressor(comp), 1000, params=params)
+    agg = aggregate.build(scheme, Loopback(), from_spec(comp), 1000, params=params)
     g = make_gradient("randn", 0, 0, 1000, 1)
     timer = PhaseTimer(torch.device("cpu"))
     timer.start()

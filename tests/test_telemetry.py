@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from qbench import timing
-from qbench.matrix import build_compressor
+from qbench.compress import from_spec
 from qbench.telemetry import TELEMETRY_COLUMNS, Telemetry
 from qbench.timing import PhaseTimer
 
 
 def make(spec: dict) -> object:
-    return build_compressor(spec)
+    return from_spec(spec)
 
 
 def test_rows_per_layer_and_values() -> None:
@@ -24,7 +24,7 @@ def test_rows_per_layer_and_values() -> None:
         ("b", slice(4096, 4106), {"name": "none"}),
         ("v", slice(4106, 6154), {"name": "onebit", "bucket_size": 64}),
     ]
-    tel = Telemetry(layers, build_compressor, "r", rank=0)
+    tel = Telemetry(layers, from_spec, "r", rank=0)
     grads = [torch.randn(6154, generator=torch.Generator().manual_seed(i)) for i in range(3)]
     for it, g in enumerate(grads):
         tel.observe(it, g)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from qbench import catalog
 from qbench.aggregate.allgather import AllGather
 from qbench.aggregate.allreduce import AllReduce
 from qbench.aggregate.async_ps import AsyncPS
@@ -14,10 +15,9 @@ from qbench.aggregate.parameter_server import ParameterServer
 from qbench.aggregate.push_sum import PushSum
 from qbench.aggregate.reduce_broadcast import ReduceBroadcast
 from qbench.aggregate.simulated_lowprec import SimulatedLowPrec
+from qbench.catalog.schemes import BACKWARD, DDP_OPTIONS
 from qbench.comm import Comm
 from qbench.compress import Compressor
-from qbench.ddp import options as ddp_options
-from qbench.errors import choice_error
 
 SCHEMES: dict[str, type[Aggregator]] = {
     s.name: s
@@ -38,14 +38,9 @@ __all__ = ["SCHEMES", "Aggregator", "build", "check_params", "split_ranges"]
 
 
 def check_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
-    """Validate a scheme's name and parameters (UserError naming the bad one); the DDP options
-    (``backward``, ``bucket_cap_mb``, ...) are checked by qbench.ddp.options and kept."""
-    if name == ddp_options.DDP:
-        return ddp_options.check_ddp(params)
-    if not isinstance(name, str) or name not in SCHEMES:  # a YAML list or mapping, too
-        raise choice_error("scheme", name, ["auto", ddp_options.DDP, *SCHEMES])
-    backward, own = ddp_options.split(name, params)
-    return {**SCHEMES[name].check_params(own), **backward}
+    """Validate a scheme's name and parameters (the catalog's UserError naming the bad one);
+    returns them complete, defaults filled in."""
+    return catalog.scheme({"name": name, **params}).params
 
 
 def build(
@@ -56,6 +51,11 @@ def build(
     offset: int = 0,
     params: dict[str, Any] | None = None,
 ) -> Aggregator:
-    _, own = ddp_options.split(name, params or {})  # DDP options belong to the DDP loop
-    kwargs = SCHEMES[name].check_params(own)
+    """The aggregator of scheme ``name`` over ``numel`` values; the DDP options (``backward``,
+    ``bucket_cap_mb``, ...) belong to the DDP loop, not to the aggregator of one bucket."""
+    checked = check_params(name, params or {})
+    kwargs = {k: v for k, v in checked.items() if k not in _DDP_KEYS}
     return SCHEMES[name](comm, compressor, numel, offset, **kwargs)
+
+
+_DDP_KEYS = frozenset({BACKWARD.name, *(p.name for p in DDP_OPTIONS)})

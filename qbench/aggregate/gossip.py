@@ -33,19 +33,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
 from qbench.aggregate import topology as graphs
-from qbench.aggregate.base import Aggregator, check_choice, check_gamma, check_known
+from qbench.aggregate.base import Aggregator
 from qbench.comm import Comm
 from qbench.compress import Compressor, Payload
-from qbench.errors import UserError
 from qbench.timing import PhaseTimer
 
-ALGORITHMS = ("dpsgd", "choco", "deepsqueeze")
-DEFAULTS: dict[str, Any] = {"topology": "ring", "algorithm": "choco", "gamma": 1.0}
 STREAM = 2  # rounding draws apart from the other schemes' encodes (0: gradients, 1: owners)
 
 
@@ -59,17 +55,13 @@ class Gossip(Aggregator):
         numel: int,
         offset: int = 0,
         *,
-        topology: str = DEFAULTS["topology"],
-        algorithm: str = DEFAULTS["algorithm"],
-        gamma: float = DEFAULTS["gamma"],
+        topology: str,
+        algorithm: str,
+        gamma: float,
     ) -> None:
+        """Parameters validated by the catalog (qbench.catalog.schemes.GOSSIP), which also keeps
+        compressors with their own error feedback out (qbench.catalog.rules)."""
         super().__init__(comm, compressor, numel, offset)
-        if getattr(compressor, "error_feedback", False):
-            raise UserError(
-                f"gossip: compressor {compressor.name} keeps its own error feedback, which the "
-                "gossip algorithms already provide (Choco's x_hat, DeepSqueeze's delta); "
-                "set `error_feedback: false`"
-            )
         self.graph = graphs.build(topology, comm.world_size)
         self.algorithm, self.gamma = algorithm, gamma
         self.self_weight, self.weights = self.graph.weights(comm.rank)
@@ -81,20 +73,6 @@ class Gossip(Aggregator):
         ]
         self._buffers: dict[str, torch.Tensor] = {}
         self._params: torch.Tensor | None = None
-
-    @classmethod
-    def check_params(cls, params: dict[str, Any]) -> dict[str, Any]:
-        check_known("gossip", params, DEFAULTS)
-        p = {**DEFAULTS, **params}
-        _check_choice("topology", p["topology"], graphs.TOPOLOGIES)
-        _check_choice("algorithm", p["algorithm"], ALGORITHMS)
-        if "gamma" in params and p["algorithm"] == "dpsgd":
-            raise UserError(
-                "gossip: gamma is the consensus step size of choco and deepsqueeze; dpsgd "
-                "averages with W directly: drop `gamma` or use `algorithm: choco`"
-            )
-        gamma = check_gamma("gossip", p["gamma"])
-        return {**p, "gamma": gamma}
 
     def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
         return grad  # each rank steps its own model; the mixing is in after_step
@@ -205,7 +183,3 @@ def consensus_distance(comm: Comm, squares: Sequence[float], device: torch.devic
     comm.allreduce_(t)
     comm.bytes_sent = sent
     return float(t) / comm.world_size
-
-
-def _check_choice(param: str, value: object, valid: tuple[str, ...]) -> None:
-    check_choice("gossip", param, value, valid, DEFAULTS[param])

@@ -42,7 +42,6 @@ from qbench.compress._buckets import buckets as _buckets
 from qbench.compress.none import NoCompression
 from qbench.compress.qsgd import QSGD
 from qbench.compress.rng import MASK32, key_hash, uniform
-from qbench.errors import UserError
 from qbench.timing import PhaseTimer
 
 # Integer dtypes each backend can SUM, narrowest first. Gloo rejects int16 ("Invalid scalar
@@ -89,22 +88,6 @@ class IntegerAllReduce(Aggregator):
             (a, b) for a, b in split_ranges(numel, overlap, self.bucket_size) if b > a
         ] or [(0, numel)]
         self.overlapped = len(self.chunks) > 1
-
-    @classmethod
-    def check_params(cls, params: dict[str, Any]) -> dict[str, Any]:
-        extra = set(params) - {"overlap"}
-        if extra:
-            first = min(extra, key=repr)  # YAML keys: any type
-            raise UserError(
-                f"scheme integer-allreduce: unknown parameter {first!r}; valid: overlap"
-            )
-        overlap = params.get("overlap", 1)
-        if isinstance(overlap, bool) or not isinstance(overlap, int) or overlap < 1:
-            raise UserError(
-                f"scheme integer-allreduce: overlap must be a chunk count >= 1, got {overlap!r}; "
-                "e.g. `{name: integer-allreduce, overlap: 8}`"
-            )
-        return {"overlap": overlap}
 
     def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
         k = self.comm.world_size

@@ -21,10 +21,9 @@ from typing import Any
 
 import torch
 
-from qbench.aggregate.base import Aggregator, down_spec
+from qbench.aggregate.base import Aggregator
 from qbench.comm import Comm
-from qbench.compress import Compressor, build
-from qbench.errors import UserError
+from qbench.compress import Compressor, from_spec
 from qbench.timing import PhaseTimer
 
 SERVER = 0
@@ -42,19 +41,8 @@ class ParameterServer(Aggregator):
         down: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(comm, compressor, numel, offset)
-        # The run's seed keys the down-encode too (check_params refuses a seed of its own).
-        params = dict(down or {"name": "none"})
-        self.down = build(params.pop("name"), **params, seed=compressor.seed)
-
-    @classmethod
-    def check_params(cls, params: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(params) - {"down"}, key=repr)  # YAML keys: any type
-        if unknown:
-            raise UserError(
-                f"scheme parameter-server: unknown parameter {unknown[0]!r}; valid: down "
-                "(e.g. `down: {name: qsgd, bits: 8}`)"
-            )
-        return {"down": _check_down(params.get("down"))}
+        # The run's seed keys the down-encode too (the catalog refuses a seed of its own).
+        self.down = from_spec(down or "none", seed=compressor.seed)
 
     def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
         c, rank = self.compressor, self.comm.rank
@@ -123,9 +111,3 @@ class ParameterServer(Aggregator):
             return send
         recv_counts = [nbytes if j == SERVER else 0 for j in range(k)]
         return self.comm.alltoallv(send[:0], [0] * k, recv_counts)
-
-
-def _check_down(down: object) -> dict[str, Any] | None:
-    """The ``down`` compressor spec, validated by building it (UserError naming the problem)."""
-    got = down_spec("parameter-server", down, "mean", "the down compressor")
-    return None if got is None else got[0]

@@ -40,25 +40,15 @@ data-dependent payload sizes (e.g. ``adaptive``) first send 8 bytes of size to e
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from qbench.aggregate import directed
-from qbench.aggregate.base import Aggregator, check_choice, check_gamma, check_known
+from qbench.aggregate.base import Aggregator
+from qbench.catalog.schemes import qgm_beta
 from qbench.comm import Comm
 from qbench.compress import Compressor, Payload
-from qbench.errors import UserError
 from qbench.timing import PhaseTimer
 
-ALGORITHMS = ("auto", "sgp", "choco")
-DEFAULTS: dict[str, Any] = {
-    "topology": "directed-ring",
-    "algorithm": "auto",
-    "gamma": 1.0,
-    "qgm": False,
-}
-QGM_BETA = 0.9  # `qgm: true`: the momentum Lin et al. 2021 and seed 001 train with
 STREAM = 3  # rounding draws apart from other encodes (0: gradients, 1: owners, 2: gossip)
 WEIGHT = 4  # bytes of the fp32 push-sum weight appended to every message
 
@@ -73,19 +63,16 @@ class PushSum(Aggregator):
         numel: int,
         offset: int = 0,
         *,
-        topology: str = DEFAULTS["topology"],
-        algorithm: str = DEFAULTS["algorithm"],
-        gamma: float = DEFAULTS["gamma"],
-        qgm: float = 0.0,
+        topology: str,
+        algorithm: str,
+        gamma: float,
+        qgm: bool | float,
     ) -> None:
+        """Parameters validated by the catalog (qbench.catalog.schemes.PUSH_SUM), which also
+        keeps compressors with their own error feedback out (qbench.catalog.rules)."""
         super().__init__(comm, compressor, numel, offset)
-        if getattr(compressor, "error_feedback", False):
-            raise UserError(
-                f"push-sum: compressor {compressor.name} keeps its own error feedback, which "
-                "choco's public copies already provide; set `error_feedback: false`"
-            )
         self.algorithm = _resolve(algorithm, compressor.name, gamma)
-        self.gamma, self.beta = gamma, qgm  # beta 0: no quasi-global momentum
+        self.gamma, self.beta = gamma, qgm_beta(qgm)  # beta 0: no quasi-global momentum
         self.schedule = directed.schedule(topology, comm.rank, comm.world_size)
         """This rank's mixing at each step of the period; tests swap in other column-stochastic
         schedules (the real graphs are also row-stochastic, so w would stay 1)."""
@@ -94,20 +81,6 @@ class PushSum(Aggregator):
         self._copies: dict[tuple[str, int], torch.Tensor] = {}  # choco's x_hat per edge
         self._buffers: dict[str, torch.Tensor] = {}
         self._params: torch.Tensor | None = None
-
-    @classmethod
-    def check_params(cls, params: dict[str, Any]) -> dict[str, Any]:
-        check_known("push-sum", params, DEFAULTS)
-        p = {**DEFAULTS, **params}
-        _check_choice("topology", p["topology"], directed.TOPOLOGIES)
-        _check_choice("algorithm", p["algorithm"], ALGORITHMS)
-        if "gamma" in params and p["algorithm"] == "sgp":
-            raise UserError(
-                "push-sum: gamma is the consensus step size of choco; sgp mixes with P "
-                "directly: drop `gamma` or use `algorithm: choco`"
-            )
-        gamma = check_gamma("push-sum", p["gamma"])
-        return {**p, "gamma": gamma, "qgm": _qgm_beta(p["qgm"])}
 
     def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
         return grad  # each rank steps its own model; the mixing is in after_step
@@ -247,21 +220,5 @@ def _resolve(algorithm: str, compressor: str, gamma: float) -> str:
     return "sgp" if compressor == "none" and gamma == 1.0 else "choco"
 
 
-def _qgm_beta(value: object) -> float:
-    """``qgm``: false (off), true (beta 0.9) or the momentum beta in [0, 1)."""
-    if isinstance(value, bool):
-        return QGM_BETA if value else 0.0
-    if isinstance(value, (int, float)) and 0 <= value < 1:
-        return float(value)
-    raise UserError(
-        f"push-sum: qgm must be true, false or a momentum in [0, 1), got {value!r}; "
-        "e.g. `qgm: true` (beta 0.9)"
-    )
-
-
 def _fp32(value: float) -> float:
     return float(torch.tensor(value, dtype=torch.float32))
-
-
-def _check_choice(param: str, value: object, valid: tuple[str, ...]) -> None:
-    check_choice("push-sum", param, value, valid, DEFAULTS[param])

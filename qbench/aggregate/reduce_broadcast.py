@@ -14,7 +14,6 @@ only the iteration time is meaningful (the worker records the run as mode ``over
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -22,7 +21,6 @@ from qbench.aggregate.base import Aggregator, split_ranges
 from qbench.comm import Comm
 from qbench.comm.base import Pending
 from qbench.compress import Compressor
-from qbench.errors import UserError
 from qbench.timing import PhaseTimer
 
 
@@ -47,20 +45,6 @@ class ReduceBroadcast(Aggregator):
         ] or [self._chunk(0, 0, align)]
         self.overlapped = len(self.chunks) > 1
         self._acc: dict[int, torch.Tensor] = {}
-
-    @classmethod
-    def check_params(cls, params: dict[str, Any]) -> dict[str, Any]:
-        extra = set(params) - {"overlap"}
-        if extra:
-            first = min(extra, key=repr)  # YAML keys: any type
-            raise UserError(f"scheme reduce-broadcast: unknown parameter {first!r}; valid: overlap")
-        overlap = params.get("overlap", 1)
-        if isinstance(overlap, bool) or not isinstance(overlap, int) or overlap < 1:
-            raise UserError(
-                f"scheme reduce-broadcast: overlap must be a chunk count >= 1, got {overlap!r}; "
-                "e.g. `{name: reduce-broadcast, overlap: 4}`"
-            )
-        return {"overlap": overlap}
 
     def _chunk(self, start: int, n: int, align: int) -> _Chunk:
         ranges = split_ranges(n, self.comm.world_size, align)

@@ -10,12 +10,12 @@ fractions, so a row sums to 1 up to one rounding per entry.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from fractions import Fraction
 
 import torch
 
+from qbench.catalog.schemes import torus_rows
 from qbench.errors import UserError, choice_error
 
 TOPOLOGIES = ("ring", "torus")
@@ -60,7 +60,7 @@ def ring(size: int) -> Graph:
 
 def torus_shape(size: int) -> tuple[int, int]:
     """(rows, cols) with rows * cols = size, 2 <= rows <= cols, as close to square as possible."""
-    rows = next((r for r in range(math.isqrt(size), 1, -1) if size % r == 0), 0)
+    rows = torus_rows(size)
     if rows < 2:
         raise UserError(
             f"gossip: topology torus needs world_size = r x c with r, c >= 2, got {size}; "

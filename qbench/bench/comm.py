@@ -35,25 +35,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qbench import aggregate, network
-from qbench.bench.kernels import parse_spec
+from qbench import catalog, network
+from qbench.catalog import rules, specs
 from qbench.comm.base import busbw_factor
 from qbench.errors import UserError
 from qbench.launch import local
-from qbench.matrix import build_compressor, incompatibility
 
 SCHEMA = "qbench.bench.comm/1"
 WORKER_MODULE = "qbench.bench.comm_worker"
 DEFAULT_COMPRESSORS = ("none", "fp16", "qsgd:bits=4,bucket_size=512")
 BASELINE = ({"name": "allreduce"}, {"name": "none"})
 """fp32 allreduce: the reference of every speedup (added to the sweep when not requested)."""
-NO_MEAN = {
-    "gossip": "gossip mixes models with its neighbours after the step and has no mean "
+NO_MEAN = {  # scheme kind (qbench.catalog.schemes) -> why this bench cannot time it
+    "decentralized": "mixes models with its neighbours after the step and has no mean "
     "gradient to time or check; see `qbench sweep` for it",
-    "push-sum": "push-sum mixes models over a directed graph after the step and has no mean "
-    "gradient to time or check; see `qbench sweep` for it",
-    "async-ps": "async-ps has no collective step (workers push and pull without a barrier); "
+    "asynchronous": "has no collective step (workers push and pull without a barrier); "
     "see `qbench sweep` for it",
+    "ddp": "is a training loop whose buckets overlap backward, not one collective call; see "
+    "`qbench sweep` for it",
 }
 LAUNCH_TIMEOUT_S = 3600.0
 SYNC_MODES = ("barrier", "stream")
@@ -144,12 +143,14 @@ def settings(
 ) -> Settings:  # fmt: skip
     """Settings from command-line strings; every bad value raises UserError naming it."""
     # Default: every registered scheme; ``plan`` skips those without a mean (with a note).
-    scheme_specs = [parse_spec(s) for s in schemes] or [{"name": n} for n in aggregate.SCHEMES]
+    scheme_specs = [specs.parse_cli(s, "scheme") for s in schemes] or [
+        {"name": n} for n in catalog.SCHEMES
+    ]
     for s in scheme_specs:
-        aggregate.check_params(s["name"], _params(s))
-    comp_specs = [parse_spec(c) for c in compressors or DEFAULT_COMPRESSORS]
+        catalog.scheme(s)
+    comp_specs = [specs.parse_cli(c) for c in compressors or DEFAULT_COMPRESSORS]
     for c in comp_specs:
-        build_compressor(c)
+        catalog.compressor(c)
     sizes = sweep_sizes(
         parse_bytes(min_bytes, "--min-bytes"), parse_bytes(max_bytes, "--max-bytes"), step_factor
     )
@@ -167,7 +168,12 @@ def _params(spec: dict[str, Any]) -> dict[str, Any]:
 
 def scheme_label(spec: dict[str, Any]) -> str:
     """``reduce-broadcast`` / ``reduce-broadcast+overlap4``, as in run labels."""
-    return spec["name"] + "".join(f"+{k}{v}" for k, v in sorted(_params(spec).items()))
+    return catalog.scheme_label(spec["name"], _params(spec))
+
+
+def _no_mean(scheme: str) -> str | None:
+    why = NO_MEAN.get(catalog.SCHEMES[scheme].kind)
+    return f"{scheme} {why}" if why else None
 
 
 def plan(
@@ -178,8 +184,10 @@ def plan(
     notes: list[str] = []
     for s in schemes:
         for c in compressors:
-            what = f"{backend} {scheme_label(s)} {build_compressor(c).label}"
-            why = NO_MEAN.get(s["name"]) or incompatibility(backend, s["name"], c)
+            what = f"{backend} {scheme_label(s)} {catalog.compressor_label(c)}"
+            why = _no_mean(s["name"]) or rules.incompatibility(
+                backend, s["name"], c, params=_params(s)
+            )
             if why:
                 notes.append(f"skipped {what}: {why}")
             else:

@@ -28,7 +28,7 @@ import torch
 
 from qbench import aggregate, comm
 from qbench.bench.comm import scheme_label
-from qbench.matrix import build_compressor
+from qbench.compress import from_spec
 from qbench.timing import PhaseTimer
 
 PHASES = ("encode", "comm", "decode")
@@ -115,14 +115,12 @@ def _measure(
     scheme, spec = combo["scheme"], combo["compressor"]
     head = {
         "backend": config["backend"], "world_size": cm.world_size, "bytes": 4 * grad.numel(),
-        "scheme": scheme_label(scheme), "compressor": build_compressor(spec).label,
+        "scheme": scheme_label(scheme), "compressor": from_spec(spec).label,
         "scheme_spec": scheme, "compressor_spec": spec,
     }  # fmt: skip
     try:  # the same on every rank: a scheme refusing this size / world size is skipped by all
         params = {k: v for k, v in scheme.items() if k != "name"}
-        agg = aggregate.build(
-            scheme["name"], cm, build_compressor(spec), grad.numel(), params=params
-        )
+        agg = aggregate.build(scheme["name"], cm, from_spec(spec), grad.numel(), params=params)
     except ValueError as e:  # UserError included
         return {**head, "skipped": str(e)}
     warm, calls = config["warmup"], config["warmup"] + config["repeats"]

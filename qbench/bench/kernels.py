@@ -19,9 +19,9 @@ from types import ModuleType
 from typing import Any, cast
 
 import torch
-import yaml
 
 from qbench import compress
+from qbench.catalog import specs
 from qbench.errors import UserError
 
 SCHEMA = "qbench.bench.kernels/1"
@@ -123,21 +123,7 @@ class KernelResult:
 
 
 # -- specs ---------------------------------------------------------------------------------------
-def parse_spec(text: str) -> dict[str, Any]:
-    """``qsgd:bits=4,bucket_size=512`` -> ``{"name": "qsgd", "bits": 4, "bucket_size": 512}``."""
-    name, _, rest = text.partition(":")
-    spec: dict[str, Any] = {"name": name.strip()}
-    for item in filter(None, (s.strip() for s in rest.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip() or not value.strip():
-            raise UserError(
-                f"compressor spec {text!r}: {item!r} is not KEY=VALUE; "
-                "e.g. `--compressor qsgd:bits=4,bucket_size=512`"
-            )
-        spec[key.strip()] = yaml.safe_load(value)  # typed like the scenario YAML: 4, 0.01, true
-    if not spec["name"]:
-        raise UserError(f"compressor spec {text!r} has no name; e.g. `--compressor qsgd:bits=4`")
-    return spec
+parse_spec = specs.parse_cli  # ``qsgd:bits=4,bucket_size=512`` -> a spec mapping
 
 
 def resolve(specs: Sequence[str] | None) -> tuple[list[compress.Compressor], list[str]]:
@@ -267,7 +253,7 @@ def _rows(
     times, copies, payload = _samples(comp, src, repeats, clock)
     numel = src.numel()
     copy_s = _median(copies)
-    spec = {"name": comp.name, **{k: getattr(comp, k) for k in compress.parameters(type(comp))}}
+    spec = {"name": comp.name, **comp.spec.params}
     rows = []
     for op in OPS:
         s = _median(times[op])

@@ -1,17 +1,15 @@
-"""Gradient compressors, looked up by name: ``build("qsgd", bits=4)``.
+"""Gradient compressors (the torch codecs), looked up by name: ``build("qsgd", bits=4)``.
 
-To add an algorithm: write one module with a Compressor subclass and add one line to
-COMPRESSORS.
+To add an algorithm: its entry in ``qbench.catalog.compressors`` (parameters, label, wire
+layout, capabilities), one module here with a Compressor subclass, and one line in COMPRESSORS
+(docs/architecture.md).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import typing
-from collections.abc import Mapping
 from typing import Any
 
+from qbench import catalog
 from qbench.compress.adaptive import Adaptive
 from qbench.compress.base import Compressor, Key, Payload, WireField
 from qbench.compress.fixedpoint import FixedPoint
@@ -21,92 +19,30 @@ from qbench.compress.onebit import OneBit
 from qbench.compress.powersgd import PowerSGD
 from qbench.compress.qsgd import QSGD
 from qbench.compress.topk import TopK
-from qbench.errors import UserError, choice_error
 
 __all__ = [
     "COMPRESSORS", "HOOK_COMPRESSORS", "Compressor", "Key", "Payload", "WireField", "build",
-    "from_spec", "parameters",
+    "from_spec",
 ]  # fmt: skip
 
 COMPRESSORS: dict[str, type[Compressor]] = {
-    NoCompression.name: NoCompression,
-    QSGD.name: QSGD,
-    OneBit.name: OneBit,
-    Half.name: Half,
-    BFloat16.name: BFloat16,
-    FixedPoint.name: FixedPoint,
-    TopK.name: TopK,
-    Adaptive.name: Adaptive,
+    c.name: c for c in (NoCompression, QSGD, OneBit, Half, BFloat16, FixedPoint, TopK, Adaptive)
 }
+"""The codecs (parameters, labels and rules: qbench.catalog.compressors)."""
 # Not codecs but DDP communication hooks (scheme ddp): specified and validated like the codecs,
 # never called to encode.
 HOOK_COMPRESSORS: dict[str, type[Compressor]] = {PowerSGD.name: PowerSGD}
 _ALL = {**COMPRESSORS, **HOOK_COMPRESSORS}
 
-_INTERNAL = frozenset({"state"})  # dataclass fields that are not user parameters
+
+def build(name: str, *, seed: int = 0, **params: Any) -> Compressor:
+    """The codec registered as ``name`` with ``params``; bad input raises the catalog's
+    UserError (unknown name or parameter, wrong type, a value out of range)."""
+    return from_spec({"name": name, **params}, seed=seed)
 
 
-def parameters(cls: type[Compressor]) -> dict[str, dataclasses.Field[Any]]:
-    """User-settable parameters of a compressor class, by name."""
-    return {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in _INTERNAL}
-
-
-def build(name: str, **params: Any) -> Compressor:
-    """Instantiate the compressor registered as ``name``; bad input raises UserError.
-
-    Names and types are checked here; value ranges in each class's ``__post_init__``.
-    """
-    if not isinstance(name, str) or name not in _ALL:  # a YAML list or mapping, too
-        raise choice_error("compressor", name, list(_ALL))
-    cls = _ALL[name]
-    valid = parameters(cls)
-    hints = _hints(name)
-    for param, value in params.items():
-        if param not in valid:
-            raise _unknown(name, param, valid)
-        params[param] = _check_type(name, valid[param], hints[param], value)
-    return cls(**params)
-
-
-def from_spec(spec: Mapping[Any, Any]) -> Compressor:
-    """Build from a scenario mapping ``{name: ..., <parameter>: ...}`` as YAML gives it: a
-    missing name or a parameter name that is not a string is a UserError too."""
-    if "name" not in spec:
-        raise UserError(f"compressor {dict(spec)!r} has no name; e.g. `{{name: qsgd, bits: 4}}`")
-    name = spec["name"]
-    params = {k: v for k, v in spec.items() if k != "name"}
-    odd = next((k for k in params if not isinstance(k, str)), None)
-    if odd is not None:
-        build(name)  # an unknown name first, as for any other spec
-        raise _unknown(name, odd, parameters(_ALL[name]))
-    return build(name, **params)
-
-
-def _unknown(name: str, param: object, valid: Mapping[str, object]) -> UserError:
-    return UserError(f"{name}: unknown parameter {param!r}; valid: {', '.join(sorted(valid))}")
-
-
-@functools.cache
-def _hints(name: str) -> dict[str, Any]:
-    return typing.get_type_hints(_ALL[name])  # slow (evaluates annotations): once each
-
-
-def _check_type(name: str, field: dataclasses.Field[Any], expected: Any, value: object) -> Any:
-    """The value, converted int -> float where a float is expected (YAML `ratio: 1`)."""
-    if not isinstance(expected, type):
-        return value  # Literal[...] and friends: the class's __post_init__ checks the value
-    # bool is a subclass of int, but `bits: true` is a mistake, not 1.
-    if isinstance(value, bool) and expected is not bool:
-        pass
-    elif isinstance(value, expected):
-        return value
-    elif expected is float and isinstance(value, int):
-        return float(value)
-    raise UserError(
-        f"{name}: {field.name} must be of type {expected.__name__}, got {value!r} "
-        f"({type(value).__name__}); e.g. `{field.name}: {_yaml(field.default)}`"
-    )
-
-
-def _yaml(value: object) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
+def from_spec(spec: Any, *, seed: int = 0) -> Compressor:
+    """Build from a spec as a scenario or the command line writes it (``qsgd``,
+    ``qsgd:bits=4``, ``{name: qsgd, bits: 4}``); ``seed`` is the run's."""
+    checked = catalog.compressor(spec)
+    return _ALL[checked.name](seed=seed, **{k: v for k, v in checked.given.items() if k != "name"})

@@ -11,14 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-
-def num_buckets(numel: int, bucket_size: int) -> int:
-    return -(-numel // bucket_size)
-
-
-def levels_nbytes(numel: int, bits: int) -> int:
-    """Bytes of numel QSGD codes: bit-packed (bitpack.packed_nbytes), or 2 each at 16 bits."""
-    return 2 * numel if bits == 16 else (numel * bits + 7) // 8
+from qbench.catalog.compressors import num_buckets  # noqa: F401  # the wire's one definition
+from qbench.catalog.compressors import qsgd_levels_nbytes as levels_nbytes  # noqa: F401
 
 
 def buckets(x: torch.Tensor, bucket_size: int) -> torch.Tensor:

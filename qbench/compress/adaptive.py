@@ -29,16 +29,15 @@ Wire (self-describing, so ``fixed_size`` is False and ``wire_layout`` is not def
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import ClassVar
+from dataclasses import replace
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from qbench.compress import huffman
-from qbench.compress.base import Compressor, Key, Payload, WireField
+from qbench.compress.base import Compressor, Key, Payload
 from qbench.compress.rng import uniform
-from qbench.errors import UserError
 
 _BLOCK = 512  # values per Huffman block: 512 numpy steps to decode; 16 bits of length each
 _MIN_SAMPLE = 64
@@ -46,62 +45,22 @@ _SAMPLE_SALT = 0x5A4D504C  # keys the sample positions apart from the rounding d
 _PLAIN, _HUFFMAN = 0, 1
 
 
-@dataclass(kw_only=True)
 class Adaptive(Compressor):
     name: ClassVar[str] = "adaptive"
-    fixed_size: ClassVar[bool] = False
-
-    sample_fraction: float = 0.03
+    # Parameters (documented and validated in qbench.catalog.compressors):
+    sample_fraction: float
     """F: fraction of the values sampled to estimate the entropy (paper: 3%)."""
-    probe_bits: int = 4
+    probe_bits: int
     """M: bits of the preliminary quantizer whose histogram gives the entropy (paper: 4)."""
-    floor_bits: int = 6
+    floor_bits: int
     """c: floor on the bit width; widths range over [c, c + M] (paper: 6, with M = 4)."""
 
-    last_bits_per_value: float = field(default=0.0, init=False, repr=False, compare=False)
-    """Achieved wire bits per value of the last encode (payload bytes * 8 / numel)."""
-    last_width: int = field(default=0, init=False, repr=False, compare=False)
-    """Bit width N chosen by the last encode."""
-
-    def __post_init__(self) -> None:
-        f = self.sample_fraction
-        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
-            raise UserError(
-                f"adaptive: sample_fraction must be in (0, 1], got {f!r}; "
-                "e.g. `sample_fraction: 0.03`"
-            )
-        for param, value, low in (
-            ("probe_bits", self.probe_bits, 1),
-            ("floor_bits", self.floor_bits, 2),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 15:
-                raise UserError(
-                    f"adaptive: {param} must be an integer in {low}..15, got {value!r}; "
-                    f"e.g. `{param}: {4 if param == 'probe_bits' else 6}`"
-                )
-        if self.floor_bits + self.probe_bits > 16:
-            raise UserError(
-                f"adaptive: floor_bits + probe_bits is the widest code and must be <= 16, got "
-                f"{self.floor_bits} + {self.probe_bits}; e.g. `floor_bits: 6` `probe_bits: 4`"
-            )
-
-    @property
-    def label(self) -> str:
-        return f"adaptive-c{self.floor_bits}-m{self.probe_bits}-f{self.sample_fraction * 100:g}%"
-
-    @property
-    def nominal_bits(self) -> float:
-        """An estimate only: the middle of the width range [c, c + M], before Huffman coding.
-
-        The achieved rate depends on the data; see ``last_bits_per_value`` or payload sizes.
-        """
-        return self.floor_bits + self.probe_bits / 2
-
-    def wire_layout(self, numel: int) -> list[WireField]:
-        raise NotImplementedError(
-            "adaptive: the payload size depends on the data (fixed_size is False); "
-            "exchange sizes before receiving and use from_wire, which reads the header"
-        )
+    def __init__(self, *, seed: int = 0, **params: Any) -> None:
+        super().__init__(seed=seed, **params)
+        self.last_bits_per_value = 0.0
+        """Achieved wire bits per value of the last encode (payload bytes * 8 / numel)."""
+        self.last_width = 0
+        """Bit width N chosen by the last encode."""
 
     def _encode(self, grad: torch.Tensor, key: Key, offset: int, name: str) -> Payload:
         n = grad.numel()

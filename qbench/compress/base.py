@@ -10,10 +10,13 @@ reproducible and independent of how the vector is split into ranges.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import ClassVar
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
+
+from qbench import catalog
 
 
 @dataclass(frozen=True)
@@ -65,24 +68,44 @@ class Key:
     stream: int = 0
 
 
-@dataclass
 class Compressor:
-    """Base class: subclasses implement ``_encode``, ``_decode`` and ``wire_layout``.
+    """Base class: subclasses implement ``_encode`` and ``_decode``.
 
-    Attributes set by subclasses:
-      name: registry name.
-      fixed_size: True when ``wire_layout(n)`` fully determines the payload of n elements,
-        so receivers can split a wire buffer without a size exchange.
-      stateful: True when the compressor keeps error-feedback residuals between steps.
-      hook_only: True when it is not a codec but a DDP communication hook (powersgd).
+    Parameters, label, wire layout and capabilities come from the compressor's catalog entry
+    (``qbench.catalog.compressors``), which also validates them: ``QSGD(bits=4)`` fills in the
+    other defaults and ``QSGD(bits=12)`` raises the catalog's UserError. Subclasses declare the
+    parameters as annotations only, for attribute access (``self.bits``). ``seed`` keys the
+    stochastic rounding (the run's seed); ``state`` holds error-feedback residuals by slot.
     """
 
     name: ClassVar[str] = "base"
-    fixed_size: ClassVar[bool] = True
-    stateful: ClassVar[bool] = False
-    hook_only: ClassVar[bool] = False
-    seed: int = 0
-    state: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+
+    def __init__(self, *, seed: int = 0, **params: Any) -> None:
+        self.spec = catalog.compressor({"name": self.name, **params})
+        self.seed = seed
+        self.state: dict[str, torch.Tensor] = {}
+        for key, value in self.spec.params.items():
+            setattr(self, key, value)
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self.spec.params.items())
+        return f"{type(self).__name__}({params}{', ' if params else ''}seed={self.seed})"
+
+    @property
+    def fixed_size(self) -> bool:
+        """``wire_layout(n)`` fully determines the payload of n elements, so receivers can split
+        a wire buffer without a size exchange."""
+        return self.spec.entry.wire is not None
+
+    @property
+    def stateful(self) -> bool:
+        """Keeps error-feedback residuals between steps (by design, whatever its parameters)."""
+        return self.spec.entry.stateful
+
+    @property
+    def hook_only(self) -> bool:
+        """Not a codec but a DDP communication hook (powersgd)."""
+        return self.spec.entry.hook_only
 
     # -- public API --------------------------------------------------------------------------
     def encode(
@@ -117,7 +140,13 @@ class Compressor:
 
     def wire_layout(self, numel: int) -> list[WireField]:
         """Buffers, in wire order, of the payload of ``numel`` elements (fixed-size only)."""
-        raise NotImplementedError
+        wire = self.spec.entry.wire
+        if wire is None:
+            raise NotImplementedError(
+                f"{self.name}: the payload size depends on the data (fixed_size is False); "
+                "exchange sizes before receiving and use from_wire, which reads the header"
+            )
+        return [WireField(b, getattr(torch, dt), n) for b, dt, n in wire(self.spec.params, numel)]
 
     def from_wire(self, wire: torch.Tensor, numel: int) -> Payload:
         """Split a received uint8 buffer back into a Payload (inverse of Payload.to_wire)."""
@@ -138,13 +167,14 @@ class Compressor:
 
     @property
     def label(self) -> str:
-        """Short human label used in tables and figures (e.g. ``qsgd-4b-b512``)."""
-        return self.name
+        """Short label used in tables, figures and run ids (e.g. ``qsgd-4b-b512``)."""
+        return self.spec.label
 
     @property
     def nominal_bits(self) -> float:
-        """Bits per value the algorithm targets, before per-bucket metadata."""
-        return 32.0
+        """Bits per value the algorithm targets, before per-bucket metadata (NaN: unknown)."""
+        bits = self.spec.nominal_bits
+        return math.nan if bits is None else bits
 
     def reset(self) -> None:
         """Forget error-feedback state."""

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import torch
 
+from qbench.catalog import compressors
+
 _BYTE_ALIGNED = (1, 2, 4)  # widths that divide 8: values never straddle a byte
 
 
-def packed_nbytes(numel: int, bits: int) -> int:
-    """Bytes that ``pack`` returns for ``numel`` codes of ``bits`` bits."""
-    return (numel * bits + 7) // 8
+packed_nbytes = compressors.packed_nbytes
+"""Bytes that ``pack`` returns for ``numel`` codes of ``bits`` bits (the catalog's formula)."""
 
 
 def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:

@@ -79,7 +79,7 @@ def exercise() -> None:
         (16, "sign", "max", 7),  # two kernels: groups of 8 cross buckets; 16-bit codes
         (2, "intervals", "l2", 300),  # two kernels, the strided tree
     ]:
-        c = QSGD(bits=bits, layout=layout, norm=norm, bucket_size=bucket_size)  # type: ignore[arg-type]
+        c = QSGD(bits=bits, layout=layout, norm=norm, bucket_size=bucket_size)
         payload = c.encode(x, step=1)
         c.decode(payload)
         c.decode(payload, out=torch.ones(x.numel()))

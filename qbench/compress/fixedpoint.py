@@ -19,54 +19,20 @@ n + ceil(n (bits - 8) / 8) bytes); bits 16 one int16 per value. Then, with ``del
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import torch
 
 from qbench.compress import bitpack
-from qbench.compress.base import Compressor, Key, Payload, WireField
+from qbench.compress.base import Compressor, Key, Payload
 from qbench.compress.rng import uniform
-from qbench.errors import UserError
 
 
-@dataclass(kw_only=True)
 class FixedPoint(Compressor):
     name: ClassVar[str] = "fixedpoint"
-
-    bits: int = 8
-    """Code width, 2..16; widths above 8 travel as 16-bit words."""
-    delta: float | Literal["auto"] = "auto"
-    """Grid step; 'auto' = smallest power of two that fits max |x| (sent as its exponent)."""
-
-    def __post_init__(self) -> None:
-        b = self.bits
-        if isinstance(b, bool) or not isinstance(b, int) or not 2 <= b <= 16:
-            raise UserError(f"fixedpoint: bits must be an integer 2..16, got {b!r}; e.g. `bits: 8`")
-        d = self.delta
-        if d != "auto" and (
-            isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 < d < math.inf
-        ):
-            raise UserError(
-                f"fixedpoint: delta must be a number > 0 or 'auto', got {d!r}; "
-                "e.g. `delta: auto` or `delta: 0.001`"
-            )
-
-    @property
-    def label(self) -> str:
-        return f"fixed-{self.bits}b" + ("" if self.delta == "auto" else f"-d{self.delta:g}")
-
-    @property
-    def nominal_bits(self) -> float:
-        """Bits sent per value: the width (every width is packed exactly)."""
-        return float(self.bits)
-
-    def wire_layout(self, numel: int) -> list[WireField]:
-        if self.bits == 16:
-            levels = WireField("levels", torch.int16, numel)
-        else:
-            levels = WireField("levels", torch.uint8, _packed_nbytes(numel, self.bits))
-        return [levels] + ([WireField("exponent", torch.int16, 1)] if self.delta == "auto" else [])
+    # Parameters (documented and validated in qbench.catalog.compressors):
+    bits: int
+    delta: float | Literal["auto"]
 
     def _encode(self, grad: torch.Tensor, key: Key, offset: int, name: str) -> Payload:
         low, high = _range(self.bits)

@@ -10,28 +10,15 @@ Wire: "values" (float16 or bfloat16, one per value, 2n bytes). Deterministic.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
-from qbench.compress.base import Compressor, Key, Payload, WireField
+from qbench.compress.base import Compressor, Key, Payload
 
 
-@dataclass(kw_only=True)
 class _Cast(Compressor):
     wire_dtype: ClassVar[torch.dtype]
-
-    @property
-    def label(self) -> str:
-        return self.name
-
-    @property
-    def nominal_bits(self) -> float:
-        return 16.0
-
-    def wire_layout(self, numel: int) -> list[WireField]:
-        return [WireField("values", self.wire_dtype, numel)]
 
     def _encode(self, grad: torch.Tensor, key: Key, offset: int, name: str) -> Payload:
         return Payload(numel=grad.numel(), buffers={"values": grad.to(self.wire_dtype)})
@@ -40,13 +27,11 @@ class _Cast(Compressor):
         return payload.buffers["values"].to(torch.float32)
 
 
-@dataclass(kw_only=True)
 class Half(_Cast):
     name: ClassVar[str] = "fp16"
     wire_dtype: ClassVar[torch.dtype] = torch.float16
 
 
-@dataclass(kw_only=True)
 class BFloat16(_Cast):
     name: ClassVar[str] = "bf16"
     wire_dtype: ClassVar[torch.dtype] = torch.bfloat16

@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
-from qbench.compress.base import Compressor, Key, Payload, WireField
+from qbench.compress.base import Compressor, Key, Payload
 
 
-@dataclass(kw_only=True)
 class NoCompression(Compressor):
     name: ClassVar[str] = "none"
-
-    @property
-    def label(self) -> str:
-        return "fp32"
-
-    @property
-    def nominal_bits(self) -> float:
-        return 32.0
-
-    def wire_layout(self, numel: int) -> list[WireField]:
-        return [WireField("values", torch.float32, numel)]
 
     def _encode(self, grad: torch.Tensor, key: Key, offset: int, name: str) -> Payload:
         # No copy: the payload aliases ``grad``, so the baseline pays no encode cost. Callers

@@ -16,62 +16,24 @@ contiguous residual in place. ``native.set_backend("torch")`` forces the referen
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from qbench.compress import bitpack, native
 from qbench.compress._buckets import buckets, num_buckets, tree_sum
-from qbench.compress.base import Compressor, Key, Payload, WireField
-from qbench.errors import UserError
+from qbench.compress.base import Compressor, Key, Payload
 
 
-@dataclass(kw_only=True)
 class OneBit(Compressor):
     name: ClassVar[str] = "onebit"
-    # Class-wide: an instance with error_feedback=False simply never fills ``state``.
-    stateful: ClassVar[bool] = True
-
-    bucket_size: int = 64
-    """Values sharing one (avg+, avg-) pair; 64 bits of metadata per bucket."""
-    error_feedback: bool = True
-    """Add last step's quantisation error before quantising (critical for accuracy)."""
-    columns: bool = False
-    """CNTK's original per-column quantisation (seed 002 section 3.2.2, "Reshaped 1bitSGD"):
-    one bucket per column of each layer. CNTK's column is its first, contiguous dimension,
-    which is the LAST dimension of a torch (row-major) tensor; ``qbench.layers.plan`` sets
-    ``bucket_size`` per tensor to that length (3 for a 3x3 conv), reproducing the artefact of
-    tiny columns that barely compress. Off: the reshaped buckets of 1bitSGD*."""
-
-    def __post_init__(self) -> None:
-        size = self.bucket_size
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise UserError(
-                f"onebit: bucket_size must be an integer >= 1, got {size!r}; e.g. `bucket_size: 64`"
-            )
-        if not isinstance(self.columns, bool):
-            raise UserError(f"onebit: columns must be true or false, got {self.columns!r}")
-        if not isinstance(self.error_feedback, bool):
-            raise UserError(
-                f"onebit: error_feedback must be true or false, got {self.error_feedback!r}; "
-                "e.g. `error_feedback: true`"
-            )
-
-    @property
-    def label(self) -> str:
-        size = "col" if self.columns else f"b{self.bucket_size}"
-        return f"1bit-{size}" + ("" if self.error_feedback else "-noef")
-
-    @property
-    def nominal_bits(self) -> float:
-        return 1.0
-
-    def wire_layout(self, numel: int) -> list[WireField]:
-        return [
-            WireField("signs", torch.uint8, bitpack.packed_nbytes(numel, 1)),
-            WireField("means", torch.float32, 2 * num_buckets(numel, self.bucket_size)),
-        ]
+    # Parameters (documented and validated in qbench.catalog.compressors). ``columns``: CNTK's
+    # column is its first, contiguous dimension, which is the LAST dimension of a torch
+    # (row-major) tensor; ``qbench.layers.plan`` sets ``bucket_size`` per tensor to that length
+    # (3 for a 3x3 conv), reproducing the artefact of tiny columns that barely compress.
+    bucket_size: int
+    error_feedback: bool
+    columns: bool
 
     def _encode(self, grad: torch.Tensor, key: Key, offset: int, name: str) -> Payload:
         residual = self._residual(grad, name) if self.error_feedback else None

@@ -21,74 +21,24 @@ fixed order of ``_buckets.tree_sum``. ``native.set_backend("torch")`` forces the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import torch
 
 from qbench.compress import bitpack, native
 from qbench.compress._buckets import buckets as _buckets
-from qbench.compress._buckets import levels_nbytes, num_buckets, tree_sum
-from qbench.compress.base import Compressor, Key, Payload, WireField
+from qbench.compress._buckets import tree_sum
+from qbench.compress.base import Compressor, Key, Payload
 from qbench.compress.rng import key_hash, uniform
-from qbench.errors import UserError
-
-_BITS = (1, 2, 3, 4, 5, 6, 7, 8, 16)
-_NORMS = ("max", "l2")
-_LAYOUTS = ("intervals", "sign")
 
 
-@dataclass(kw_only=True)
 class QSGD(Compressor):
     name: ClassVar[str] = "qsgd"
-
-    bits: int = 4
-    """Bits per value on the wire: 1..8 (bit-packed) or 16."""
-    bucket_size: int = 512
-    """Values sharing one scale; smaller buckets cut variance and cost 4 bytes each."""
-    norm: Literal["max", "l2"] = "max"
-    """Bucket scale: max |x| (lower variance) or the l2 norm (sparser codes, QSGD paper)."""
-    layout: Literal["intervals", "sign"] = "intervals"
-    """Level layout, see the module docstring."""
-
-    def __post_init__(self) -> None:
-        if not _is_int(self.bits) or self.bits not in _BITS:
-            raise UserError(f"qsgd: bits must be 1..8 or 16, got {self.bits!r}; e.g. `bits: 4`")
-        if not _is_int(self.bucket_size) or self.bucket_size < 1:
-            raise UserError(
-                f"qsgd: bucket_size must be an integer >= 1, got {self.bucket_size!r}; "
-                "e.g. `bucket_size: 512`"
-            )
-        if self.norm not in _NORMS:
-            raise UserError(
-                f"qsgd: norm must be 'max' or 'l2', got {self.norm!r}; e.g. `norm: max`"
-            )
-        if self.layout not in _LAYOUTS:
-            raise UserError(
-                f"qsgd: layout must be 'intervals' or 'sign', got {self.layout!r}; "
-                "e.g. `layout: intervals`"
-            )
-        if self.layout == "sign" and self.bits == 1:
-            raise UserError(
-                "qsgd: layout 'sign' needs bits >= 2 (one bit is the sign), got bits=1; "
-                "use `bits: 2` or `layout: intervals`"
-            )
-
-    @property
-    def label(self) -> str:
-        norm = "-l2" if self.norm == "l2" else ""
-        layout = "-sign" if self.layout == "sign" else ""
-        return f"qsgd-{self.bits}b-b{self.bucket_size}{norm}{layout}"
-
-    @property
-    def nominal_bits(self) -> float:
-        return float(self.bits)
-
-    def wire_layout(self, numel: int) -> list[WireField]:
-        return [
-            WireField("levels", torch.uint8, levels_nbytes(numel, self.bits)),
-            WireField("scales", torch.float32, num_buckets(numel, self.bucket_size)),
-        ]
+    # Parameters (documented and validated in qbench.catalog.compressors):
+    bits: int
+    bucket_size: int
+    norm: Literal["max", "l2"]
+    layout: Literal["intervals", "sign"]
 
     def _encode(self, grad: torch.Tensor, key: Key, offset: int, name: str) -> Payload:
         kernels = native.kernels_for(grad)
@@ -124,7 +74,7 @@ class QSGD(Compressor):
 
     def _check_payload(self, levels: torch.Tensor, scales: torch.Tensor, n: int) -> None:
         # The compiled paths read exactly these sizes: check them as unpack does for torch.
-        want = (levels_nbytes(n, self.bits), num_buckets(n, self.bucket_size))
+        want = tuple(f.numel for f in self.wire_layout(n))
         got = (levels.numel(), scales.numel())
         if got != want or levels.dtype != torch.uint8 or scales.dtype != torch.float32:
             raise ValueError(
@@ -151,10 +101,6 @@ class QSGD(Compressor):
         scales = payload.buffers["scales"]
         values = _dequantize(_buckets(codes, self.bucket_size), scales, self.bits, self.layout)
         return values.reshape(-1)[:n]
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)  # YAML `true` is not a bit width
 
 
 def _scales(buckets: torch.Tensor, norm: str) -> torch.Tensor:

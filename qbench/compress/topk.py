@@ -13,57 +13,23 @@ range). k depends only on n, so the size is fixed; decode scatters into zeros.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from fractions import Fraction
 from typing import ClassVar
 
 import torch
 
-from qbench.compress.base import Compressor, Key, Payload, WireField
-from qbench.errors import UserError
+from qbench.catalog.compressors import topk_k
+from qbench.compress.base import Compressor, Key, Payload
 
 
-@dataclass(kw_only=True)
 class TopK(Compressor):
     name: ClassVar[str] = "topk"
-    # Class-wide: an instance with error_feedback=False simply never fills ``state``.
-    stateful: ClassVar[bool] = True
-
-    ratio: float = 0.01
-    """Fraction of the values sent, in (0, 1]; seed 001 keeps 1% (99% compression)."""
-    error_feedback: bool = True
-    """Add the values left out at the last step before selecting (seed 001: error feedback)."""
-
-    def __post_init__(self) -> None:
-        r = self.ratio
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r <= 1:
-            raise UserError(f"topk: ratio must be in (0, 1], got {r!r}; e.g. `ratio: 0.01`")
-        if not isinstance(self.error_feedback, bool):
-            raise UserError(
-                f"topk: error_feedback must be true or false, got {self.error_feedback!r}; "
-                "e.g. `error_feedback: true`"
-            )
-
-    @property
-    def label(self) -> str:
-        return f"topk-{self.ratio * 100:g}%" + ("" if self.error_feedback else "-noef")
-
-    @property
-    def nominal_bits(self) -> float:
-        """A float32 value and an int32 index per kept entry: 64 * ratio bits per value."""
-        return 64.0 * self.ratio
+    # Parameters (documented and validated in qbench.catalog.compressors):
+    ratio: float
+    error_feedback: bool
 
     def k(self, numel: int) -> int:
         """Entries kept out of ``numel``."""
-        if numel == 0:
-            return 0
-        # The decimal the user wrote (0.07, not 0.07000000000000000666): ceil(0.07 * 100) = 7.
-        return max(1, math.ceil(Fraction(repr(float(self.ratio))) * numel))
-
-    def wire_layout(self, numel: int) -> list[WireField]:
-        k = self.k(numel)
-        return [WireField("values", torch.float32, k), WireField("indices", torch.int32, k)]
+        return topk_k(self.ratio, numel)
 
     def _encode(self, grad: torch.Tensor, key: Key, offset: int, name: str) -> Payload:
         values = (grad + self._residual(grad, name)) if self.error_feedback else grad

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from qbench.data.real import REAL_DATASETS
+from qbench.catalog.datasets import DATASETS
 from qbench.errors import choice_error
 from qbench.models import ModelInfo
 
-DATASETS = ("synthetic", *REAL_DATASETS)
+__all__ = ["DATASETS", "BatchSource", "make"]
 """``synthetic`` is made here; the others are read from local files (``qbench.data.real``)."""
 _POOL = 8  # distinct batches per rank, made before timing and cycled through
 _TEACHER_MAX = 1 << 24  # teacher weights (input values x classes) above which inputs are pooled

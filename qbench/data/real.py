@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.nn import functional as F
 
+from qbench.catalog.datasets import REAL_DATASETS
 from qbench.data.idx import IMAGES_MAGIC, LABELS_MAGIC, read_idx
 from qbench.errors import UserError, choice_error
 
@@ -48,8 +49,6 @@ class Dataset:
     test: Split
     num_classes: int
 
-
-REAL_DATASETS: tuple[str, ...] = ("digits", "mnist", "fashion-mnist", "cifar10", "imagenet")
 
 _IDX_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),

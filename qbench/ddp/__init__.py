@@ -16,7 +16,7 @@ every other compressor is encoded per bucket and exchanged with a flat scheme's 
 The state's ``payload_bytes`` (this rank's encoded gradient), ``bytes_sent`` (what it put on
 the wire) and ``timeline`` (when each bucket was handed over and ready) describe the last step.
 
-This package's ``__init__`` imports no torch (the planner reads ``qbench.ddp.options``).
+Which runs use DDP, and how a scenario spells them, is in ``qbench.catalog`` (docs/ddp.md).
 """
 
 from __future__ import annotations
@@ -54,13 +54,14 @@ def comm_hook(
     policy); default: every tensor uses this one.
     """
     from qbench import compress
+    from qbench.catalog.schemes import TORCH_HOOKS
     from qbench.compress.powersgd import PowerSGD
-    from qbench.ddp import options, scheme_hook, torch_hooks
+    from qbench.ddp import scheme_hook, torch_hooks
 
     spec = {"name": name, **params}
     compressor = compress.from_spec(spec)  # UserError naming a bad name or parameter
     comm = comm or _default_comm()
-    if name in options.TORCH_HOOKS:
+    if name in TORCH_HOOKS:
         hook_params = compressor.hook_params() if isinstance(compressor, PowerSGD) else {}
         state = torch_hooks.make_state(name, comm, hook_params, seed)
         return state, torch_hooks.torch_hook
@@ -89,7 +90,7 @@ def _default_comm() -> Comm:
 
 
 def _check_exchange(exchange: str, spec: dict[str, Any], backend: str) -> None:
-    from qbench.matrix import incompatibility  # the flat scheme's own rules
+    from qbench.catalog.rules import incompatibility  # the flat scheme's own rules
 
     why = incompatibility(backend, exchange, spec)
     if why:

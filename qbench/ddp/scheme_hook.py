@@ -169,7 +169,7 @@ class SchemeHookState:
         return self._plans[key]
 
     def _aggregator(self, seg: Segment) -> aggregate.Aggregator:
-        compressor = from_spec({**seg.spec, "seed": self.seed})
+        compressor = from_spec(seg.spec, seed=self.seed)
         return aggregate.build(
             self.scheme, self.comm, compressor, seg.numel,
             offset=self._offset + seg.ranges[0][0], params=self.scheme_params,

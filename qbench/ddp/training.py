@@ -20,42 +20,44 @@ from typing import Any
 
 from torch.nn.parallel import DistributedDataParallel
 
-from qbench import comm, precision
+from qbench import catalog, comm, precision
+from qbench.catalog import schemes
+from qbench.compress import from_spec
 from qbench.compress.powersgd import PowerSGD
-from qbench.ddp import options
 from qbench.ddp.scheme_hook import SchemeHookState, scheme_hook
 from qbench.ddp.timeline import overlap_fraction
 from qbench.ddp.torch_hooks import TorchHookState, make_state, torch_hook
-from qbench.matrix import RunSpec, build_compressor
+from qbench.matrix import RunSpec
 from qbench.records import buckets_frame
 from qbench.timing import PhaseTimer
 from qbench.training import Training
+
+_DDP_KEYS = frozenset({schemes.BACKWARD.name, *(p.name for p in schemes.DDP_OPTIONS)})
 
 
 class DDPRun(Training):
     def __init__(self, spec: RunSpec, cm: comm.Comm) -> None:
         super().__init__(spec, cm)
-        opts, own = options.split(spec.scheme, spec.scheme_params)
-        if spec.scheme == options.DDP:
-            opts, own = options.check_ddp(spec.scheme_params), {}
+        opts = catalog.scheme({"name": spec.scheme, **spec.scheme_params}).params
         self.ddp = DistributedDataParallel(
             self.model,
             device_ids=[self.device] if self.device.type == "cuda" else None,
-            bucket_cap_mb=opts.get("bucket_cap_mb", options.DEFAULT_BUCKET_CAP_MB),
-            gradient_as_bucket_view=opts.get("gradient_as_bucket_view", False),
+            bucket_cap_mb=opts["bucket_cap_mb"],
+            gradient_as_bucket_view=opts["gradient_as_bucket_view"],
         )
         self.state: TorchHookState | SchemeHookState
-        if spec.scheme == options.DDP:
+        if spec.scheme == schemes.DDP.name:
             self.state = self._torch_state()
             self.ddp.register_comm_hook(self.state, torch_hook)
-        else:
+        else:  # the flat scheme per bucket, with its own parameters (overlap, ...)
+            own = {k: v for k, v in spec.scheme_params.items() if k not in _DDP_KEYS}
             self.state = self._scheme_state(own)
             self.ddp.register_comm_hook(self.state, scheme_hook)
         self.grad_bytes = 4 * sum(p.numel() for p in self.named.values())
         self.bucket_rows: list[dict[str, Any]] = []
 
     def _torch_state(self) -> TorchHookState:
-        c = build_compressor(self.spec.compressor)
+        c = from_spec(self.spec.compressor)
         params = c.hook_params() if isinstance(c, PowerSGD) else {}
         return make_state(c.name, self.comm, params, self.spec.seed)
 

@@ -1,0 +1,140 @@
+"""What qbench knows about its compressors and schemes, in one place and without torch.
+
+Each compressor and scheme has one entry (``compressors.py``, ``schemes.py``): parameters
+(typed, documented, validated), label, wire bytes, capabilities; which combinations can run is
+in ``rules.py``, each rule with its reason. The planner (scenario, matrix), the aggregators, the
+codecs, ``bench``, the cost model and the reports read these; none re-derives them.
+
+    spec = catalog.compressor({"name": "qsgd", "bits": 4})   # or "qsgd:bits=4", or "qsgd"
+    spec.label, spec.params, spec.wire_bytes(1000), spec.entry.unbiased(spec.params)
+    catalog.scheme({"name": "reduce-broadcast", "overlap": 4}).params
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from qbench.catalog import specs
+from qbench.catalog.compressors import COMPRESSORS, CompressorEntry
+from qbench.catalog.params import validate
+from qbench.catalog.schemes import SCHEMES, SchemeEntry
+from qbench.errors import UserError, choice_error
+
+__all__ = [
+    "COMPRESSORS", "SCHEMES", "CompressorSpec", "SchemeSpec", "compressor", "compressor_label",
+    "scheme", "scheme_label",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CompressorSpec:
+    """A compressor with validated parameters (``params``: complete, defaults filled in)."""
+
+    entry: CompressorEntry
+    params: dict[str, Any]
+    given: dict[str, Any] = field(default_factory=dict)
+    """The mapping as written (``name`` included): what run ids hash."""
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def label(self) -> str:
+        return self.entry.label(self.params)
+
+    @property
+    def nominal_bits(self) -> float | None:
+        return self.entry.nominal_bits(self.params)
+
+    @property
+    def error_feedback(self) -> bool:
+        return self.entry.error_feedback(self.params)
+
+    def wire_bytes(self, numel: int) -> int | None:
+        return self.entry.wire_bytes(self.params, numel)
+
+
+@dataclass(frozen=True)
+class SchemeSpec:
+    entry: SchemeEntry
+    params: dict[str, Any]
+    given: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+
+def compressor(raw: Any) -> CompressorSpec:
+    """Validate a compressor spec (a name, ``qsgd:bits=4`` or a mapping); UserError naming the
+    bad value, the rule and a fix."""
+    spec = specs.mapping(raw, "compressor")
+    name = spec["name"]
+    if not isinstance(name, str) or name not in COMPRESSORS:  # a YAML list or mapping, too
+        raise choice_error("compressor", name, list(COMPRESSORS))
+    entry = COMPRESSORS[name]
+    given = {k: v for k, v in spec.items() if k != "name"}
+    if "seed" in given:
+        raise UserError(
+            f"{name}: seed is the run's (scenario key `seed`, which also keys the stochastic "
+            "rounding); remove `seed` from the compressor"
+        )
+    params = validate(name, entry.params, given)
+    problem = entry.cross_check(params)
+    if problem:
+        raise UserError(f"{name}: {problem}")
+    return CompressorSpec(entry, params, spec)
+
+
+def compressor_label(raw: Any) -> str:
+    return compressor(raw).label
+
+
+def scheme(raw: Any) -> SchemeSpec:
+    """Validate a scheme spec; nested compressor specs (``down``) are validated too."""
+    spec = specs.mapping(raw, "scheme")
+    name = spec["name"]
+    if not isinstance(name, str) or name not in SCHEMES:
+        raise choice_error("scheme", name, ["auto", *SCHEMES])
+    entry = SCHEMES[name]
+    given = {k: v for k, v in spec.items() if k != "name"}
+    owner = f"scheme {name}"
+    params = validate(owner, entry.params, given)
+    if params.get("down") is not None:
+        params["down"] = _down(name, params["down"])
+    problem = entry.cross_check(given, params)
+    if problem:
+        raise UserError(f"{owner}: {problem}")
+    return SchemeSpec(entry, params, spec)
+
+
+def _down(scheme_name: str, raw: Any) -> dict[str, Any]:
+    """The ``down`` compressor of a parameter-server scheme, as its validated mapping."""
+    try:
+        down = compressor(raw)
+    except UserError as e:
+        raise UserError(f"scheme {scheme_name}: down: {e}") from None
+    if scheme_name == "async-ps" and down.entry.stateful:
+        raise UserError(
+            f"scheme async-ps: down quantizes the model itself and cannot be {down.name} (it "
+            "keeps error-feedback state); use qsgd, fixedpoint, fp16, bf16, adaptive or none"
+        )
+    return down.given
+
+
+def scheme_label(name: str, params: Mapping[str, Any]) -> str:
+    """``reduce-broadcast+overlap4``, ``reduce-broadcast+backward``: part of run ids, so the
+    spelling of existing parameters never changes."""
+    extra = "".join(
+        f"+{k}" if k == "backward" else f"+{k}{_short(v)}" for k, v in sorted(params.items())
+    )
+    return f"{name}{extra}"
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, dict):
+        return compressor_label(v) if "name" in v else "-".join(map(str, v.values()))
+    return str(v)

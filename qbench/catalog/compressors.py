@@ -1,0 +1,261 @@
+"""Every compressor once: parameters, label, wire bytes and capabilities (no torch).
+
+The codecs in ``qbench.compress`` take their validated parameters from here and build their
+payloads to the wire layout given here (tests/test_catalog.py checks payload sizes against it);
+the planner, the schemes, ``bench``, the cost model and the reports read the rest. To add a
+compressor: an entry here and a codec module (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from qbench.catalog.params import Param, at_least, between, fraction, positive_finite
+
+Params = dict[str, Any]
+WireBuffer = tuple[str, str, int]
+"""(buffer name, dtype name as torch spells it, element count), in wire order."""
+
+
+@dataclass(frozen=True)
+class CompressorEntry:
+    name: str
+    summary: str
+    seed: str
+    """The seed paper(s) and section it comes from ("" for baselines)."""
+    codec: str
+    """``module:Class`` of the torch codec (``qbench.compress``)."""
+    params: tuple[Param, ...] = ()
+    label: Callable[[Params], str] = lambda p: ""
+    nominal_bits: Callable[[Params], float | None] = lambda p: 32.0
+    """Bits per value the algorithm targets before metadata; None when it depends on shapes."""
+    wire: Callable[[Params, int], list[WireBuffer]] | None = None
+    """The payload of n values, buffer by buffer; None when its size depends on the data."""
+    summable: bool = False
+    """Its payload is a tensor an allreduce can sum (fp32, fp16, bf16 casts)."""
+    error_feedback: Callable[[Params], bool] = lambda p: False
+    """Keeps the part left out at one step and adds it at the next (state per slot)."""
+    unbiased: Callable[[Params], bool] = lambda p: False
+    """E[decode(encode(x))] = x (stochastic rounding without clipping)."""
+    integer_levels: Callable[[Params], str | None] = lambda p: "its payload is not integer levels"
+    """Why integer-allreduce cannot sum it as bounded integers; None when it can."""
+    hook_only: bool = False
+    """Not a codec: a DDP communication hook (scheme ddp) whose collectives are the algorithm."""
+    cross_check: Callable[[Params], str | None] = lambda p: None
+    """A rule between parameters, as "the fix" text; None when fine."""
+    stateful: bool = False
+    """Keeps state between calls by design (error-feedback residuals), whatever its parameters."""
+
+    def wire_bytes(self, params: Params, numel: int) -> int | None:
+        if self.wire is None:
+            return None
+        return sum(count * DTYPE_BYTES[dtype] for _, dtype, count in self.wire(params, numel))
+
+
+DTYPE_BYTES = {"uint8": 1, "int16": 2, "int32": 4, "float16": 2, "bfloat16": 2, "float32": 4}
+
+
+def num_buckets(numel: int, bucket_size: int) -> int:
+    return -(-numel // bucket_size)
+
+
+def packed_nbytes(numel: int, bits: int) -> int:
+    """Bytes of numel codes of ``bits`` bits packed end to end."""
+    return (numel * bits + 7) // 8
+
+
+def qsgd_levels_nbytes(numel: int, bits: int) -> int:
+    """QSGD codes: bit-packed, or 2 little-endian bytes each at 16 bits."""
+    return 2 * numel if bits == 16 else packed_nbytes(numel, bits)
+
+
+def topk_k(ratio: float, numel: int) -> int:
+    """Entries top-k keeps out of numel: ceil(ratio n), at least 1. The decimal the user wrote
+    (0.07, not 0.07000000000000000666) decides: ceil(0.07 * 100) = 7."""
+    if numel == 0:
+        return 0
+    return max(1, math.ceil(Fraction(repr(float(ratio))) * numel))
+
+
+# -- entries ------------------------------------------------------------------------------------
+def _cast(name: str, dtype: str, bits: float, summary: str, codec: str) -> CompressorEntry:
+    return CompressorEntry(
+        name, summary, "000 (16-bit baselines)" if bits == 16 else "", codec,
+        label=lambda p: "fp32" if name == "none" else name,
+        nominal_bits=lambda p: bits,
+        wire=lambda p, n: [("values", dtype, n)],
+        summable=True,
+        unbiased=lambda p: name == "none",
+        integer_levels=lambda p: None if name == "none" else "its payload is not integer levels",
+    )  # fmt: skip
+
+
+NONE = _cast(
+    "none", "float32", 32.0, "no compression: fp32 values", "qbench.compress.none:NoCompression"
+)
+FP16 = _cast(
+    "fp16", "float16", 16.0, "IEEE half precision, rounded to nearest", "qbench.compress.fp16:Half"
+)
+BF16 = _cast("bf16", "bfloat16", 16.0, "bfloat16, rounded to nearest",
+             "qbench.compress.fp16:BFloat16")  # fmt: skip
+
+QSGD_BITS = (1, 2, 3, 4, 5, 6, 7, 8, 16)
+QSGD = CompressorEntry(
+    "qsgd", "stochastic quantization per bucket, unbiased (Alistarh et al.)", "002 §2.3, §3.2.2",
+    codec="qbench.compress.qsgd:QSGD",
+    params=(
+        Param("bits", 4, "bits per value on the wire: 1..8 (bit-packed) or 16", int,
+              "1..8 or 16", choices=QSGD_BITS),
+        Param("bucket_size", 512, "values sharing one scale; smaller buckets cut variance "
+              "and cost 4 bytes each", int, "an integer >= 1", at_least(1)),
+        Param("norm", "max", "bucket scale: max |x| (lower variance) or the l2 norm", str,
+              "'max' or 'l2'", choices=("max", "l2")),
+        Param("layout", "intervals", "levels: 2^bits - 1 equal intervals of [-s, s], or a "
+              "sign bit and magnitude levels", str, "'intervals' or 'sign'",
+              choices=("intervals", "sign")),
+    ),
+    label=lambda p: f"qsgd-{p['bits']}b-b{p['bucket_size']}"
+    + ("-l2" if p["norm"] == "l2" else "") + ("-sign" if p["layout"] == "sign" else ""),
+    nominal_bits=lambda p: float(p["bits"]),
+    wire=lambda p, n: [
+        ("levels", "uint8", qsgd_levels_nbytes(n, p["bits"])),
+        ("scales", "float32", num_buckets(n, p["bucket_size"])),
+    ],
+    unbiased=lambda p: True,
+    integer_levels=lambda p: _qsgd_integer(p),
+    cross_check=lambda p: (
+        "layout 'sign' needs bits >= 2 (one bit is the sign), got bits=1; use `bits: 2` or "
+        "`layout: intervals`" if p["layout"] == "sign" and p["bits"] == 1 else None
+    ),
+)  # fmt: skip
+
+
+def _qsgd_integer(p: Params) -> str | None:
+    if p["bits"] < 2:
+        return (
+            "it needs qsgd bits >= 2 (levels -L..L, L = 2^(bits-1) - 1), got bits 1; e.g. `bits: 2`"
+        )
+    if p["norm"] != "max":
+        return (
+            f"it scales buckets by the max |x| over ranks, got qsgd norm {p['norm']}; "
+            "use `norm: max`"
+        )
+    return None
+
+
+ONEBIT = CompressorEntry(
+    "onebit", "1bitSGD: a sign per value and two means per bucket, error feedback (Seide et al.)",
+    "002 §2.2, §3.2.2", codec="qbench.compress.onebit:OneBit",
+    params=(
+        Param("bucket_size", 64, "values sharing one (avg+, avg-) pair", int, "an integer >= 1",
+              at_least(1)),
+        Param("error_feedback", True, "add last step's quantization error first", bool),
+        Param("columns", False, "CNTK's per-column buckets (seed 002 §3.2.2): one bucket per "
+              "column of each layer", bool),
+    ),
+    label=lambda p: "1bit-" + ("col" if p["columns"] else f"b{p['bucket_size']}")
+    + ("" if p["error_feedback"] else "-noef"),
+    nominal_bits=lambda p: 1.0,
+    wire=lambda p, n: [
+        ("signs", "uint8", packed_nbytes(n, 1)),
+        ("means", "float32", 2 * num_buckets(n, p["bucket_size"])),
+    ],
+    error_feedback=lambda p: bool(p["error_feedback"]),
+    stateful=True,
+)  # fmt: skip
+
+
+def _fixed_levels(n: int, bits: int) -> WireBuffer:
+    if bits == 16:
+        return ("levels", "int16", n)
+    return ("levels", "uint8", packed_nbytes(n, bits))  # 9..15 bits: planar, same total
+
+
+FIXEDPOINT = CompressorEntry(
+    "fixedpoint", "stochastic rounding onto a fixed-point grid of step delta", "000 §3",
+    codec="qbench.compress.fixedpoint:FixedPoint",
+    params=(
+        Param("bits", 8, "code width, 2..16", int, "an integer 2..16", between(2, 16)),
+        Param("delta", "auto", "grid step; auto: the smallest power of two that fits max |x| "
+              "(sent as its exponent)", (float, str), "a number > 0 or 'auto'",
+              lambda v: v == "auto" or (not isinstance(v, str) and positive_finite(v))),
+    ),
+    label=lambda p: f"fixed-{p['bits']}b" + ("" if p["delta"] == "auto" else f"-d{p['delta']:g}"),
+    nominal_bits=lambda p: float(p["bits"]),
+    wire=lambda p, n: [_fixed_levels(n, p["bits"])]
+    + ([("exponent", "int16", 1)] if p["delta"] == "auto" else []),
+    unbiased=lambda p: True,  # within the representable range; values beyond it are clipped
+)  # fmt: skip
+
+TOPK = CompressorEntry(
+    "topk", "the k largest |values| with their indices, error feedback", "001, 003",
+    codec="qbench.compress.topk:TopK",
+    params=(
+        Param("ratio", 0.01, "fraction of the values sent; seed 001 keeps 1%", float,
+              "in (0, 1]", fraction),
+        Param("error_feedback", True, "add the values left out at the last step", bool),
+    ),
+    label=lambda p: f"topk-{p['ratio'] * 100:g}%" + ("" if p["error_feedback"] else "-noef"),
+    nominal_bits=lambda p: 64.0 * p["ratio"],
+    wire=lambda p, n: [("values", "float32", topk_k(p["ratio"], n)),
+                       ("indices", "int32", topk_k(p["ratio"], n))],
+    error_feedback=lambda p: bool(p["error_feedback"]),
+    stateful=True,
+)  # fmt: skip
+
+ADAPTIVE = CompressorEntry(
+    "adaptive", "entropy-adaptive bit width per call, canonical Huffman coding", "004 Alg. 1-2",
+    codec="qbench.compress.adaptive:Adaptive",
+    params=(
+        Param("sample_fraction", 0.03, "F: fraction sampled to estimate the entropy", float,
+              "in (0, 1]", fraction),
+        Param("probe_bits", 4, "M: bits of the probe quantizer", int, "an integer in 1..15",
+              between(1, 15)),
+        Param("floor_bits", 6, "c: floor on the width; widths range over [c, c + M]", int,
+              "an integer in 2..15", between(2, 15)),
+    ),
+    label=lambda p: (
+        f"adaptive-c{p['floor_bits']}-m{p['probe_bits']}-f{p['sample_fraction'] * 100:g}%"
+    ),
+    nominal_bits=lambda p: p["floor_bits"] + p["probe_bits"] / 2,
+    unbiased=lambda p: True,
+    cross_check=lambda p: (
+        f"floor_bits + probe_bits is the widest code and must be <= 16, got {p['floor_bits']} "
+        f"+ {p['probe_bits']}; e.g. `floor_bits: 6` `probe_bits: 4`"
+        if p["floor_bits"] + p["probe_bits"] > 16 else None
+    ),
+)  # fmt: skip
+
+POWERSGD = CompressorEntry(
+    "powersgd", "PowerSGD low-rank approximation, torch's DDP hook (Vogels et al.)", "",
+    codec="qbench.compress.powersgd:PowerSGD",
+    params=(
+        Param("rank", 1, "rank r of the approximation (torch's matrix_approximation_rank)", int,
+              "an integer >= 1", at_least(1), example=2),
+        Param("start_iter", 2, "iterations allreduced uncompressed first (torch: 1000)", int,
+              "an integer >= 0", at_least(0)),
+        Param("warm_start", True, "reuse last step's Q", bool),
+        Param("error_feedback", True, "add the last step's compression error", bool),
+        Param("min_compression_rate", 2.0, "compress a matrix only when it shrinks this much",
+              float, "a number >= 1", at_least(1)),
+    ),
+    label=lambda p: f"powersgd-r{p['rank']}" + ("" if p["warm_start"] else "-cold")
+    + ("" if p["error_feedback"] else "-noef"),
+    nominal_bits=lambda p: None,
+    error_feedback=lambda p: bool(p["error_feedback"]),
+    hook_only=True,
+    stateful=True,
+    cross_check=lambda p: (
+        f"start_iter must be an integer >= 2 (torch needs two plain iterations before warm "
+        f"start or error feedback), got {p['start_iter']}; e.g. `start_iter: 2`"
+        if (p["warm_start"] or p["error_feedback"]) and p["start_iter"] < 2 else None
+    ),
+)  # fmt: skip
+
+COMPRESSORS: dict[str, CompressorEntry] = {
+    e.name: e for e in (NONE, QSGD, ONEBIT, FP16, BF16, FIXEDPOINT, TOPK, ADAPTIVE, POWERSGD)
+}

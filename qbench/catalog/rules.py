@@ -1,0 +1,238 @@
+"""Which combinations can run, each rule with the one-line reason the planner shows.
+
+A combination that cannot work is never dropped silently: ``matrix.expand`` lists it as excluded
+with the first reason found here (``qbench sweep --dry-run`` prints them). Rules are plain
+functions of a :class:`Combo`, in ``RULES`` order.
+
+Also here: the one spelling per DDP configuration (:func:`canonical`) and which runs
+communicate during backward (:func:`overlap`), see docs/ddp.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from qbench import catalog
+from qbench.catalog.schemes import BACKWARD, TORCH_HOOKS, torus_rows
+
+DDP = "ddp"
+
+
+@dataclass(frozen=True)
+class Combo:
+    backend: str
+    scheme: str
+    """Canonical scheme name (``canonical`` applied)."""
+    params: dict[str, Any]
+    """The scheme's parameters as given (canonical)."""
+    compressor: catalog.CompressorSpec
+    world_size: int | None = None
+    overrides: tuple[catalog.CompressorSpec, ...] = ()
+    """Compressors of the layer policy's overrides (they run under the same scheme)."""
+    accuracy: bool = False
+    """Accuracy mode (``epochs:``): the run must train."""
+    momentum: float = 0.0
+    telemetry: bool = False
+    compute: str = "fp32"
+    compressors: tuple[catalog.CompressorSpec, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compressors", (self.compressor, *self.overrides))
+
+
+Rule = Callable[[Combo], "str | None"]
+
+
+def overlap(scheme: str, params: dict[str, Any]) -> str:
+    """``backward`` when buckets are communicated during backward, ``none`` when one flat
+    gradient is aggregated after it (the run's ``overlap`` label)."""
+    return BACKWARD.name if scheme == DDP or params.get(BACKWARD.name) else "none"
+
+
+def canonical(scheme: str, params: dict[str, Any], compressor: str) -> tuple[str, dict[str, Any]]:
+    """One spelling per configuration: ``ddp`` with a qbench compressor is reduce-broadcast per
+    bucket; ``allreduce`` per bucket is ``ddp``; ``backward: false`` is the flat scheme."""
+    if scheme == DDP and compressor not in TORCH_HOOKS:
+        return "reduce-broadcast", {BACKWARD.name: True, **params}
+    if params.get(BACKWARD.name) is False:
+        params = {k: v for k, v in params.items() if k != BACKWARD.name}
+    if scheme == "allreduce" and params.get(BACKWARD.name):
+        return DDP, {k: v for k, v in params.items() if k != BACKWARD.name}
+    return scheme, params
+
+
+def resolve_auto(compressor: catalog.CompressorSpec) -> str:
+    """``scheme: auto``: allreduce for fp32, ddp for torch-only hooks, else reduce-broadcast."""
+    if compressor.name == "none":
+        return "allreduce"
+    return DDP if compressor.entry.hook_only else "reduce-broadcast"
+
+
+# -- the rules ----------------------------------------------------------------------------------
+def _ddp_backend(c: Combo) -> str | None:
+    if overlap(c.scheme, c.params) == BACKWARD.name and c.backend == "mpi":
+        return (
+            "DDP runs on torch.distributed process groups (gloo, nccl); torch's MPI backend is "
+            "not built, so mpi has no DDP; use backend gloo (CPU) or nccl (GPU)"
+        )
+    return None
+
+
+def _ddp_hooks(c: Combo) -> str | None:
+    if c.scheme != DDP:
+        return None
+    if c.overrides:
+        return (
+            "ddp sends every tensor through one torch hook; layer overrides need qbench's hook: "
+            "use e.g. `{name: reduce-broadcast, backward: true}`"
+        )
+    if c.compressor.name not in TORCH_HOOKS:  # canonical() maps these away
+        return f"ddp runs compressors {', '.join(TORCH_HOOKS)} with torch's hooks"
+    return None
+
+
+def _ddp_loop(c: Combo) -> str | None:
+    if overlap(c.scheme, c.params) != BACKWARD.name:
+        return None
+    if c.telemetry:
+        return (
+            "telemetry shadows each layer's encode after backward; DDP runs communicate during "
+            "backward and record none; drop `telemetry` or the DDP schemes"
+        )
+    if c.compute == "fp16":
+        return (
+            "fp16 compute zeroes an overflowing rank's gradient before it is communicated, but "
+            "DDP communicates during backward; use compute bf16 with DDP"
+        )
+    return None
+
+
+def _hook_only(c: Combo) -> str | None:
+    if c.scheme == DDP:
+        return None
+    for comp in c.compressors:
+        if comp.entry.hook_only:
+            return (
+                f"{comp.name} is torch's DDP communication hook, not a codec the {c.scheme} "
+                f"scheme can call; use `scheme: ddp`"
+            )
+    return None
+
+
+def _summable(c: Combo) -> str | None:
+    if c.scheme not in ("allreduce", DDP):
+        return None
+    for comp in c.compressors:
+        if not comp.entry.summable and c.scheme == "allreduce":
+            return (
+                f"allreduce sums raw buffers and cannot sum packed {comp.name} payloads; "
+                "use compressor none, fp16 or bf16, or scheme reduce-broadcast"
+            )
+        if comp.name == "bf16" and c.backend == "mpi":
+            return (
+                "MPI cannot sum bf16 buffers (numpy, hence mpi4py, has no bfloat16 datatype); "
+                "use backend gloo or nccl, or compressor fp16"
+            )
+    return None
+
+
+def _integer_levels(c: Combo) -> str | None:
+    if c.scheme != "integer-allreduce":
+        return None
+    for comp in c.compressors:
+        if comp.name == "none":  # groups the layer policy keeps in fp32: a plain allreduce
+            continue
+        if comp.name != "qsgd":
+            return (
+                f"integer-allreduce sums qsgd levels as integers and needs compressor qsgd, "
+                f"got {comp.name}; e.g. `{{name: qsgd, bits: 8}}`, or scheme reduce-broadcast"
+            )
+        why = comp.entry.integer_levels(comp.params)
+        if why:
+            return f"integer-allreduce: {why}"
+    return None
+
+
+def _own_error_feedback(c: Combo) -> str | None:
+    carried = {
+        "gossip": "gossip algorithms carry their own error feedback (Choco's x_hat, "
+        "DeepSqueeze's delta)",
+        "push-sum": "push-sum keeps its own error feedback (Choco's public copies per link)",
+    }.get(c.scheme)
+    for comp in c.compressors if carried else ():
+        if comp.error_feedback:
+            return f"{carried}; set `error_feedback: false` on {comp.name}"
+    return None
+
+
+def _topology(c: Combo) -> str | None:
+    if c.scheme != "gossip" or c.world_size is None:
+        return None
+    if c.params.get("topology") == "torus" and torus_rows(c.world_size) < 2:
+        return (
+            f"gossip: topology torus needs world_size = r x c with r, c >= 2, got "
+            f"{c.world_size}; use a world_size such as 4, 6, 8 or 9, or `topology: ring`"
+        )
+    return None
+
+
+def _qgm_momentum(c: Combo) -> str | None:
+    if c.scheme == "push-sum" and c.params.get("qgm") and c.momentum:
+        return (
+            "push-sum's qgm is the momentum (quasi-global); the optimizer's would compound "
+            "with it; set `momentum: 0` in the scenario"
+        )
+    return None
+
+
+def _async_ps(c: Combo) -> str | None:
+    if c.scheme != "async-ps":
+        return None
+    if c.world_size is not None and c.world_size < 2:
+        return (
+            f"async-ps needs a server (rank 0) and at least one worker: world_size >= 2, "
+            f"got {c.world_size}"
+        )
+    if c.backend == "nccl":
+        return (
+            "async-ps receives from whichever worker sends first, which nccl cannot; "
+            "use backend gloo or mpi"
+        )
+    return None
+
+
+def _trains(c: Combo) -> str | None:
+    if c.accuracy and not catalog.SCHEMES[c.scheme].reduces:
+        return (
+            f"{c.scheme} does not reduce the gradients (speed only, seed 002 section 4.4), so "
+            "it cannot train; drop it from accuracy (epochs) scenarios"
+        )
+    return None
+
+
+RULES: tuple[Rule, ...] = (
+    _ddp_backend, _ddp_hooks, _hook_only, _topology, _own_error_feedback, _async_ps,
+    _summable, _integer_levels, _ddp_loop, _trains, _qgm_momentum,
+)  # fmt: skip
+
+
+def why_not(combo: Combo) -> str | None:
+    """The first rule the combination breaks, or None when it can run."""
+    return next((why for rule in RULES if (why := rule(combo))), None)
+
+
+def incompatibility(
+    backend: str,
+    scheme: str,
+    comp: Any,
+    *,
+    world_size: int | None = None,
+    params: dict[str, Any] | None = None,
+) -> str | None:
+    """Why one compressor cannot run under ``scheme`` on ``backend``, or None (for callers
+    outside the planner: bench, the DDP hooks, tests)."""
+    spec = catalog.compressor(comp)
+    combo = Combo(backend, scheme, params or {}, spec, world_size=world_size)
+    return why_not(combo)

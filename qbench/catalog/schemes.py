@@ -1,0 +1,180 @@
+"""Every aggregation scheme once: parameters, label and capabilities (no torch).
+
+Which backends, compressors and world sizes a scheme accepts, each with its one-line reason, is
+in :mod:`qbench.catalog.rules`. The aggregators in ``qbench.aggregate`` take their validated
+parameters from here. To add a scheme: an entry here, its rules, and an aggregator module.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from qbench.catalog.params import Param, at_least, fraction
+
+Params = dict[str, Any]
+Check = Callable[[Params, Params], str | None]
+"""(given parameters, validated parameters) -> a problem between them, or None."""
+
+
+@dataclass(frozen=True)
+class SchemeEntry:
+    name: str
+    summary: str
+    seed: str
+    aggregator: str
+    """``module:Class`` of the aggregator (``qbench.aggregate``); "" for ddp (a training loop)."""
+    params: tuple[Param, ...] = ()
+    kind: str = "collective"
+    """collective (every rank gets the mean), decentralized (each rank its own model),
+    asynchronous (a server, no barrier) or ddp (PyTorch's DDP loop)."""
+    reduces: bool = True
+    """It computes the mean gradient (simulated-lowprec only moves the bytes)."""
+    per_bucket: bool = False
+    """Can run per DDP bucket during backward (``backward: true``)."""
+    pipelined: bool = False
+    """Takes ``overlap: C``: C chunks double-buffered (seed 002 §3.2.1)."""
+    cross_check: Check = lambda given, p: None
+
+
+# -- shared parameters --------------------------------------------------------------------------
+DEFAULT_BUCKET_CAP_MB = 25.0  # torch.nn.parallel.DistributedDataParallel's default
+DDP_OPTIONS = (
+    Param("bucket_cap_mb", DEFAULT_BUCKET_CAP_MB, "DDP bucket size in MB (torch's default 25)",
+          float, "a size in MB > 0", lambda v: 0 < v <= 1e5),
+    Param("gradient_as_bucket_view", False, "gradients as views into DDP's buckets", bool),
+)  # fmt: skip
+BACKWARD = Param("backward", False, "run per DDP bucket during backward instead of after it", bool)
+OVERLAP = Param(
+    "overlap", 1, "chunks double-buffered so encode, comm and decode overlap", int,
+    "a chunk count >= 1", at_least(1), example=4,
+)  # fmt: skip
+GAMMA = Param("gamma", 1.0, "consensus step size of choco / deepsqueeze", float, "a number in "
+              "(0, 1]", fraction, example=0.5)  # fmt: skip
+DOWN = Param(
+    "down", None, "compressor of what the server sends back (double quantization); none: "
+    "fp32", (dict, str, type(None)), "a compressor spec with a name",
+    lambda v: v is None or isinstance(v, str) or "name" in v, example="{name: qsgd, bits: 8}",
+)  # fmt: skip
+
+
+def _ddp_options_need_backward(given: Params, p: Params) -> str | None:
+    if not p.get("backward") and any(o.name in given for o in DDP_OPTIONS):
+        return "bucket_cap_mb and gradient_as_bucket_view need `backward: true`"
+    return None
+
+
+def _gamma_only_for(algorithm: str, other: str) -> Check:
+    def check(given: Params, p: Params) -> str | None:
+        if "gamma" in given and p["algorithm"] == algorithm:
+            return (
+                f"gamma is the consensus step size of {other}; {algorithm} mixes directly: "
+                f"drop `gamma` or use `algorithm: choco`"
+            )
+        return None
+
+    return check
+
+
+def qgm_beta(value: object) -> float:
+    """push-sum's ``qgm``: false (off), true (beta 0.9, Lin et al. 2021) or beta in [0, 1)."""
+    if isinstance(value, bool):
+        return 0.9 if value else 0.0
+    return float(value)  # type: ignore[arg-type]  # validated: a number in [0, 1)
+
+
+def torus_rows(size: int) -> int:
+    """Rows of the squarest r x c torus of ``size`` ranks (2 <= r <= c); 0 when there is none."""
+    return next((r for r in range(math.isqrt(size), 1, -1) if size % r == 0), 0)
+
+
+# -- entries ------------------------------------------------------------------------------------
+ALLREDUCE = SchemeEntry(
+    "allreduce", "one sum allreduce (fp32, or fp16/bf16 casts), then / K", "002 (NCCL)",
+    "qbench.aggregate.allreduce:AllReduce", params=(BACKWARD, *DDP_OPTIONS), per_bucket=True,
+    cross_check=_ddp_options_need_backward,
+)  # fmt: skip
+REDUCE_BROADCAST = SchemeEntry(
+    "reduce-broadcast", "owners reduce a range each, re-encode the mean and send it to all",
+    "002 §2.4.1", "qbench.aggregate.reduce_broadcast:ReduceBroadcast",
+    params=(OVERLAP, BACKWARD, *DDP_OPTIONS), per_bucket=True, pipelined=True,
+    cross_check=_ddp_options_need_backward,
+)  # fmt: skip
+ALLGATHER = SchemeEntry(
+    "allgather", "every rank sends its payload to all and decodes all K", "002 Alg. 1",
+    "qbench.aggregate.allgather:AllGather", params=(BACKWARD, *DDP_OPTIONS), per_bucket=True,
+    cross_check=_ddp_options_need_backward,
+)  # fmt: skip
+SIMULATED_LOWPREC = SchemeEntry(
+    "simulated-lowprec", "SIMULATED: an fp32-typed allreduce as large as the payload; "
+    "gradients are not reduced (speed only)", "002 §4.4",
+    "qbench.aggregate.simulated_lowprec:SimulatedLowPrec", reduces=False,
+)  # fmt: skip
+INTEGER_ALLREDUCE = SchemeEntry(
+    "integer-allreduce", "shared bucket scales, qsgd levels summed as integers in one "
+    "allreduce", "beyond the papers", "qbench.aggregate.integer_allreduce:IntegerAllReduce",
+    params=(OVERLAP, BACKWARD, *DDP_OPTIONS), per_bucket=True, pipelined=True,
+    cross_check=_ddp_options_need_backward,
+)  # fmt: skip
+PARAMETER_SERVER = SchemeEntry(
+    "parameter-server", "rank 0 averages the encoded gradients and sends the mean back",
+    "003, 000", "qbench.aggregate.parameter_server:ParameterServer", params=(DOWN,),
+)  # fmt: skip
+GOSSIP = SchemeEntry(
+    "gossip", "decentralized: each rank steps its model, then mixes with its neighbours",
+    "000, 001", "qbench.aggregate.gossip:Gossip", kind="decentralized",
+    params=(
+        Param("topology", "ring", "undirected graph", str, choices=("ring", "torus")),
+        Param("algorithm", "choco", "D-PSGD, Choco-SGD or DeepSqueeze", str,
+              choices=("dpsgd", "choco", "deepsqueeze")),
+        GAMMA,
+    ),
+    cross_check=_gamma_only_for("dpsgd", "choco and deepsqueeze"),
+)  # fmt: skip
+PUSH_SUM = SchemeEntry(
+    "push-sum", "decentralized over directed graphs (stochastic gradient push)", "001",
+    "qbench.aggregate.push_sum:PushSum", kind="decentralized",
+    params=(
+        Param("topology", "directed-ring", "directed graph; exponential is time-varying", str,
+              choices=("directed-ring", "exponential")),
+        Param("algorithm", "auto", "sgp (exact), choco (Quant-SGP) or auto", str,
+              choices=("auto", "sgp", "choco")),
+        GAMMA,
+        Param("qgm", False, "quasi-global momentum: true (beta 0.9) or beta in [0, 1)",
+              (bool, float), "true, false or a momentum in [0, 1)",
+              lambda v: isinstance(v, bool) or 0 <= v < 1),
+    ),
+    cross_check=_gamma_only_for("sgp", "choco"),
+)  # fmt: skip
+ASYNC_PS = SchemeEntry(
+    "async-ps", "asynchronous parameter server with double quantization (AsyLPG)", "003",
+    "qbench.aggregate.async_ps:AsyncPS", kind="asynchronous",
+    params=(
+        Param("staleness", 4, "the most server updates a gradient may miss", int,
+              "an integer >= 0 (0 = serial SGD)", at_least(0)),
+        Param("variant", "asylpg", "asylpg, sparse (top-k first) or accelerated (Nesterov)",
+              str, choices=("asylpg", "sparse", "accelerated")),
+        DOWN,
+        Param("ratio", 0.1, "variant sparse: fraction of each group's values kept", float,
+              "in (0, 1]", fraction),
+    ),
+    cross_check=lambda given, p: (
+        f"ratio applies to variant sparse only, got variant {p['variant']}; remove `ratio` or "
+        "set `variant: sparse`" if "ratio" in given and p["variant"] != "sparse" else None
+    ),
+)  # fmt: skip
+DDP = SchemeEntry(
+    "ddp", "PyTorch DistributedDataParallel: buckets allreduced during backward, torch's own "
+    "hooks (fp16, bf16, PowerSGD)", "Agarwal et al. 2022 (baseline)", "", kind="ddp",
+    params=DDP_OPTIONS,
+)  # fmt: skip
+
+SCHEMES: dict[str, SchemeEntry] = {
+    e.name: e
+    for e in (ALLREDUCE, REDUCE_BROADCAST, GOSSIP, ALLGATHER, SIMULATED_LOWPREC, INTEGER_ALLREDUCE,
+              PARAMETER_SERVER, PUSH_SUM, ASYNC_PS, DDP)
+}  # fmt: skip
+TORCH_HOOKS = ("none", "fp16", "bf16", "powersgd")
+"""Compressors DDP runs with torch's own communication (``scheme: ddp``)."""

@@ -1,0 +1,158 @@
+"""The catalog: one entry per compressor and scheme, read by everything else (no torch).
+
+The codecs must build payloads of exactly the catalog's wire layout, declare exactly its
+parameters, and the planner's rules give the reasons written out here by hand.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import torch
+
+from qbench import catalog, compress
+from qbench.catalog import rules, specs
+from qbench.errors import UserError
+
+SIZES = [0, 1, 7, 8, 9, 63, 64, 65, 511, 512, 513, 1000, 4097]
+
+
+def test_the_catalog_and_the_planner_import_no_torch() -> None:
+    code = (
+        "import sys; import qbench.catalog, qbench.catalog.rules, qbench.matrix, qbench.scenario; "
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("name", sorted(compress.COMPRESSORS))
+def test_every_codec_declares_exactly_its_catalog_parameters(name: str) -> None:
+    codec = compress.COMPRESSORS[name]
+    declared = {k for k in codec.__annotations__ if k not in ("name", "wire_dtype")}
+    assert declared == {p.name for p in catalog.COMPRESSORS[name].params}
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [{"name": "none"}, {"name": "fp16"}, {"name": "bf16"},
+     {"name": "qsgd", "bits": 3, "bucket_size": 7}, {"name": "qsgd", "bits": 16},
+     {"name": "qsgd", "bits": 1, "bucket_size": 64}, {"name": "onebit", "bucket_size": 5},
+     {"name": "fixedpoint", "bits": 11}, {"name": "fixedpoint", "bits": 16, "delta": 0.5},
+     {"name": "fixedpoint", "bits": 3}, {"name": "topk", "ratio": 0.07}],
+    ids=lambda s: "-".join(map(str, s.values())),
+)  # fmt: skip
+def test_payloads_have_the_catalogs_wire_bytes(spec: dict[str, Any]) -> None:
+    codec = compress.from_spec(spec)
+    checked = catalog.compressor(spec)
+    for n in SIZES:
+        codec.reset()  # error feedback keeps one residual per slot and size
+        payload = codec.encode(torch.randn(n, generator=torch.Generator().manual_seed(n)))
+        assert payload.nbytes == checked.wire_bytes(n), n
+
+
+def test_wire_bytes_written_out_by_hand() -> None:
+    q4 = catalog.compressor({"name": "qsgd", "bits": 4, "bucket_size": 512})
+    assert q4.wire_bytes(1000) == 500 + 2 * 4  # 4 bits each, two buckets of one fp32 scale
+    assert catalog.compressor("qsgd:bits=16").wire_bytes(10) == 20 + 4
+    assert catalog.compressor("onebit").wire_bytes(100) == 13 + 2 * 2 * 4  # 2 buckets of 64
+    assert catalog.compressor("topk:ratio=0.07").wire_bytes(100) == 7 * 8  # 7 values + indices
+    assert catalog.compressor("fixedpoint:bits=11").wire_bytes(8) == 11 + 2  # + the exponent
+    assert catalog.compressor("adaptive").wire_bytes(8) is None  # depends on the data
+    assert catalog.compressor("powersgd").wire_bytes(8) is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "label"),
+    [("none", "fp32"), ("fp16", "fp16"), ("qsgd", "qsgd-4b-b512"),
+     ("qsgd:bits=2,norm=l2,layout=sign", "qsgd-2b-b512-l2-sign"), ("onebit", "1bit-b64"),
+     ("onebit:columns=true,error_feedback=false", "1bit-col-noef"), ("fixedpoint", "fixed-8b"),
+     ("fixedpoint:delta=0.25", "fixed-8b-d0.25"), ("topk", "topk-1%"),
+     ("adaptive", "adaptive-c6-m4-f3%"), ("powersgd:rank=2", "powersgd-r2")],
+)  # fmt: skip
+def test_labels_are_stable(spec: str, label: str) -> None:
+    assert catalog.compressor_label(spec) == label  # run ids contain them: never change one
+
+
+@pytest.mark.parametrize("entry", [*catalog.COMPRESSORS.values(), *catalog.SCHEMES.values()])
+def test_defaults_and_examples_pass_their_own_rules(entry: Any) -> None:
+    owner = entry.name
+    for p in entry.params:
+        assert p.check(owner, p.default) == p.default or p.default is None
+        p.check(owner, p.example_value)
+
+
+def test_cli_spec_syntax_round_trips_and_works_in_yaml() -> None:
+    spec = specs.parse_cli("qsgd:bits=4,bucket_size=512,norm=l2")
+    assert spec == {"name": "qsgd", "bits": 4, "bucket_size": 512, "norm": "l2"}
+    assert specs.parse_cli(specs.to_cli(spec)) == spec
+    assert specs.mapping("topk:ratio=0.1") == {"name": "topk", "ratio": 0.1}
+    assert specs.mapping("none") == {"name": "none"}
+    with pytest.raises(UserError, match="'bits' is not KEY=VALUE"):
+        specs.parse_cli("qsgd:bits")
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [({"name": "qsgd", "bukcet_size": 8}, "unknown parameter 'bukcet_size' (did you mean "
+      "'bucket_size'?); valid: bits, bucket_size, norm, layout"),
+     ({"name": "qsgd", "bits": 12}, "qsgd: bits must be 1..8 or 16, got 12; e.g. `bits: 4`"),
+     ({"name": "qsgd", "bits": "4"}, "qsgd: bits must be an integer (1..8 or 16), got '4' (str)"),
+     ({"name": "qsgd", "seed": 1}, "qsgd: seed is the run's"),
+     ({"name": "qsgdd"}, "unknown compressor 'qsgdd'; valid: adaptive, bf16, fixedpoint"),
+     ({"name": "adaptive", "floor_bits": 10, "probe_bits": 8}, "must be <= 16, got 10 + 8"),
+     ({"bits": 4}, "compressor {'bits': 4} has no name")],
+)  # fmt: skip
+def test_compressor_errors_are_one_line_naming_value_and_fix(raw: Any, message: str) -> None:
+    with pytest.raises(UserError) as e:
+        catalog.compressor(raw)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_scheme_parameters_are_validated_with_defaults() -> None:
+    assert catalog.scheme("reduce-broadcast:overlap=4").params["overlap"] == 4
+    assert catalog.scheme({"name": "gossip"}).params == {
+        "topology": "ring", "algorithm": "choco", "gamma": 1.0,
+    }  # fmt: skip
+    down = catalog.scheme({"name": "parameter-server", "down": "qsgd:bits=8"}).params["down"]
+    assert down == {"name": "qsgd", "bits": 8}
+    with pytest.raises(UserError, match=r"async-ps: down .* cannot be topk"):
+        catalog.scheme({"name": "async-ps", "down": {"name": "topk"}})
+    with pytest.raises(UserError, match="scheme reduce-broadcast: overlap must be a chunk count"):
+        catalog.scheme({"name": "reduce-broadcast", "overlap": 0})
+
+
+QSGD4 = {"name": "qsgd", "bits": 4}
+
+
+@pytest.mark.parametrize(
+    ("backend", "scheme", "comp", "ws", "reason"),
+    [("gloo", "allreduce", QSGD4, 2, "allreduce sums raw buffers and cannot sum packed qsgd"),
+     ("mpi", "allreduce", {"name": "bf16"}, 2, "MPI cannot sum bf16 buffers"),
+     ("gloo", "integer-allreduce", {"name": "onebit"}, 2, "needs compressor qsgd, got onebit"),
+     ("gloo", "integer-allreduce", {"name": "qsgd", "bits": 1}, 2, "needs qsgd bits >= 2"),
+     ("gloo", "integer-allreduce", {"name": "qsgd", "norm": "l2"}, 2, "use `norm: max`"),
+     ("gloo", "gossip", {"name": "topk"}, 4, "set `error_feedback: false` on topk"),
+     ("gloo", "async-ps", QSGD4, 1, "world_size >= 2, got 1"),
+     ("nccl", "async-ps", QSGD4, 2, "which nccl cannot"),
+     ("gloo", "reduce-broadcast", {"name": "powersgd"}, 2, "use `scheme: ddp`"),
+     ("mpi", "ddp", {"name": "none"}, 2, "mpi has no DDP"),
+     ("gloo", "reduce-broadcast", QSGD4, 2, None),
+     ("gloo", "ddp", {"name": "powersgd"}, 2, None),
+     ("gloo", "integer-allreduce", {"name": "none"}, 2, None)],
+)  # fmt: skip
+def test_rules_give_their_reasons(
+    backend: str, scheme: str, comp: dict[str, Any], ws: int, reason: str | None
+) -> None:
+    why = rules.incompatibility(backend, scheme, comp, world_size=ws)
+    assert (why is None) if reason is None else (reason in str(why)), why
+
+
+def test_torus_rule_needs_two_factors() -> None:
+    params = {"topology": "torus"}
+    assert rules.incompatibility("gloo", "gossip", "none", world_size=6, params=params) is None
+    why = rules.incompatibility("gloo", "gossip", "none", world_size=7, params=params)
+    assert "torus needs world_size = r x c" in str(why)
