@@ -37,10 +37,11 @@ from typing import Any
 
 from qbench import aggregate, network
 from qbench.bench.kernels import parse_spec
-from qbench.comm.base import busbw_factor
+from qbench.comm.formulas import busbw_factor
 from qbench.errors import UserError
 from qbench.launch import local
 from qbench.matrix import build_compressor, incompatibility
+from qbench.store import strict_json
 
 SCHEMA = "qbench.bench.comm/1"
 WORKER_MODULE = "qbench.bench.comm_worker"
@@ -552,18 +553,7 @@ def to_document(result: CommResult) -> dict[str, Any]:
             for t in targets(result.rows)
         ],
     }
-    return _no_nan(doc)
-
-
-def _no_nan(obj: Any) -> Any:
-    """NaN (phases of overlapped schemes) as null: strict JSON readers reject NaN."""
-    if isinstance(obj, float) and math.isnan(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _no_nan(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_no_nan(v) for v in obj]
-    return obj
+    return strict_json(doc)  # NaN: phases of overlapped schemes
 
 
 def command(s: Settings, json_path: Path | None) -> None:
