@@ -139,7 +139,7 @@ class CostModel:
             got = d.get("schema") if isinstance(d, dict) else type(d).__name__
             raise UserError(
                 f"{source}: not a fitted cost model (schema {got!r}, expected {SCHEMA!r}); "
-                "write one with `qbench model fit`"
+                "write one with `qbench cost fit`"
             )
         try:
             return cls(
