@@ -129,6 +129,10 @@ class ResultStore:
     def iterations_path(self, run_id: str) -> Path:
         return self.run_dir(run_id) / ITERATIONS
 
+    def buckets_path(self, run_id: str) -> Path:
+        """DDP runs' per-bucket hand-over and ready times (``records.BUCKET_COLUMNS``)."""
+        return self.run_dir(run_id) / BUCKETS
+
     def run_ids(self) -> Iterator[str]:
         """Run ids with a run.json, sorted."""
         if not self.root.is_dir():

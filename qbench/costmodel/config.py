@@ -1,7 +1,9 @@
-"""One configuration to predict: scheme, compressor, link, ranks, gradient size, workload."""
+"""One configuration to predict (scheme, compressor, link, ranks, gradient size, workload), and
+its prediction."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from qbench.costmodel.schemes import FP32
@@ -32,3 +34,30 @@ class Config:
     tbf_burst: bool = True
     """Shaped links are qbench's tbf emulation, whose bucket lets each call start with a burst;
     False for real links (no credit)."""
+    overlap: str | None = None
+    """``backward``: per DDP bucket during backward (``qbench.costmodel.overlap``); ``none``: one
+    flat gradient after it; None: as the scheme says (``ddp`` and ``+backward`` overlap)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    config: Config
+    mode: str
+    compute_s: float
+    encode_s: float
+    comm_s: float
+    decode_s: float
+    step_s: float
+    total_s: float
+    wire_bytes: float
+    wait_s: float = 0.0
+    """The slowest rank's lag (``CostModel.imbalance``), included in ``total_s``."""
+    comm_total_s: float = math.nan
+    """Seconds with communication under way, hidden or not (DDP; flat: ``comm_s``)."""
+    codec_total_s: float = math.nan
+    """Encode + decode of every bucket (DDP, where they run beside backward; flat: the sum)."""
+    notes: tuple[str, ...] = ()
+
+    @property
+    def aggregate_s(self) -> float:
+        return self.total_s - self.compute_s - self.step_s

@@ -3,7 +3,8 @@
 Collectives from ``bench comm`` rows (``qbench.costmodel.lsq``), or approximately from the
 runs' ``t_comm`` (``comm_from_runs``); pipelined rows (``overlap: C``) fit ``exchange+overlap``
 / ``allreduce-int+overlap`` from rows where comm bounds the pipeline; codec phases and kernels;
-compute, imbalance and 1-rank comm from runs (``qbench.costmodel.points``).
+compute, imbalance and 1-rank comm from runs (``qbench.costmodel.points``); the bucket profiles
+of DDP runs (``qbench.costmodel.profiles``).
 
 **Bench comm for fitting:** ``qbench bench comm --sync stream --gap-ms G`` (calls back to back,
 each after G ms of busy CPU, like training steps with G ms of compute) reproduces what ranks
@@ -23,7 +24,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from qbench.costmodel.codec import codec_time
 from qbench.costmodel.formulas import burst_s, comm_plan
 from qbench.costmodel.inputs import (
     bench_key,
@@ -35,6 +35,7 @@ from qbench.costmodel.inputs import (
 )
 from qbench.costmodel.lsq import fit_collective, fit_linear
 from qbench.costmodel.model import CodecFit, CollectiveFit, CostModel
+from qbench.costmodel.phases import codec_time
 from qbench.costmodel.points import (
     CommPoint,
     PhasePoint,
@@ -44,6 +45,7 @@ from qbench.costmodel.points import (
     measured_calls,
     run_points,
 )
+from qbench.costmodel.profiles import fit_bucket_profiles
 from qbench.costmodel.schemes import Scheme
 from qbench.errors import UserError
 
@@ -172,6 +174,8 @@ def fit(
         runs = pd.concat(tables, ignore_index=True)
         model.imbalance = fit_imbalance(runs)
         model.solo_comm = fit_solo_comm(runs)
+        model.buckets, notes = fit_bucket_profiles(runs)
+        model.notes += notes
     model.collectives = fit_collectives(comm)
     extra = _overlap_points(model, overlapped)
     if extra:

@@ -110,7 +110,8 @@ RUN_PARTS = ("t_compute", "t_encode", "t_comm", "t_decode", "t_step")
 
 def run_table(root: Path | str) -> pd.DataFrame:
     """One row per ok run of a results directory: labels and medians over measured iterations
-    (``qbench.stats`` conventions: iteration = max over ranks, parts = means over ranks)."""
+    (``qbench.stats`` conventions: iteration = max over ranks, parts = means over ranks), and
+    ``source``, the directory, where a run's other files are."""
     from qbench import stats
 
     results = stats.load(root)
@@ -121,6 +122,7 @@ def run_table(root: Path | str) -> pd.DataFrame:
     cols = ["t_iteration", *RUN_PARTS, "bytes_sent", "payload_bytes", "grad_bytes"]
     med = per_it.groupby("run_id")[cols].median().reset_index()
     table = runs.merge(med, on="run_id", how="inner")
+    table = table.merge(_forward(results.iterations), on="run_id", how="left")
     if "device" not in table.columns:
         table["device"] = None
     table["device"] = [
@@ -130,6 +132,14 @@ def run_table(root: Path | str) -> pd.DataFrame:
     table["workload"] = [_workload(m, p) for m, p in _pairs(table, "model", "model_params")]
     table["source"] = str(root)
     return table.reset_index(drop=True)
+
+
+def _forward(iterations: pd.DataFrame) -> pd.DataFrame:
+    """run_id, t_forward: DDP runs' forward pass (mean over ranks, median over measured
+    iterations); NaN for flat runs, whose t_compute holds forward and backward together."""
+    measured = iterations[~iterations["warmup"].astype(bool)]
+    mean = measured.groupby(["run_id", "iteration"])["t_forward"].mean()
+    return mean.groupby("run_id").median().reset_index()
 
 
 def _pairs(table: pd.DataFrame, a: str, b: str) -> Iterable[tuple[Any, Any]]:

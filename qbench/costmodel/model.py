@@ -16,7 +16,7 @@ from typing import Any
 from qbench.costmodel.formulas import bandwidth_bps, burst_s, comm_time, scale_beta
 from qbench.costmodel.inputs import read_json
 from qbench.errors import UserError
-from qbench.store import strict_json
+from qbench.store import atomic_write_json, strict_json
 
 SCHEMA = "qbench.costmodel/1"
 
@@ -111,6 +111,36 @@ class ComputeFit:
         return got[0], got[1]
 
 
+@dataclass(frozen=True, kw_only=True)
+class BucketProfile:
+    """A workload's DDP buckets as one DDP run measured them (``qbench.costmodel.overlap``):
+    enough to predict any link, compressor and per-bucket exchange of that model."""
+
+    workload: str
+    batch_size: int
+    device: str
+    world_size: int
+    bucket_cap_mb: float
+    numel: list[int]
+    """Gradient values of each bucket, in hand-over order (DDP's bucket index)."""
+    handed_s: list[float]
+    """Median instant each bucket was handed over, seconds after backward started."""
+    forward_s: float
+    backward_s: float
+    """Backward compute: t_compute - t_forward (until the last hand-over)."""
+    step_s: float
+    imbalance: float = 1.0
+    """Median of t_iteration (slowest rank) / (t_compute + t_comm + t_step) (rank means), >= 1."""
+    host_cores: int | None = None
+    """Cores of the host the runs shared (None: GPU or unknown)."""
+    runs: int
+    measured: str
+    """Which runs the times come from: ``scheme compressor link`` (fp32 ddp unshaped first)."""
+    payload_bytes: dict[str, list[float]] = field(default_factory=dict)
+    """PowerSGD label -> each bucket's median payload in bytes (its size depends on the shapes
+    of the bucket's matrices, so it is measured)."""
+
+
 @dataclass
 class CostModel:
     collectives: list[CollectiveFit] = field(default_factory=list)
@@ -129,6 +159,8 @@ class CostModel:
     solo_comm: dict[str, float] = field(default_factory=dict)
     """``backend/scheme/workload`` -> median t_comm of its 1-rank runs: a collective on one
     rank sends nothing but still costs (Gloo: about 0.5 ms for reduce-broadcast)."""
+    buckets: list[BucketProfile] = field(default_factory=list)
+    """Per workload (and world size), the DDP bucket profile of ``overlap: backward`` runs."""
 
     def to_dict(self) -> dict[str, Any]:
         return strict_json({"schema": SCHEMA, **asdict(self)})
@@ -153,13 +185,12 @@ class CostModel:
                 notes=list(d.get("notes", [])),
                 imbalance={str(k): float(v) for k, v in d.get("imbalance", {}).items()},
                 solo_comm={str(k): float(v) for k, v in d.get("solo_comm", {}).items()},
+                buckets=[BucketProfile(**b) for b in d.get("buckets", [])],
             )
         except (TypeError, ValueError) as e:
             raise UserError(f"{source}: malformed cost model ({e}); fit it again") from None
 
     def save(self, path: Path | str) -> None:
-        from qbench.store import atomic_write_json
-
         atomic_write_json(Path(path), self.to_dict())
 
     @classmethod

@@ -1,5 +1,8 @@
 """Predict one configuration's iteration time from a fitted model.
 
+DDP configurations (``ddp``, ``+backward`` schemes, or ``Config.overlap = backward``) go to
+``qbench.costmodel.overlap``; the formulas below are those of one flat gradient after backward.
+
 **Iteration:** ``total = (compute + encode + comm + decode + step) * imbalance``. Pipelined
 schemes (``overlap: C``): ``total = compute + max(encode + decode, comm) + (encode + decode) / C
 + step``, the last term being the pipeline's fill and drain (first chunk's encode, last chunk's
@@ -21,88 +24,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pandas as pd
 
-from qbench.costmodel.codec import codec_time
-from qbench.costmodel.config import Config
-from qbench.costmodel.formulas import FALLBACK, bandwidth_bps, comm_plan
-from qbench.costmodel.model import CollectiveFit, CostModel, compute_fits, imbalance_key, solo_key
-from qbench.costmodel.schemes import FP32, Scheme, incompatibility, nominal_bits_per_value
+from qbench.costmodel.config import Config, Prediction
+from qbench.costmodel.formulas import comm_plan
+from qbench.costmodel.model import CostModel, compute_fits, imbalance_key, solo_key
+from qbench.costmodel.overlap import predict_backward
+from qbench.costmodel.phases import codec_time, collective_fit, wire_bits
+from qbench.costmodel.schemes import DDP, FP32, Scheme, incompatibility
 from qbench.errors import UserError
-
-
-@dataclass(frozen=True, kw_only=True)
-class Prediction:
-    config: Config
-    mode: str
-    compute_s: float
-    encode_s: float
-    comm_s: float
-    decode_s: float
-    step_s: float
-    total_s: float
-    wire_bytes: float
-    wait_s: float = 0.0
-    """The slowest rank's lag (``CostModel.imbalance``), included in ``total_s``."""
-    notes: tuple[str, ...] = ()
-
-    @property
-    def aggregate_s(self) -> float:
-        return self.total_s - self.compute_s - self.step_s
-
-
-def _bits(model: CostModel, cfg: Config) -> float:
-    if cfg.bits_per_value is not None:
-        return cfg.bits_per_value
-    bits = nominal_bits_per_value(cfg.compressor) or model.compressors.get(cfg.compressor)
-    if bits is None:
-        raise UserError(
-            f"bits per value of {cfg.compressor} unknown: fit on bench data that includes it "
-            "or give them"
-        )
-    return bits
-
-
-def _collective(
-    model: CostModel, backend: str, network: str, key: str
-) -> tuple[CollectiveFit, list[str]]:
-    """The fit for a collective on a link: the same key (scaled from the nearest rate if
-    needed) first, then its fallbacks."""
-    want = bandwidth_bps(network)
-    tried, notes = [], []
-    k: str | None = key
-    while k is not None:
-        tried.append(k)
-        fits = [c for c in model.collectives if c.backend == backend and c.collective == k]
-        exact = [c for c in fits if c.network == network]
-        chosen = exact[0] if exact else None
-        if chosen is None and want is not None:
-            chosen = _nearest([c for c in fits if c.bandwidth_bps is not None], want)
-        if chosen is not None:
-            if k != key:
-                notes.append(f"{key} not fitted: {k} parameters stand in")
-            if chosen.network != network:
-                notes.append(f"{backend} {k} scaled from {chosen.network} to {network}")
-            return chosen, notes
-        k = FALLBACK.get(k)
-    have = sorted({f"{c.backend}/{c.network}/{c.collective}" for c in model.collectives})
-    raise UserError(
-        f"no fit for {backend} {'/'.join(tried)} usable on {network} links (fitted: "
-        f"{', '.join(have) or 'none'}); fit on `qbench bench comm --backend {backend}` data"
-        + (" measured unshaped" if want is None else "")
-    )
-
-
-def _nearest(fits: Sequence[CollectiveFit], bps: float) -> CollectiveFit | None:
-    """The fit whose link rate is nearest to ``bps`` in log scale."""
-    best, best_d = None, math.inf
-    for c in fits:
-        d = abs(math.log((c.bandwidth_bps or bps) / bps))
-        if d < best_d:
-            best, best_d = c, d
-    return best
 
 
 def _compute(model: CostModel, cfg: Config, numel: int) -> tuple[float, float, int | None, bool]:
@@ -153,12 +85,14 @@ def _numel(model: CostModel, cfg: Config) -> int:
 
 def predict(model: CostModel, cfg: Config) -> Prediction:
     """Iteration time breakdown of one configuration (formulas in the module docstring)."""
-    scheme = Scheme.parse(cfg.scheme)
+    scheme = Scheme.parse(cfg.scheme).per_bucket(cfg.overlap)
     if (why := incompatibility(scheme, cfg.compressor)) is not None:
         raise UserError(why)
     k = cfg.world_size
     if k < 1:
         raise UserError(f"world size must be >= 1, got {k}")
+    if scheme.backward:
+        return predict_backward(model, cfg, scheme)
     numel = _numel(model, cfg)
     compute, step, batch, shared = _compute(model, cfg, numel)
     notes: list[str] = []
@@ -169,7 +103,7 @@ def predict(model: CostModel, cfg: Config) -> Prediction:
     for comp, n in groups:
         if n <= 0:
             continue
-        bits = _bits(model, cfg) if comp == cfg.compressor else 32.0
+        bits = wire_bits(model, cfg) if comp == cfg.compressor else 32.0
         for op in ("encode", "decode"):
             t, why_ = codec_time(model, cfg.backend, scheme, comp, k, n, op, cfg.device)
             notes += why_
@@ -179,7 +113,7 @@ def predict(model: CostModel, cfg: Config) -> Prediction:
                 dec += t
         if k > 1:
             item = comm_plan(scheme, comp, k, n, bits, cfg.backend)
-            coll, why_ = _collective(model, cfg.backend, cfg.network, item.collective)
+            coll, why_ = collective_fit(model, cfg.backend, cfg.network, item.collective)
             notes += why_
             comm += coll.time(item.msgs, item.calls, cfg.network, cfg.tbf_burst)
             wire += item.wire
@@ -199,8 +133,8 @@ def predict(model: CostModel, cfg: Config) -> Prediction:
     return Prediction(
         config=replace(cfg, numel=numel, batch_size=batch), mode=scheme.mode,
         compute_s=compute, encode_s=enc, comm_s=comm, decode_s=dec, step_s=step,
-        total_s=compute + agg + step + wait, wire_bytes=wire, wait_s=wait,
-        notes=tuple(dict.fromkeys(notes)),
+        total_s=compute + agg + step + wait, wire_bytes=wire, wait_s=wait, comm_total_s=comm,
+        codec_total_s=enc + dec, notes=tuple(dict.fromkeys(notes)),
     )  # fmt: skip
 
 
@@ -225,30 +159,39 @@ def _lag(model: CostModel, backend: str, scheme: Scheme, k: int) -> tuple[float,
 PREDICTION_COLUMNS = (
     *("backend", "network", "world_size", "numel", "workload", "scheme", "compressor", "mode"),
     *("compute_s", "encode_s", "comm_s", "decode_s", "step_s", "wait_s", "total_s", "wire_bytes"),
-    *("speedup_vs_fp32", "scalability", "samples_per_s", "notes"),
+    *("comm_total_s", "codec_total_s", "speedup_vs_fp32", "speedup_vs_ddp", "scalability"),
+    *("samples_per_s", "notes"),
 )
 
 
 def predict_frame(model: CostModel, configs: Sequence[Config]) -> pd.DataFrame:
     """Predictions as a table, with the speedup over fp32 allreduce (same backend, link, K,
-    size and compute) and the scalability (K t(1) / t(K): throughput at K ranks over 1 rank of
-    the same configuration, per-rank batch fixed)."""
+    size and compute), over DDP fp32 (where the workload has a bucket profile; else NaN) and the
+    scalability (K t(1) / t(K): throughput at K ranks over 1 rank of the same configuration,
+    per-rank batch fixed)."""
     rows = []
     for cfg in configs:
         p = predict(model, cfg)
-        base = predict(model, replace(cfg, scheme="allreduce", compressor=FP32, bits_per_value=None,
-                                      fp32_numel=0))  # fmt: skip
+        fp32 = replace(cfg, compressor=FP32, bits_per_value=None, fp32_numel=0, overlap=None)
+        base = predict(model, replace(fp32, scheme="allreduce"))
+        try:
+            ddp: float = predict(model, replace(fp32, scheme=DDP)).total_s
+        except UserError:
+            ddp = math.nan
         one = predict(model, replace(cfg, world_size=1))
         c = p.config
+        label = Scheme.parse(c.scheme).per_bucket(c.overlap).label
         batch = c.batch_size or 1
         rows.append({
             "backend": c.backend, "network": c.network, "world_size": c.world_size,
-            "numel": c.numel, "workload": c.workload or "", "scheme": Scheme.parse(c.scheme).label,
+            "numel": c.numel, "workload": c.workload or "", "scheme": label,
             "compressor": c.compressor, "mode": p.mode, "compute_s": p.compute_s,
             "encode_s": p.encode_s, "comm_s": p.comm_s, "decode_s": p.decode_s,
             "step_s": p.step_s, "wait_s": p.wait_s, "total_s": p.total_s,
-            "wire_bytes": p.wire_bytes,
+            "wire_bytes": p.wire_bytes, "comm_total_s": p.comm_total_s,
+            "codec_total_s": p.codec_total_s,
             "speedup_vs_fp32": base.total_s / p.total_s if p.total_s > 0 else math.nan,
+            "speedup_vs_ddp": ddp / p.total_s if p.total_s > 0 else math.nan,
             "scalability": c.world_size * one.total_s / p.total_s if p.total_s > 0 else math.nan,
             "samples_per_s": c.world_size * batch / p.total_s if p.total_s > 0 else math.nan,
             "notes": "; ".join(p.notes),

@@ -2,7 +2,9 @@
 
 ``error = predicted / measured - 1``. Runs that differ only in seed or repeat are one row, the
 median over them (``runs``). Rows whose measurement the fit used are marked ``in_fit``; the
-summary covers only the others (the target: |error| <= 15 %).
+summary covers only the others (the target: |error| <= 15 %). DDP runs (``ddp``, ``+backward``)
+are predicted by ``qbench.costmodel.overlap``; their comm, measured and predicted, is the part
+exposed after backward.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from qbench.costmodel.config import Config
+from qbench.costmodel.config import Config, Prediction
 from qbench.costmodel.inputs import (
     bench_key,
     comm_rows,
@@ -28,7 +30,7 @@ from qbench.costmodel.inputs import (
 )
 from qbench.costmodel.model import CostModel
 from qbench.costmodel.points import run_config
-from qbench.costmodel.predict import Prediction, predict
+from qbench.costmodel.predict import predict
 from qbench.errors import UserError
 
 TARGET_ERROR = 0.15

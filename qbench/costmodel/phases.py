@@ -1,17 +1,25 @@
-"""Seconds of a scheme's encode or decode phase, from the codec fits.
+"""Seconds of each phase from the fits: a scheme's encode or decode (codec), and the collective
+fit that times a comm phase on a link.
 
 Each op is linear in the elements it touches, ``t = c0 + c1 * units``, fitted per (backend,
 scheme, compressor, op) from the encode / decode phases of ``bench comm`` rows (and of sweep
 runs), with ``units`` from ``codec_units`` so that they scale with K. Without such a fit the
 phase is composed from ``bench kernels`` fits per compressor (seconds vs elements; ``copy`` for
 the elementwise divide / zeroing passes).
+
+A collective key is timed by its fit on the link, else by the fit at the nearest link rate (log
+scale; beta scaled, ``qbench.costmodel.formulas``), else by its fallback's (``FALLBACK``).
 """
 
 from __future__ import annotations
 
-from qbench.costmodel.formulas import codec_units
-from qbench.costmodel.model import CodecFit, CostModel
-from qbench.costmodel.schemes import FP32, PROJECTED, Scheme
+import math
+from collections.abc import Sequence
+
+from qbench.costmodel.config import Config
+from qbench.costmodel.formulas import FALLBACK, bandwidth_bps, codec_units
+from qbench.costmodel.model import CodecFit, CollectiveFit, CostModel
+from qbench.costmodel.schemes import FP32, PROJECTED, Scheme, nominal_bits_per_value
 from qbench.errors import UserError
 
 
@@ -76,3 +84,57 @@ def _codec_from_kernels(
     if name == "allreduce":
         return kern.time(n) + pass_s, notes
     return kern.time(n), notes
+
+
+def collective_fit(
+    model: CostModel, backend: str, network: str, key: str
+) -> tuple[CollectiveFit, list[str]]:
+    """The fit for a collective on a link: the same key (scaled from the nearest rate if
+    needed) first, then its fallbacks."""
+    want = bandwidth_bps(network)
+    tried, notes = [], []
+    k: str | None = key
+    while k is not None:
+        tried.append(k)
+        fits = [c for c in model.collectives if c.backend == backend and c.collective == k]
+        exact = [c for c in fits if c.network == network]
+        chosen = exact[0] if exact else None
+        if chosen is None and want is not None:
+            chosen = _nearest([c for c in fits if c.bandwidth_bps is not None], want)
+        if chosen is not None:
+            if k != key:
+                notes.append(f"{key} not fitted: {k} parameters stand in")
+            if chosen.network != network:
+                notes.append(f"{backend} {k} scaled from {chosen.network} to {network}")
+            return chosen, notes
+        k = FALLBACK.get(k)
+    have = sorted({f"{c.backend}/{c.network}/{c.collective}" for c in model.collectives})
+    raise UserError(
+        f"no fit for {backend} {'/'.join(tried)} usable on {network} links (fitted: "
+        f"{', '.join(have) or 'none'}); fit on `qbench bench comm --backend {backend}` data"
+        + (" measured unshaped" if want is None else "")
+    )
+
+
+def _nearest(fits: Sequence[CollectiveFit], bps: float) -> CollectiveFit | None:
+    """The fit whose link rate is nearest to ``bps`` in log scale."""
+    best, best_d = None, math.inf
+    for c in fits:
+        d = abs(math.log((c.bandwidth_bps or bps) / bps))
+        if d < best_d:
+            best, best_d = c, d
+    return best
+
+
+def wire_bits(model: CostModel, cfg: Config) -> float:
+    """Wire bits per value of the configuration's compressor: given, from its label, else from
+    the model's inputs."""
+    if cfg.bits_per_value is not None:
+        return cfg.bits_per_value
+    bits = nominal_bits_per_value(cfg.compressor) or model.compressors.get(cfg.compressor)
+    if bits is None:
+        raise UserError(
+            f"bits per value of {cfg.compressor} unknown: fit on bench data that includes it "
+            "or give them"
+        )
+    return bits
