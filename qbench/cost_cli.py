@@ -1,45 +1,40 @@
-"""``qbench cost fit | predict | validate``: the calibrated cost model on the command line.
+"""``qbench cost fit | predict | crossover | validate``: the cost model on the command line.
 
 Registered in ``qbench/cli.py`` with ``cli.add_command(cost_cli.cost)``, and under its old name
 ``qbench model`` (hidden, ``moved``), which says on stderr that it moved. The maths lives in
-``qbench.costmodel``; this module parses options and builds configurations, and
-``qbench.cost_render`` prints the tables.
+``qbench.costmodel``; this module parses options, ``qbench.cost_configs`` turns them into
+configurations and ``qbench.cost_render`` prints the tables.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
 from qbench.clitools import ListCommand
+from qbench.cost_configs import DEFAULT_COMPRESSORS, DEFAULT_SCHEMES, build_configs
 from qbench.cost_render import (
     FORMATS,
     err_console,
     pct,
     print_frame,
+    show_crossovers,
     show_fit,
     show_predictions,
     show_validation,
 )
-from qbench.costmodel.config import Config
+from qbench.costmodel.crossover import check_rate
+from qbench.costmodel.crossover import crossover as find_crossover
 from qbench.costmodel.fit import fit as fit_model
 from qbench.costmodel.inputs import load_input
-from qbench.costmodel.model import CostModel, compute_fits
+from qbench.costmodel.model import CostModel
 from qbench.costmodel.predict import predict_frame
-from qbench.costmodel.schemes import FP32, PROJECTED, SCHEMES, Scheme, incompatibility
+from qbench.costmodel.schemes import BACKWARD, FLAT, FP32, SCHEMES
 from qbench.costmodel.validate import summarize_validation
 from qbench.costmodel.validate import validate as validate_paths
 from qbench.errors import UserError
-
-DEFAULT_SCHEMES = ("allreduce", "reduce-broadcast", "integer-allreduce", PROJECTED)
-DEFAULT_COMPRESSORS = ("qsgd:bits=4,bucket_size=512",)
-DEFAULT_NUMEL = 2**24
-"""A 64 MiB fp32 gradient (bench comm's default largest size) when no size or workload is given."""
 
 
 @click.group()
@@ -116,19 +111,50 @@ def _json(path: str, kind: str) -> Any:
 
 
 # -- predict -------------------------------------------------------------------------------------
+_CONFIG_OPTIONS = (
+    click.option(
+        "--scheme", "schemes", multiple=True, metavar="SPEC",
+        help=f"e.g. reduce-broadcast:overlap=16, ddp, reduce-broadcast:backward=true; "
+        f"{', '.join(SCHEMES)} [{' '.join(DEFAULT_SCHEMES)}; fp32 allreduce is always added as "
+        "the baseline].",
+    ),
+    click.option(
+        "--compressor", "compressors", multiple=True, metavar="SPEC",
+        help=f"NAME[:KEY=VALUE,...] [{' '.join(DEFAULT_COMPRESSORS)}].",
+    ),
+    click.option("--backend", "backends", multiple=True, help="[every fitted backend]."),
+    click.option("--world-size", "world_sizes", multiple=True, type=int, help="Ranks [2]."),
+    click.option("--model", "workload", metavar="NAME", help="Workload whose fits to use."),
+    click.option("--batch-size", type=int, help="Per-rank batch of the workload's fits."),
+    click.option(
+        "--fp32-numel", default="0", metavar="COUNT",
+        help="Values the layer policy keeps in fp32 (aggregated by the same scheme) [0].",
+    ),
+    click.option(
+        "--host-cores", type=int,
+        help="Ranks share this many cores on one host: compute and codec x max(1, K / cores).",
+    ),
+    click.option(
+        "--no-tbf-burst", is_flag=True, help="Real links: no credit from the emulator's tbf bucket."
+    ),
+    click.option(
+        "--overlap", type=click.Choice([BACKWARD, FLAT]),
+        help="backward: communicate per DDP bucket during backward (the schemes that can); none: "
+        "one gradient after it [as each scheme says: ddp and +backward overlap].",
+    ),
+    click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True),
+)  # fmt: skip
+
+
+def _config_options(f: Any) -> Any:
+    for option in reversed(_CONFIG_OPTIONS):
+        f = option(f)
+    return f
+
+
 @cost.command(cls=ListCommand)
 @click.argument("model_path", metavar="MODEL.json")
-@click.option(
-    "--scheme", "schemes", multiple=True, metavar="SPEC",
-    help=f"e.g. reduce-broadcast:overlap=16; {', '.join(SCHEMES)} "
-    f"[{' '.join(DEFAULT_SCHEMES)}; fp32 allreduce is always added as the baseline].",
-)  # fmt: skip
-@click.option(
-    "--compressor", "compressors", multiple=True, metavar="SPEC",
-    help=f"NAME[:KEY=VALUE,...] [{' '.join(DEFAULT_COMPRESSORS)}].",
-)  # fmt: skip
-@click.option("--backend", "backends", multiple=True, help="[every fitted backend].")
-@click.option("--world-size", "world_sizes", multiple=True, type=int, help="Ranks [2].")
+@_config_options
 @click.option(
     "--bandwidth", "bandwidths", multiple=True, metavar="RATE",
     help="Link rates, e.g. 1gbit 10gbit, or unshaped [the fitted links].",
@@ -138,145 +164,45 @@ def _json(path: str, kind: str) -> Any:
     help="Gradient sizes in values, e.g. 61M 122M (compute stays fixed: a grown model) "
     "[the workload's, else 16.8M = 64 MiB].",
 )  # fmt: skip
-@click.option("--model", "workload", metavar="NAME", help="Workload whose fitted compute to use.")
-@click.option("--batch-size", type=int, help="Per-rank batch of the workload's compute fit.")
 @click.option("--compute-s", type=float, help="Forward + backward seconds (overrides the fit).")
 @click.option("--step-s", type=float, help="Optimizer step seconds (overrides the fit).")
-@click.option(
-    "--fp32-numel", default="0", metavar="COUNT",
-    help="Values the layer policy keeps in fp32 (aggregated by the same scheme) [0].",
-)  # fmt: skip
-@click.option(
-    "--host-cores", type=int,
-    help="Ranks share this many cores on one host: compute and codec x max(1, K / cores).",
-)  # fmt: skip
-@click.option(
-    "--no-tbf-burst", is_flag=True,
-    help="Real links: no credit from the emulator's tbf bucket.",
-)  # fmt: skip
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
-def predict(
-    model_path: str, schemes: tuple[str, ...], compressors: tuple[str, ...],
-    backends: tuple[str, ...], world_sizes: tuple[int, ...], bandwidths: tuple[str, ...],
-    numels: tuple[str, ...], workload: str | None, batch_size: int | None,
-    compute_s: float | None, step_s: float | None, fp32_numel: str, host_cores: int | None,
-    no_tbf_burst: bool, fmt: str,
-) -> None:  # fmt: skip
-    """Predict iteration time, speedup over fp32 allreduce and scalability (K t(1) / t(K))."""
+def predict(model_path: str, fmt: str, no_tbf_burst: bool, **options: Any) -> None:
+    """Predict iteration time, speedup over fp32 allreduce (and over DDP fp32 where a DDP run
+    of the workload was fitted) and scalability (K t(1) / t(K))."""
     m = CostModel.load(model_path)
-    configs, notes = build_configs(
-        m, schemes=schemes, compressors=compressors, backends=backends, world_sizes=world_sizes,
-        bandwidths=bandwidths, numels=numels, workload=workload, batch_size=batch_size,
-        compute_s=compute_s, step_s=step_s, fp32_numel=fp32_numel, host_cores=host_cores,
-        tbf_burst=not no_tbf_burst,
-    )  # fmt: skip
+    configs, notes = build_configs(m, tbf_burst=not no_tbf_burst, **options)
     frame = predict_frame(m, configs)
     print_frame(frame, fmt, show_predictions)
     for note in notes:
         err_console().print(note, highlight=False, markup=False)
 
 
-def build_configs(
-    m: CostModel, *, schemes: Sequence[str] = (), compressors: Sequence[str] = (),
-    backends: Sequence[str] = (), world_sizes: Sequence[int] = (),
-    bandwidths: Sequence[str] = (), numels: Sequence[str] = (), workload: str | None = None,
-    batch_size: int | None = None, compute_s: float | None = None, step_s: float | None = None,
-    fp32_numel: str = "0", host_cores: int | None = None, tbf_burst: bool = True,
-) -> tuple[list[Config], list[str]]:  # fmt: skip
-    """Every combination of the options (fp32 allreduce first); notes say what was skipped."""
-    for k in world_sizes:
-        if k < 1:
-            raise UserError(f"--world-size must be >= 1, got {k}; e.g. `--world-size 2 4 8`")
-    if host_cores is not None and host_cores < 1:
-        raise UserError(f"--host-cores must be >= 1, got {host_cores}")
-    for name, v in (("--compute-s", compute_s), ("--step-s", step_s)):
-        if v is not None and not (math.isfinite(v) and v >= 0):
-            raise UserError(f"{name} must be seconds >= 0, got {v}")
-    scheme_list = [Scheme.parse(s) for s in schemes or DEFAULT_SCHEMES]
-    comps = [compressor_info(c, m) for c in (compressors or DEFAULT_COMPRESSORS)]
-    nets = [_network(b) for b in bandwidths] or m.networks
-    backs = list(backends) or m.backends
-    if not nets or not backs:
-        raise UserError("the model has no fitted collectives; fit it with `--comm FILE.json`")
-    unknown = [b for b in backs if b not in m.backends]
-    if unknown:
-        raise UserError(
-            f"backend {unknown[0]!r} not in the model; fitted: {', '.join(m.backends) or 'none'}"
-        )
-    sizes: list[int | None] = [count(n, "--model-numel") for n in numels]
-    if not sizes:
-        sizes = [None] if workload and compute_fits(m, workload) else [DEFAULT_NUMEL]
-    f32 = count(fp32_numel, "--fp32-numel", minimum=0)
-    combos: list[tuple[Scheme, tuple[str, float]]] = [(Scheme("allreduce"), (FP32, 32.0))]
-    notes: list[str] = []
-    for s, c in itertools.product(scheme_list, comps):
-        if s.name == "allreduce" and c[0] == FP32:
-            continue
-        why = incompatibility(s, c[0])
-        if why:
-            notes.append(f"skipped {s.label} {c[0]}: {why}")
-        elif (s, c) not in combos:
-            combos.append((s, c))
-    configs = []
-    for back, net, k, n, (s, (label, bits)) in itertools.product(
-        backs, nets, world_sizes or (2,), sizes, combos
-    ):
-        configs.append(Config(
-            scheme=s.label, compressor=label, bits_per_value=bits, backend=back, network=net,
-            world_size=k, numel=n, fp32_numel=f32 if label != FP32 else 0,
-            workload=workload, batch_size=batch_size, compute_s=compute_s, step_s=step_s,
-            host_cores=host_cores, tbf_burst=tbf_burst,
-        ))  # fmt: skip
-    return configs, notes
-
-
-def compressor_info(spec: str, m: CostModel) -> tuple[str, float]:
-    """(label, wire bits per value) of a compressor spec, built by ``qbench.compress``."""
-    from qbench import compress
-    from qbench.bench.kernels import parse_spec
-
-    s = parse_spec(spec)
-    params = {k: v for k, v in s.items() if k != "name"}
-    if s["name"] not in compress.COMPRESSORS:
-        raise UserError(
-            f"unknown compressor {s['name']!r}; valid: {', '.join(sorted(compress.COMPRESSORS))}"
-        )
-    c = compress.build(s["name"], **params)
-    if c.fixed_size:
-        n = 2**20
-        return c.label, 8 * c.wire_nbytes(n) / n
-    if c.label in m.compressors:
-        return c.label, m.compressors[c.label]
-    raise UserError(
-        f"{c.label}: payload size depends on the data and the model has no measurement of it; "
-        "fit with bench data that includes it"
-    )
-
-
-def _network(text: str) -> str:
-    t = text.strip().lower().replace(" ", "")
-    if t == "unshaped":
-        return t
-    from qbench import network
-
-    try:
-        network.bits_per_s(t)
-    except UserError:
-        raise UserError(
-            f"--bandwidth must be a rate in kbit/mbit/gbit or `unshaped`, got {text!r}; "
-            "e.g. `--bandwidth 1gbit 10gbit`"
-        ) from None
-    return t
-
-
-def count(text: str, option: str, minimum: int = 1) -> int:
-    """``61M``, ``2.5e6``, ``500k``, ``25_000_000`` -> int (UserError otherwise)."""
-    from qbench.models import params
-
-    try:
-        return params.count(minimum)(str(text))
-    except ValueError as e:
-        raise UserError(f"{option} must be {e}, got {text!r}") from None
+@cost.command(cls=ListCommand)
+@click.argument("model_path", metavar="MODEL.json")
+@_config_options
+@click.option("--min-bandwidth", default="10mbit", show_default=True, metavar="RATE")
+@click.option("--max-bandwidth", default="400gbit", show_default=True, metavar="RATE")
+def crossover(
+    model_path: str, fmt: str, no_tbf_burst: bool, min_bandwidth: str, max_bandwidth: str,
+    **options: Any,
+) -> None:  # fmt: skip
+    """The link rate at which each scheme and compressor beats DDP fp32 (same workload, ranks
+    and backend): where their predicted iteration times cross, with both times around it."""
+    m = CostModel.load(model_path)
+    low = check_rate(min_bandwidth, "--min-bandwidth")
+    high = check_rate(max_bandwidth, "--max-bandwidth")
+    if not options["workload"]:
+        raise UserError("--model NAME is needed: DDP fp32 is predicted from its bucket profile")
+    configs, notes = build_configs(
+        m, bandwidths=(max_bandwidth,), tbf_burst=not no_tbf_burst, **options
+    )  # fmt: skip
+    flat_fp32 = [c for c in configs if (c.scheme, c.compressor) == ("allreduce", FP32)]
+    found = [find_crossover(m, c, low, high) for c in configs if c not in flat_fp32]
+    if not found:
+        raise UserError("nothing to compare with DDP fp32; give --scheme and --compressor")
+    show_crossovers(found, fmt)
+    for note in notes:
+        err_console().print(note, highlight=False, markup=False)
 
 
 # -- validate ------------------------------------------------------------------------------------
