@@ -39,7 +39,8 @@ from qbench.errors import UserError
 
 @click.group()
 def cost() -> None:
-    """Cost model: fit alpha-beta, codec and compute parameters; predict; validate."""
+    """Cost model: fit alpha-beta, codec, compute and DDP bucket parameters; predict; find the
+    crossover with DDP fp32; validate."""
 
 
 class _Moved(click.Group):
@@ -180,8 +181,14 @@ def predict(model_path: str, fmt: str, no_tbf_burst: bool, **options: Any) -> No
 @cost.command(cls=ListCommand)
 @click.argument("model_path", metavar="MODEL.json")
 @_config_options
-@click.option("--min-bandwidth", default="10mbit", show_default=True, metavar="RATE")
-@click.option("--max-bandwidth", default="400gbit", show_default=True, metavar="RATE")
+@click.option(
+    "--min-bandwidth", default="10mbit", show_default=True, metavar="RATE",
+    help="Lowest link rate searched.",
+)  # fmt: skip
+@click.option(
+    "--max-bandwidth", default="400gbit", show_default=True, metavar="RATE",
+    help="Highest link rate searched.",
+)  # fmt: skip
 def crossover(
     model_path: str, fmt: str, no_tbf_burst: bool, min_bandwidth: str, max_bandwidth: str,
     **options: Any,
