@@ -12,7 +12,7 @@ import sys
 
 import pandas as pd
 
-from qbench import costmodel
+from qbench.costmodel.inputs import run_table
 
 KEYS = ["workload", "backend", "scheme", "compressor", "batch_size"]
 
@@ -21,7 +21,7 @@ def compare(a: str, b: str) -> pd.DataFrame:
     """Per 1-rank configuration in both: median iteration time in each (s) and b / a - 1."""
     medians = []
     for root in (a, b):
-        t = costmodel.run_table(root)
+        t = run_table(root)
         t = t[t["world_size"] == 1]
         medians.append(t.groupby(KEYS)["t_iteration"].median())
     both = pd.concat(medians, axis=1, keys=["a_s", "b_s"], join="inner").reset_index()

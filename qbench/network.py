@@ -1,6 +1,7 @@
 """Network settings of a run: unshaped (the default) or an emulated link (``bandwidth``).
 
-Pure validation and labelling; the namespaces and ``tc`` shaping live in ``qbench.launch``.
+Pure validation and labelling, and the emulated link's token bucket size (which the cost model
+reads too); the namespaces and ``tc`` shaping live in ``qbench.launch``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from qbench.errors import UserError
 KEYS = ("bandwidth",)
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)\s*(kbit|mbit|gbit)$")
 _UNIT = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+TBF_MIN_BURST_BYTES = 16 * 1024
+"""The smallest tbf bucket (> 10 full frames), so that low rates do not stall on single frames."""
 
 
 def parse(raw: Any) -> dict[str, Any]:
@@ -51,3 +54,16 @@ def bits_per_s(rate: Any) -> float:
 
 def label(net: dict[str, Any]) -> str:
     return str(net["bandwidth"]).replace(" ", "") if net.get("bandwidth") else "unshaped"
+
+
+def tbf_burst_bytes(rate_bits_per_s: float) -> int:
+    """Bytes of the tbf bucket of an emulated link: 2 ms of traffic at the rate, at least
+    ``TBF_MIN_BURST_BYTES`` (why: ``qbench.launch.netns.tbf_for``). A call that starts on a full
+    bucket gets that much transfer free, so the cost model credits it."""
+    rate = int(rate_bits_per_s)
+    return max(rate // 8 // 500, TBF_MIN_BURST_BYTES)
+
+
+def tbf_burst_s(rate_bits_per_s: float) -> float:
+    """Seconds of traffic the tbf bucket holds at that rate (2 ms from 65.5 Mbit/s up)."""
+    return tbf_burst_bytes(rate_bits_per_s) * 8 / rate_bits_per_s

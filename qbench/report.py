@@ -164,10 +164,7 @@ def _cells(summary: pd.DataFrame, columns: tuple[str, ...]) -> list[list[str]]:
 
 def _markdown_table(frame: pd.DataFrame, columns: tuple[str, ...]) -> str:
     header = [_COLUMNS[c][0] for c in columns]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(columns)]
-    for row in _cells(frame, columns):
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
-    return "\n".join(lines)
+    return report_page.markdown_table(header, _cells(frame, columns))
 
 
 def _failed_rows(summary: pd.DataFrame) -> list[list[str]]:
@@ -183,10 +180,7 @@ def _failed_runs(summary: pd.DataFrame) -> str:
     rows = _failed_rows(summary)
     if not rows:
         return "None."
-    lines = ["| run | status | exit code | error |", "|---|---|---|---|"]
-    for cells in rows:
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines)
+    return report_page.markdown_table(["run", "status", "exit code", "error"], rows)
 
 
 def markdown_report(summary: pd.DataFrame, title: str, acc: pd.DataFrame | None = None) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -314,15 +314,18 @@ def to_markdown(title: str, intro: str, sections: list[Section]) -> str:
     for s in sections:
         parts += [f"## {s.title}", " ".join(s.sentences)]
         if s.table is not None and not s.table.empty:
-            parts.append(_markdown_table(s.table))
+            rows = s.table.itertuples(index=False, name=None)
+            parts.append(markdown_table(list(map(str, s.table.columns)), rows))
         parts += [f"![{Path(name).stem}]({name})" for name in s.figures]
     return "\n\n".join(parts) + "\n"
 
 
-def _markdown_table(table: pd.DataFrame) -> str:
-    cells = [[str(v).replace("|", "\\|") for v in row] for row in table.itertuples(index=False)]
-    lines = ["| " + " | ".join(map(str, table.columns)) + " |", "|" + "---|" * table.shape[1]]
-    return "\n".join([*lines, *("| " + " | ".join(row) + " |" for row in cells)])
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A GitHub markdown table; ``|`` in cells is escaped (report.py's tables use it too)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        lines.append("| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |")
+    return "\n".join(lines)
 
 
 def to_html(title: str, intro: str, sections: list[Section]) -> str:

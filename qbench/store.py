@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from qbench.records import RunRecord
@@ -38,6 +40,21 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def strict_json(obj: Any) -> Any:
+    """``obj`` for strict JSON readers, which reject NaN and infinities: those become null (a
+    phase an overlapped scheme does not have, a fit without points), tuples lists, numpy scalars
+    Python numbers."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [strict_json(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return strict_json(obj.item())
+    return obj
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -116,6 +133,10 @@ class ResultStore:
 
     def iterations_path(self, run_id: str) -> Path:
         return self.run_dir(run_id) / ITERATIONS
+
+    def buckets_path(self, run_id: str) -> Path:
+        """DDP runs' per-bucket hand-over and ready times (``records.BUCKET_COLUMNS``)."""
+        return self.run_dir(run_id) / BUCKETS
 
     def run_ids(self) -> Iterator[str]:
         """Run ids with a run.json, sorted."""

@@ -131,3 +131,17 @@ def comm_seconds(alpha: float, beta: float, c: Comm, credit: float = 0.0) -> flo
     """alpha per message step, beta per wire byte; on an emulated link each call gets up to
     ``credit`` seconds of transfer free from the token bucket."""
     return c.msgs * alpha + sum(max(0.0, w * beta - credit) for w in c.calls)
+
+
+def ddp_iteration(
+    forward: float, backward: float, step: float, handed: list[float], seconds: list[float],
+    imbalance: float = 1.0,
+) -> tuple[float, float]:  # fmt: skip
+    """(iteration, exposed comm) of DDP with one communication stream (Agarwal et al., MLSys
+    2022): buckets go out in hand-over order, each when it is handed over and the stream is
+    free; after backward's last hand-over the loop waits for what is still in flight."""
+    free = 0.0
+    for h, d in zip(handed, seconds, strict=True):
+        free = max(free, h) + d  # starts when both the bucket and the stream are ready
+    waited = max(0.0, free - max(handed))
+    return (forward + backward + waited + step) * imbalance, waited

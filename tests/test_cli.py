@@ -68,6 +68,23 @@ def test_bad_option_is_one_line_exit_2() -> None:
     assert proc.stderr.count("\n") == 1 and "xml" in proc.stderr
 
 
+def test_cost_group_and_its_old_name(tmp_path: Path) -> None:
+    """``qbench cost`` is the cost model; ``qbench model`` still runs it (hidden from --help),
+    after one line on stderr, with the same exit code."""
+    missing = str(tmp_path / "none.json")
+    new = qbench("cost", "predict", missing)
+    assert new.returncode == 2 and new.stderr.count("\n") == 1 and "not found" in new.stderr
+    old = qbench("model", "predict", missing)
+    lines = old.stderr.splitlines()
+    assert old.returncode == 2 and len(lines) == 2, old.stderr
+    assert "moved to `qbench cost`" in lines[0] and lines[1] == new.stderr.strip()
+    listed = qbench("--help").stdout.splitlines()
+    commands = [line.split()[0] for line in listed if line.startswith("  ") and line.strip()]
+    assert "cost" in commands and "models" in commands and "model" not in commands
+    sub = qbench("model", "--help")
+    assert sub.returncode == 0 and "predict" in sub.stdout and "moved" in sub.stderr
+
+
 def test_dry_run_lists_runs_and_exclusions(tmp_path: Path) -> None:
     text = "name: x\nmodel: mlp\nworld_size: 2\nscheme: [allreduce]\ncompressor: [none, onebit]\n"
     proc = qbench("sweep", write(tmp_path, text), "--dry-run")

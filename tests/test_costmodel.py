@@ -1,5 +1,5 @@
 """Cost model: fits recover known parameters, scaling formulas, ideal speedups, the model file,
-validation and the ``qbench model`` commands. Pure: synthetic timings, no processes."""
+validation and the ``qbench cost`` commands. Pure: synthetic timings, no processes."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 from qbench import costmodel as cm
+from qbench.cost_cli import cost as cost_cli
 from qbench.costmodel import Config, CostModel
 from qbench.errors import UserError
-from qbench.model_cli import model as model_cli
 from qbench.records import RunRecord, iterations_frame
 from qbench.store import ResultStore
 from tests import costmodel_reference as ref
@@ -509,7 +509,7 @@ def files(tmp_path: Path) -> dict[str, Path]:
 
 
 def invoke(*argv: str | Path) -> Any:
-    return CliRunner().invoke(model_cli, [str(a) for a in argv])
+    return CliRunner().invoke(cost_cli, [str(a) for a in argv])
 
 
 def test_cli_fit_predict_validate(files: dict[str, Path]) -> None:

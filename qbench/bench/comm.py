@@ -37,9 +37,10 @@ from typing import Any
 
 from qbench import catalog, network
 from qbench.catalog import rules, specs
-from qbench.comm.base import busbw_factor
+from qbench.comm.formulas import busbw_factor
 from qbench.errors import UserError
 from qbench.launch import local
+from qbench.store import strict_json
 
 SCHEMA = "qbench.bench.comm/1"
 WORKER_MODULE = "qbench.bench.comm_worker"
@@ -560,18 +561,7 @@ def to_document(result: CommResult) -> dict[str, Any]:
             for t in targets(result.rows)
         ],
     }
-    return _no_nan(doc)
-
-
-def _no_nan(obj: Any) -> Any:
-    """NaN (phases of overlapped schemes) as null: strict JSON readers reject NaN."""
-    if isinstance(obj, float) and math.isnan(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _no_nan(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_no_nan(v) for v in obj]
-    return obj
+    return strict_json(doc)  # NaN: phases of overlapped schemes
 
 
 def command(s: Settings, json_path: Path | None) -> None:

@@ -1,10 +1,27 @@
-"""Backends by name."""
+"""Backends by name.
+
+Importing the package imports no torch: the byte counts (``qbench.comm.formulas``) are read by
+torch-free code such as the cost model; ``Comm`` (``qbench.comm.base``) loads on first use.
+"""
 
 from __future__ import annotations
 
-from qbench.comm.base import Comm, allreduce_bus_bytes, busbw_factor
+from typing import TYPE_CHECKING, Any
+
+from qbench.comm.formulas import allreduce_bus_bytes, busbw_factor
+
+if TYPE_CHECKING:
+    from qbench.comm.base import Comm
 
 __all__ = ["Comm", "allreduce_bus_bytes", "busbw_factor", "connect"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Comm":
+        from qbench.comm.base import Comm
+
+        return Comm
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def connect(backend: str, timeout_s: float = 600.0) -> Comm:

@@ -6,7 +6,8 @@
 * allgatherv: this rank's buffer once per peer, (K-1) * own;
 * allreduce of S bytes: 2 (K-1) / K * S, the per-rank traffic of a ring allreduce, which is the
   nccl-tests "bus bandwidth" convention (busbw = algbw * 2 (K-1) / K, see nccl-tests
-  doc/PERFORMANCE.md). The library may pick another algorithm; this is the comparable count;
+  doc/PERFORMANCE.md). The library may pick another algorithm; this is the comparable count
+  (``qbench.comm.formulas``, torch-free, holds these counts and factors);
 * send (point to point): the tensor's bytes; recv counts nothing (the sender did).
 """
 
@@ -17,22 +18,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from qbench.comm.formulas import allreduce_bus_bytes, busbw_factor
 
-def allreduce_bus_bytes(nbytes: int, world_size: int) -> int:
-    return (2 * (world_size - 1) * nbytes) // world_size
-
-
-def busbw_factor(collective: str, world_size: int) -> float:
-    """nccl-tests factor from algorithm bandwidth (S/t) to bus bandwidth."""
-    k = world_size
-    factors = {
-        "allreduce": 2 * (k - 1) / k,
-        "allgather": (k - 1) / k,
-        "reducescatter": (k - 1) / k,
-        "alltoall": (k - 1) / k,
-        "broadcast": 1.0,
-    }
-    return factors[collective]
+__all__ = ["Comm", "Pending", "allreduce_bus_bytes", "busbw_factor"]
 
 
 class Pending:

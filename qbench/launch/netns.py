@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from qbench import network
 from qbench.errors import UserError
 
 SUBNET = "10.213.1"
@@ -65,7 +66,7 @@ def tbf_for(rate_bits_per_s: float) -> Tbf:
     up to that long, as on a congested real link.
     """
     rate = int(rate_bits_per_s)
-    return Tbf(rate_bits=rate, burst_bytes=max(rate // 8 // 500, 16 * 1024), latency_ms=50)
+    return Tbf(rate_bits=rate, burst_bytes=network.tbf_burst_bytes(rate), latency_ms=50)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,63 @@
+"""One configuration to predict (scheme, compressor, link, ranks, gradient size, workload), and
+its prediction."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from qbench.costmodel.schemes import FP32
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """One configuration to predict. numel None: the workload's fitted gradient size."""
+
+    scheme: str = "allreduce"
+    compressor: str = FP32
+    bits_per_value: float | None = None
+    """Wire bits per value of the compressor; None: from its label or the model's inputs."""
+    backend: str = "gloo"
+    network: str = "1gbit"
+    world_size: int = 2
+    numel: int | None = None
+    fp32_numel: int = 0
+    """Values the layer policy keeps in full precision (aggregated by the same scheme in fp32)."""
+    workload: str | None = None
+    batch_size: int | None = None
+    device: str = "cpu"
+    compute_s: float | None = None
+    """Forward + backward seconds; None: the workload's fit, or 0 without one."""
+    step_s: float | None = None
+    """Optimizer step seconds at this numel; None: the workload's per-element fit, or 0."""
+    host_cores: int | None = None
+    tbf_burst: bool = True
+    """Shaped links are qbench's tbf emulation, whose bucket lets each call start with a burst;
+    False for real links (no credit)."""
+    overlap: str | None = None
+    """``backward``: per DDP bucket during backward (``qbench.costmodel.overlap``); ``none``: one
+    flat gradient after it; None: as the scheme says (``ddp`` and ``+backward`` overlap)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    config: Config
+    mode: str
+    compute_s: float
+    encode_s: float
+    comm_s: float
+    decode_s: float
+    step_s: float
+    total_s: float
+    wire_bytes: float
+    wait_s: float = 0.0
+    """The slowest rank's lag (``CostModel.imbalance``), included in ``total_s``."""
+    comm_total_s: float = math.nan
+    """Seconds with communication under way, hidden or not (DDP; flat: ``comm_s``)."""
+    codec_total_s: float = math.nan
+    """Encode + decode of every bucket (DDP, where they run beside backward; flat: the sum)."""
+    notes: tuple[str, ...] = ()
+
+    @property
+    def aggregate_s(self) -> float:
+        return self.total_s - self.compute_s - self.step_s

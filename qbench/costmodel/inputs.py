@@ -1,0 +1,174 @@
+"""Reading the model's inputs: ``qbench bench comm --json`` and ``qbench bench kernels --json``
+documents, and sweep results directories (``run_table``: one row per ok run, medians over its
+measured iterations with ``qbench.stats``' conventions). Files only: nothing is measured here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from qbench.costmodel.schemes import nominal_bits_per_value
+from qbench.errors import UserError
+
+COMM_SCHEMA = "qbench.bench.comm/1"
+
+
+KERNELS_SCHEMA = "qbench.bench.kernels/1"
+
+
+def bench_key(row: dict[str, Any]) -> str:
+    """Identity of a bench comm row (to tell fitted rows from held-out ones): its configuration
+    and measured time, so the same measurement matches whatever path its file is read from."""
+    return (
+        f"bench:{row['backend']}/{row['network']}/w{row['world_size']}/{row['scheme']}/"
+        f"{row['compressor']}/{row['bytes']}/{float(row['time_s']):.9g}"
+    )
+
+
+def run_key(run_id: str) -> str:
+    return f"run:{run_id}"
+
+
+def comm_rows(doc: Any, source: str) -> list[dict[str, Any]]:
+    """The rows of a ``qbench bench comm --json`` document (UserError if it is not one)."""
+    if not isinstance(doc, dict) or doc.get("schema") != COMM_SCHEMA:
+        raise UserError(f"{source}: not a `qbench bench comm --json` file (schema {COMM_SCHEMA!r})")
+    rows = doc.get("rows")
+    if not isinstance(rows, list):
+        raise UserError(f"{source}: has no rows list")
+    need = ("backend", "world_size", "network", "scheme", "compressor", "bytes", "time_s")
+    for r in rows:
+        missing = [k for k in need if not isinstance(r, dict) or k not in r]
+        if missing:
+            raise UserError(f"{source}: a row lacks {', '.join(missing)}")
+    return rows
+
+
+def kernel_rows(doc: Any, source: str) -> list[dict[str, Any]]:
+    if not isinstance(doc, dict) or doc.get("schema") != KERNELS_SCHEMA:
+        raise UserError(
+            f"{source}: not a `qbench bench kernels --json` file (schema {KERNELS_SCHEMA!r})"
+        )
+    rows = doc.get("rows")
+    if not isinstance(rows, list):
+        raise UserError(f"{source}: has no rows list")
+    need = ("compressor", "op", "numel", "seconds", "copy_seconds")
+    for r in rows:
+        if not isinstance(r, dict) or any(k not in r for k in need):
+            raise UserError(f"{source}: a row lacks one of {', '.join(need)}")
+    return rows
+
+
+def float_or_nan(v: Any) -> float:
+    return math.nan if v is None else float(v)
+
+
+def row_bits(row: dict[str, Any]) -> float:
+    """Wire bits per value of the row's compressor. integer-allreduce rows report their integer
+    payload (8 bits and more), not the compressor's: their label says it."""
+    nominal = nominal_bits_per_value(row["compressor"])
+    bpv = row.get("bits_per_value")
+    if bpv is None or (nominal is not None and str(row["scheme"]).startswith("integer-")):
+        return nominal or 32.0
+    return float(bpv)
+
+
+def read_json(path: Path) -> Any:
+    if not path.is_file():
+        raise UserError(f"{path}: file not found; check the path")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not valid JSON ({e})") from None
+
+
+def load_input(path: Path | str) -> tuple[str, Any]:
+    """("runs", path) for a results directory, ("comm" | "kernels", parsed JSON) for a file."""
+    p = Path(path)
+    if p.is_dir():
+        return "runs", p
+    doc = read_json(p)
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if schema == COMM_SCHEMA:
+        return "comm", doc
+    if schema == KERNELS_SCHEMA:
+        return "kernels", doc
+    raise UserError(
+        f"{p}: neither a results directory nor a `qbench bench comm|kernels --json` file "
+        f"(schema {schema!r})"
+    )
+
+
+RUN_PARTS = ("t_compute", "t_encode", "t_comm", "t_decode", "t_step")
+
+
+def run_table(root: Path | str) -> pd.DataFrame:
+    """One row per ok run of a results directory: labels and medians over measured iterations
+    (``qbench.stats`` conventions: iteration = max over ranks, parts = means over ranks), and
+    ``source``, the directory, where a run's other files are."""
+    from qbench import stats
+
+    results = stats.load(root)
+    runs = results.runs[results.runs["status"] == "ok"]
+    if runs.empty or results.iterations.empty:
+        return pd.DataFrame()
+    per_it = stats.per_iteration(results.iterations)
+    cols = ["t_iteration", *RUN_PARTS, "bytes_sent", "payload_bytes", "grad_bytes"]
+    med = per_it.groupby("run_id")[cols].median().reset_index()
+    table = runs.merge(med, on="run_id", how="inner")
+    table = table.merge(_forward(results.iterations), on="run_id", how="left")
+    if "device" not in table.columns:
+        table["device"] = None
+    table["device"] = [
+        d if isinstance(d, str) and d else ("cuda" if b == "nccl" else "cpu")
+        for d, b in zip(table["device"], table["backend"], strict=True)
+    ]
+    table["workload"] = [_workload(m, p) for m, p in _pairs(table, "model", "model_params")]
+    table["source"] = str(root)
+    return table.reset_index(drop=True)
+
+
+def _forward(iterations: pd.DataFrame) -> pd.DataFrame:
+    """run_id, t_forward: DDP runs' forward pass (mean over ranks, median over measured
+    iterations); NaN for flat runs, whose t_compute holds forward and backward together."""
+    measured = iterations[~iterations["warmup"].astype(bool)]
+    mean = measured.groupby(["run_id", "iteration"])["t_forward"].mean()
+    return mean.groupby("run_id").median().reset_index()
+
+
+def _pairs(table: pd.DataFrame, a: str, b: str) -> Iterable[tuple[Any, Any]]:
+    right = table[b] if b in table.columns else pd.Series([None] * len(table), index=table.index)
+    return zip(table[a], right, strict=True)
+
+
+def _workload(model: Any, params: Any) -> str:
+    """``resnet20``, or ``synthetic(gflops=0.01,params=4000000)`` with model parameters."""
+    given = {k: v for k, v in params.items() if v is not None} if isinstance(params, dict) else {}
+    if given:
+        return f"{model}(" + ",".join(f"{k}={v}" for k, v in sorted(given.items())) + ")"
+    return str(model)
+
+
+def held_out(table: pd.DataFrame, hold_out: Sequence[tuple[str, str]]) -> pd.DataFrame:
+    """``table`` without the runs that match any (label, value) of ``hold_out``."""
+    if table.empty or not hold_out:
+        return table
+    keep = pd.Series(True, index=table.index)
+    for key, value in hold_out:
+        if key not in table.columns:
+            raise UserError(
+                f"--hold-out {key}={value}: no run label {key!r}; use one of world_size, "
+                "network, backend, scheme, compressor, model, batch_size"
+            )
+        keep &= table[key].astype(str) != value
+    return table[keep].reset_index(drop=True)
+
+
+def int_or_none(v: Any) -> int | None:
+    return None if v is None or pd.isna(v) else int(v)
