@@ -1,7 +1,6 @@
 """``qbench cost predict`` and ``crossover`` options -> the configurations to predict.
 
-Compressor specs are built by ``qbench.compress`` for their labels and wire bits (which imports
-torch; the cost model itself does not).
+Compressor specs are read by the catalog for their labels and wire bits (no torch).
 """
 
 from __future__ import annotations
@@ -10,6 +9,8 @@ import itertools
 import math
 from collections.abc import Sequence
 
+from qbench import catalog
+from qbench.catalog import specs
 from qbench.costmodel.config import Config
 from qbench.costmodel.model import CostModel, compute_fits
 from qbench.costmodel.schemes import (
@@ -17,7 +18,6 @@ from qbench.costmodel.schemes import (
     BACKWARD_SCHEMES,
     DDP,
     FP32,
-    POWERSGD,
     PROJECTED,
     Scheme,
     incompatibility,
@@ -107,23 +107,16 @@ def _scheme_for(s: Scheme, compressor: str, overlap: str | None, notes: list[str
 
 
 def compressor_info(spec: str, m: CostModel) -> tuple[str, float | None]:
-    """(label, wire bits per value) of a compressor spec, built by ``qbench.compress``; None
-    bits for PowerSGD, whose DDP payloads the model measured per bucket."""
-    from qbench import compress
-    from qbench.bench.kernels import parse_spec
-
-    s = parse_spec(spec)
-    params = {k: v for k, v in s.items() if k != "name"}
-    known = {**compress.COMPRESSORS, **compress.HOOK_COMPRESSORS}
-    if s["name"] not in known:
-        raise UserError(f"unknown compressor {s['name']!r}; valid: {', '.join(sorted(known))}")
-    c = compress.build(s["name"], **params)
-    if c.fixed_size:
-        n = 2**20
-        return c.label, 8 * c.wire_nbytes(n) / n
+    """(label, wire bits per value) of a compressor spec, from the catalog; None bits for
+    PowerSGD, whose DDP payloads the model measured per bucket."""
+    c = catalog.compressor(specs.parse_cli(spec))  # UserError naming a bad name or value
+    n = 2**20
+    wire = c.wire_bytes(n)
+    if wire is not None:
+        return c.label, 8 * wire / n
     if c.label in m.compressors:
         return c.label, m.compressors[c.label]
-    if c.label.startswith(POWERSGD):
+    if c.entry.hook_only:
         return c.label, None
     raise UserError(
         f"{c.label}: payload size depends on the data and the model has no measurement of it; "

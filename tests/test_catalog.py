@@ -77,6 +77,25 @@ def test_labels_are_stable(spec: str, label: str) -> None:
     assert catalog.compressor_label(spec) == label  # run ids contain them: never change one
 
 
+@pytest.mark.parametrize(
+    "spec",
+    ["none", "fp16", "bf16", "qsgd:bits=16,bucket_size=7", "qsgd:bits=2,norm=l2,layout=sign",
+     "onebit:bucket_size=32,error_feedback=false", "onebit:columns=true",
+     "fixedpoint:bits=12,delta=0.0625", "fixedpoint:bits=3", "topk:ratio=0.005",
+     "topk:error_feedback=false", "adaptive:sample_fraction=0.1,probe_bits=3,floor_bits=2",
+     "powersgd:rank=4,warm_start=false"],
+)  # fmt: skip
+def test_labels_read_back_to_their_compressor(spec: str) -> None:
+    c = catalog.compressor(spec)
+    back = catalog.from_label(c.label)
+    if c.name == "onebit" and c.params["columns"]:  # per column: the bucket is the column
+        assert back.params["columns"] and back.name == "onebit"
+    else:
+        assert (back.name, back.params) == (c.name, c.params)
+    with pytest.raises(UserError, match="no compressor has the label 'qsgd-4b'"):
+        catalog.from_label("qsgd-4b")
+
+
 @pytest.mark.parametrize("entry", [*catalog.COMPRESSORS.values(), *catalog.SCHEMES.values()])
 def test_defaults_and_examples_pass_their_own_rules(entry: Any) -> None:
     owner = entry.name

@@ -216,7 +216,7 @@ def test_ddp_prediction_errors_are_one_line() -> None:
         (cfg("ddp", "fp32", numel=10), "DDP predictions use the measured model's buckets"),
         (cfg("ddp", Q4), "torch's hooks"),
         (cfg("ddp", "fp32", overlap="none"), "communicates during backward"),
-        (cfg("allreduce", "powersgd-r1"), "only as torch's DDP hook"),
+        (cfg("allreduce", "powersgd-r1"), "torch's DDP communication hook"),
     ]:
         with pytest.raises(UserError, match=message) as got:
             predict(m, bad)

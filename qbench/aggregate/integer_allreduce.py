@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from qbench.aggregate.base import Aggregator, split_ranges
+from qbench.catalog.schemes import integer_sum_bytes
 from qbench.comm import Comm
 from qbench.comm.base import Pending
 from qbench.compress import Compressor, Key, native
@@ -46,23 +47,19 @@ from qbench.timing import PhaseTimer
 
 # Integer dtypes each backend can SUM, narrowest first. Gloo rejects int16 ("Invalid scalar
 # type") and NCCL has no 16-bit integer type; MPI (MPI_SHORT) sums all three.
-_SUMMABLE = {
-    "mpi": (torch.int8, torch.int16, torch.int32),
-    "gloo": (torch.int8, torch.int32),
-    "nccl": (torch.int8, torch.int32),
-}
+_DTYPES = {1: torch.int8, 2: torch.int16, 4: torch.int32}
 
 
 def sum_dtype(world_size: int, top: int, backend: str) -> torch.dtype:
-    """Narrowest integer dtype the backend sums in which K values in [-top, top] cannot overflow."""
-    bound = world_size * top
-    for dtype in _SUMMABLE.get(backend, _SUMMABLE["gloo"]):
-        if bound <= torch.iinfo(dtype).max:
-            return dtype
-    raise ValueError(
-        f"integer-allreduce: {world_size} ranks x level {top} = {bound} overflows int32; "
-        "use fewer qsgd bits"
-    )
+    """Narrowest integer dtype the backend sums in which K values in [-top, top] cannot overflow
+    (widths per backend: qbench.catalog.schemes.INTEGER_SUM_BYTES)."""
+    width = integer_sum_bytes(backend, world_size, top)
+    if width is None:
+        raise ValueError(
+            f"integer-allreduce: {world_size} ranks x level {top} = {world_size * top} "
+            "overflows int32; use fewer qsgd bits"
+        )
+    return _DTYPES[width]
 
 
 class IntegerAllReduce(Aggregator):

@@ -24,7 +24,7 @@ from qbench.errors import UserError, choice_error
 
 __all__ = [
     "COMPRESSORS", "SCHEMES", "CompressorSpec", "SchemeSpec", "compressor", "compressor_label",
-    "scheme", "scheme_label",
+    "from_label", "scheme", "scheme_label",
 ]  # fmt: skip
 
 
@@ -91,6 +91,16 @@ def compressor(raw: Any) -> CompressorSpec:
 
 def compressor_label(raw: Any) -> str:
     return compressor(raw).label
+
+
+def from_label(label: str) -> CompressorSpec:
+    """The compressor a label stands for (``qsgd-4b-b512``), for files that name compressors
+    by label (bench results, tables); UserError for a label no entry makes."""
+    for entry in COMPRESSORS.values():
+        params = entry.unlabel(label)
+        if params is not None:
+            return compressor({"name": entry.name, **params})
+    raise UserError(f"no compressor has the label {label!r}")
 
 
 def scheme(raw: Any) -> SchemeSpec:

@@ -9,6 +9,7 @@ compressor: an entry here and a codec module (docs/architecture.md).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -49,6 +50,9 @@ class CompressorEntry:
     """A rule between parameters, as "the fix" text; None when fine."""
     stateful: bool = False
     """Keeps state between calls by design (error-feedback residuals), whatever its parameters."""
+    unlabel: Callable[[str], Params | None] = lambda label: None
+    """The inverse of ``label``: the parameters a label stands for, None when it is not this
+    compressor's (tables and bench files name compressors by label; tests round-trip both)."""
 
     def wire_bytes(self, params: Params, numel: int) -> int | None:
         if self.wire is None:
@@ -81,11 +85,17 @@ def topk_k(ratio: float, numel: int) -> int:
     return max(1, math.ceil(Fraction(repr(float(ratio))) * numel))
 
 
+def _match(pattern: str, text: str, params: Callable[[re.Match[str]], Params]) -> Params | None:
+    m = re.fullmatch(pattern, text)
+    return params(m) if m else None
+
+
 # -- entries ------------------------------------------------------------------------------------
 def _cast(name: str, dtype: str, bits: float, summary: str, codec: str) -> CompressorEntry:
     return CompressorEntry(
         name, summary, "000 (16-bit baselines)" if bits == 16 else "", codec,
         label=lambda p: "fp32" if name == "none" else name,
+        unlabel=lambda text: {} if text == ("fp32" if name == "none" else name) else None,
         nominal_bits=lambda p: bits,
         wire=lambda p, n: [("values", dtype, n)],
         summable=True,
@@ -120,6 +130,9 @@ QSGD = CompressorEntry(
     ),
     label=lambda p: f"qsgd-{p['bits']}b-b{p['bucket_size']}"
     + ("-l2" if p["norm"] == "l2" else "") + ("-sign" if p["layout"] == "sign" else ""),
+    unlabel=lambda text: _match(r"qsgd-(\d+)b-b(\d+)(-l2)?(-sign)?", text, lambda m: {
+        "bits": int(m[1]), "bucket_size": int(m[2]), "norm": "l2" if m[3] else "max",
+        "layout": "sign" if m[4] else "intervals"}),
     nominal_bits=lambda p: float(p["bits"]),
     wire=lambda p, n: [
         ("levels", "uint8", qsgd_levels_nbytes(n, p["bits"])),
@@ -159,6 +172,9 @@ ONEBIT = CompressorEntry(
     ),
     label=lambda p: "1bit-" + ("col" if p["columns"] else f"b{p['bucket_size']}")
     + ("" if p["error_feedback"] else "-noef"),
+    unlabel=lambda text: _match(r"1bit-(?:b(\d+)|(col))(-noef)?", text, lambda m: {
+        "bucket_size": int(m[1]) if m[1] else 64, "error_feedback": not m[3],
+        "columns": bool(m[2])}),
     nominal_bits=lambda p: 1.0,
     wire=lambda p, n: [
         ("signs", "uint8", packed_nbytes(n, 1)),
@@ -185,6 +201,8 @@ FIXEDPOINT = CompressorEntry(
               lambda v: v == "auto" or (not isinstance(v, str) and positive_finite(v))),
     ),
     label=lambda p: f"fixed-{p['bits']}b" + ("" if p["delta"] == "auto" else f"-d{p['delta']:g}"),
+    unlabel=lambda text: _match(r"fixed-(\d+)b(?:-d(.+))?", text, lambda m: {
+        "bits": int(m[1]), "delta": float(m[2]) if m[2] else "auto"}),
     nominal_bits=lambda p: float(p["bits"]),
     wire=lambda p, n: [_fixed_levels(n, p["bits"])]
     + ([("exponent", "int16", 1)] if p["delta"] == "auto" else []),
@@ -200,6 +218,8 @@ TOPK = CompressorEntry(
         Param("error_feedback", True, "add the values left out at the last step", bool),
     ),
     label=lambda p: f"topk-{p['ratio'] * 100:g}%" + ("" if p["error_feedback"] else "-noef"),
+    unlabel=lambda text: _match(r"topk-(.+)%(-noef)?", text, lambda m: {
+        "ratio": float(m[1]) / 100, "error_feedback": not m[2]}),
     nominal_bits=lambda p: 64.0 * p["ratio"],
     wire=lambda p, n: [("values", "float32", topk_k(p["ratio"], n)),
                        ("indices", "int32", topk_k(p["ratio"], n))],
@@ -221,6 +241,9 @@ ADAPTIVE = CompressorEntry(
     label=lambda p: (
         f"adaptive-c{p['floor_bits']}-m{p['probe_bits']}-f{p['sample_fraction'] * 100:g}%"
     ),
+    unlabel=lambda text: _match(r"adaptive-c(\d+)-m(\d+)-f(.+)%", text, lambda m: {
+        "sample_fraction": float(m[3]) / 100, "probe_bits": int(m[2]),
+        "floor_bits": int(m[1])}),
     nominal_bits=lambda p: p["floor_bits"] + p["probe_bits"] / 2,
     unbiased=lambda p: True,
     cross_check=lambda p: (
@@ -245,6 +268,8 @@ POWERSGD = CompressorEntry(
     ),
     label=lambda p: f"powersgd-r{p['rank']}" + ("" if p["warm_start"] else "-cold")
     + ("" if p["error_feedback"] else "-noef"),
+    unlabel=lambda text: _match(r"powersgd-r(\d+)(-cold)?(-noef)?", text, lambda m: {
+        "rank": int(m[1]), "warm_start": not m[2], "error_feedback": not m[3]}),
     nominal_bits=lambda p: None,
     error_feedback=lambda p: bool(p["error_feedback"]),
     hook_only=True,

@@ -78,6 +78,20 @@ def _gamma_only_for(algorithm: str, other: str) -> Check:
     return check
 
 
+INTEGER_SUM_BYTES = {"mpi": (1, 2, 4), "gloo": (1, 4), "nccl": (1, 4)}
+"""Integer widths (bytes) each backend's allreduce sums: gloo has no int16 sum, MPI has."""
+
+
+def integer_sum_bytes(backend: str, world_size: int, top: int) -> int | None:
+    """The narrowest width the backend sums in which K values in [-top, top] cannot overflow
+    (integer-allreduce's integers); None when even 4 bytes overflow."""
+    bound = world_size * top
+    for width in INTEGER_SUM_BYTES.get(backend, INTEGER_SUM_BYTES["gloo"]):
+        if bound <= 2 ** (8 * width - 1) - 1:
+            return width
+    return None
+
+
 def qgm_beta(value: object) -> float:
     """push-sum's ``qgm``: false (off), true (beta 0.9, Lin et al. 2021) or beta in [0, 1)."""
     if isinstance(value, bool):

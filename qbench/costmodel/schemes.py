@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from qbench import catalog
 from qbench.catalog import rules
+from qbench.catalog.schemes import TORCH_HOOKS, integer_sum_bytes
 from qbench.errors import UserError
 
 PROJECTED = "lowprec-allreduce"
@@ -38,11 +39,6 @@ BACKWARD, FLAT = "backward", "none"
 """The two ``overlap`` labels of runs: buckets during backward, or one gradient after it."""
 FP32 = "fp32"
 POWERSGD = "powersgd"
-TORCH_HOOK_LABELS = (FP32, "fp16", "bf16")
-"""Compressor labels of torch's DDP hooks (and ``powersgd-...``)."""
-SUMMABLE_INT_BYTES = {"mpi": (1, 2, 4), "gloo": (1, 4), "nccl": (1, 4)}
-"""Integer widths each backend sums (qbench.aggregate.integer_allreduce._SUMMABLE)."""
-_QSGD = re.compile(r"^qsgd-(\d+)b-b(\d+)")
 _PLUS = re.compile(r"([a-z_]+?)(\d+(?:\.\d+)?|True|False)?")
 _KEYS = ("overlap", "backward", "bucket_cap_mb", "gradient_as_bucket_view")
 
@@ -158,53 +154,56 @@ def _cap(raw: str, value: str | None) -> float | None:
     return cap
 
 
+def _spec(compressor: str) -> catalog.CompressorSpec | None:
+    """The catalog's compressor behind a label (None for a label no entry makes)."""
+    try:
+        return catalog.from_label(compressor)
+    except UserError:
+        return None
+
+
 def is_torch_hook(compressor: str) -> bool:
     """Compressors ``ddp`` runs with torch's own hooks (fp32 allreduce, casts, PowerSGD)."""
-    return compressor in TORCH_HOOK_LABELS or compressor.startswith(POWERSGD)
+    spec = _spec(compressor)
+    return spec is not None and spec.name in TORCH_HOOKS
 
 
 def qsgd_params(compressor: str) -> tuple[int, int] | None:
     """(bits, bucket_size) of a qsgd label like ``qsgd-4b-b512``."""
-    m = _QSGD.match(compressor)
-    return (int(m.group(1)), int(m.group(2))) if m else None
+    spec = _spec(compressor)
+    if spec is None or spec.name != "qsgd":
+        return None
+    return spec.params["bits"], spec.params["bucket_size"]
 
 
 def nominal_bits_per_value(compressor: str) -> float | None:
-    """Wire bits per value known from the label alone (fp32, fp16, bf16, qsgd)."""
-    if compressor == FP32:
-        return 32.0
-    if compressor in ("fp16", "bf16"):
-        return 16.0
-    q = qsgd_params(compressor)
-    return q[0] + 32 / q[1] if q else None
+    """Wire bits per value of a fixed-size compressor (the catalog's wire layout, metadata
+    included, at 2^20 values); None when the size depends on the data or the shapes."""
+    spec = _spec(compressor)
+    n = 2**20
+    wire = spec.wire_bytes(n) if spec is not None else None
+    return None if wire is None else 8 * wire / n
 
 
 def incompatibility(scheme: Scheme, compressor: str) -> str | None:
-    """Why the scheme cannot carry this compressor (None when it can)."""
-    if scheme.name == DDP and not is_torch_hook(compressor):
-        return (
-            f"ddp runs fp32, fp16, bf16 and powersgd with torch's hooks, not {compressor}; "
-            "qbench's compressors run per bucket as e.g. `reduce-broadcast:backward=true`"
-        )
-    if compressor.startswith(POWERSGD) and scheme.name != DDP:
-        return f"{compressor} runs only as torch's DDP hook (scheme ddp)"
-    if scheme.name == "allreduce" and compressor not in (FP32, "fp16", "bf16"):
-        return (
-            f"allreduce sums raw buffers and cannot carry {compressor}; "
-            f"`{PROJECTED}` projects a native low-precision allreduce"
-        )
-    if scheme.name == "integer-allreduce" and compressor != FP32:
-        q = qsgd_params(compressor)
-        if q is None or q[0] < 2 or "-l2" in compressor:
-            return f"integer-allreduce needs qsgd with bits >= 2 and norm max, got {compressor}"
-    return None
+    """Why the scheme cannot carry this compressor (None when it can): the catalog's rules,
+    plus the projected NCCL native low-precision allreduce, which only the cost model knows."""
+    if scheme.name == PROJECTED:
+        return None
+    spec = _spec(compressor)
+    if spec is None:
+        return f"no compressor has the label {compressor!r}"
+    params = {"backward": True} if scheme.backward and scheme.name != DDP else {}
+    why = rules.incompatibility("gloo", scheme.name, spec.given, params=params)
+    if why and scheme.name == "allreduce":
+        why += f"; `{PROJECTED}` projects a native low-precision allreduce"
+    return why
 
 
 def int_sum_bytes(backend: str, k: int, bits: int) -> int:
     """Width of integer-allreduce's integers: the narrowest the backend sums without overflow
-    for K ranks at level 2^(bits-1) - 1 (qbench.aggregate.integer_allreduce.sum_dtype)."""
-    bound = k * ((1 << (bits - 1)) - 1)
-    for width in SUMMABLE_INT_BYTES.get(backend, SUMMABLE_INT_BYTES["gloo"]):
-        if bound <= 2 ** (8 * width - 1) - 1:
-            return width
-    raise UserError(f"integer-allreduce: {k} ranks x {bits}-bit levels overflow int32")
+    for K ranks at level 2^(bits-1) - 1 (qbench.catalog.schemes.integer_sum_bytes)."""
+    width = integer_sum_bytes(backend, k, (1 << (bits - 1)) - 1)
+    if width is None:
+        raise UserError(f"integer-allreduce: {k} ranks x {bits}-bit levels overflow int32")
+    return width
