@@ -124,8 +124,12 @@ def test_embedded_default_expands() -> None:
 
     text = resources.files("qbench").joinpath("default.yaml").read_text()
     m = matrix.expand(scenario.loads(text))
-    assert len(m.runs) == 2 * 2 * 2 * 5
-    assert not m.excluded
+    flat = 2 * 2 * 2 * 5  # models x world sizes x backends x compressors
+    ddp = 2 * 2  # models x world sizes: DDP fp32 on gloo
+    assert len(m.runs) == flat + ddp
+    assert {r.backend for r in m.runs if r.scheme == "ddp"} == {"gloo"}
+    reasons = {e.reason.split(";")[0] for e in m.excluded}
+    assert any("mpi has no DDP" in r for r in reasons)  # said, never dropped silently
 
 
 def test_set_overrides_top_level_keys() -> None:
