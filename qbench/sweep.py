@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -269,23 +268,17 @@ def _reset_run_dir(store: ResultStore, spec: RunSpec) -> None:
 @contextmanager
 def _interrupt_marks(store: ResultStore, records: list[RunRecord]) -> Iterator[None]:
     """On Ctrl-C / SIGTERM, mark the runs interrupted before propagating."""
-    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    try:
-        yield
-    except KeyboardInterrupt:
-        for record in records:
-            record.status, record.finished = "interrupted", _now()
-            record.error = (
-                "interrupted by the user (Ctrl-C or SIGTERM); re-run the sweep to redo it"
-            )
-            store.write_record(record)
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    with procs.sigterm_as_interrupt(replace=True):
+        try:
+            yield
+        except KeyboardInterrupt:
+            for record in records:
+                record.status, record.finished = "interrupted", _now()
+                record.error = (
+                    "interrupted by the user (Ctrl-C or SIGTERM); re-run the sweep to redo it"
+                )
+                store.write_record(record)
+            raise
 
 
 def _merge_parts(store: ResultStore, spec: RunSpec, status: str) -> str:

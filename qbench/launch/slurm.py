@@ -23,25 +23,22 @@ sbatch requires; the commands in it are argv lists joined with :func:`shlex.join
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import re
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Mapping, MutableMapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from qbench.errors import UserError
+from qbench.errors import UserError, did_you_mean, type_name
 from qbench.launch import local, procs
 
 if TYPE_CHECKING:
@@ -103,13 +100,12 @@ class SlurmOptions:
         if not isinstance(raw, Mapping):
             raise UserError(
                 f'slurm: must be a mapping like `slurm: {{partition: gpu, time: "00:30:00"}}`, '
-                f"got {raw!r} ({_kind(raw)})"
+                f"got {raw!r} ({type_name(raw)})"
             )
         valid = [f.name for f in fields(cls)]
         for key in raw:
             if key not in valid:
-                close = difflib.get_close_matches(str(key), valid, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                hint = did_you_mean(key, valid)
                 raise UserError(f"slurm: unknown key {key!r}{hint}; valid keys: {', '.join(valid)}")
         return cls(**{k: _check(k, v) for k, v in raw.items()})
 
@@ -127,9 +123,8 @@ def _check(key: str, value: Any) -> Any:
     example = _EXAMPLES[key]
 
     def bad(problem: str) -> UserError:
-        return UserError(
-            f"slurm.{key} {problem}, got {value!r} ({_kind(value)}); e.g. `slurm: {{{example}}}`"
-        )
+        got = f"{value!r} ({type_name(value)})"
+        return UserError(f"slurm.{key} {problem}, got {got}; e.g. `slurm: {{{example}}}`")
 
     if key in ("mode", "mpi"):
         choices = MODES if key == "mode" else MPI_LAUNCHERS
@@ -160,10 +155,6 @@ def _check(key: str, value: Any) -> Any:
     if not isinstance(value, list | tuple) or not all(isinstance(a, str) for a in value):
         raise bad("must be a list of arguments (strings), one per item")
     return tuple(value)
-
-
-def _kind(v: Any) -> str:
-    return "null" if v is None else type(v).__name__
 
 
 # ---------------------------------------------------------------------------------------------
@@ -621,7 +612,7 @@ def _run_step(
     env = local.worker_env()
     if spec.backend != "mpi":
         env["MASTER_PORT"] = str(free_port())  # the driver runs in the allocation, like rank 0
-    with _sigterm_as_interrupt():
+    with procs.sigterm_as_interrupt():
         return procs.run_jobs([(argv, env)], run_dir, timeout)
 
 
@@ -723,7 +714,7 @@ def _run_batches(
             jobs.append(_Job(argv, d, "slurm-submit"))
     env = _submit_env(local.worker_env())
     try:
-        with _sigterm_as_interrupt():
+        with procs.sigterm_as_interrupt():
             for job in jobs:
                 _submit(job, env)
             for it in items:
@@ -895,22 +886,3 @@ def _stop_sbatch(jobs: list[_Job]) -> None:
                 job.proc.wait()
         for f in job.files:
             f.close()
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt while we wait (so jobs are cancelled), unless the
-    caller already handles it (the sweep driver does, the same way)."""
-    main = threading.current_thread() is threading.main_thread()
-    if not main or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
