@@ -56,7 +56,7 @@ class Launch:
 
     kind: str = "local"
     slurm: Any = None
-    """qbench.launch.slurm.SlurmOptions when kind is slurm."""
+    """qbench.launch.slurm.options.SlurmOptions when kind is slurm."""
 
     @property
     def array(self) -> bool:
@@ -203,9 +203,9 @@ def _start_record(spec: RunSpec, store: ResultStore, prov: Provenance) -> RunRec
 def _launch(spec: RunSpec, store: ResultStore, launch: Launch) -> tuple[str, int | None]:
     run_dir, spec_path = store.run_dir(spec.run_id), store.spec_path(spec.run_id)
     if launch.kind == "slurm":
-        from qbench.launch import slurm
+        from qbench.launch.slurm import runs
 
-        return slurm.run(spec, spec_path, run_dir, spec.timeout, launch.slurm)
+        return runs.run(spec, spec_path, run_dir, spec.timeout, launch.slurm)
     if spec.network:  # emulated link: every rank in its own shaped network namespace
         return shaped.run_shaped(spec, spec_path, run_dir, spec.timeout)
     argv = local.argv_for(spec.backend, spec_path, spec.world_size)
@@ -217,7 +217,7 @@ def _run_array(
     summary: SweepSummary, on_progress: Callable[[RunSpec, RunRecord | None], None] | None,
 ) -> None:  # fmt: skip
     """All pending runs as one Slurm job array; the records are finished when it ends."""
-    from qbench.launch import slurm
+    from qbench.launch.slurm import runs
 
     records = [_start_record(spec, store, prov) for spec in specs]
     items = [(s, store.spec_path(s.run_id), store.run_dir(s.run_id)) for s in specs]
@@ -226,7 +226,7 @@ def _run_array(
         if on_progress:
             on_progress(spec, None)
     with _interrupt_marks(store, records):
-        results = slurm.run_array(items, max(s.timeout for s in specs), launch.slurm)
+        results = runs.run_array(items, max(s.timeout for s in specs), launch.slurm)
     elapsed = time.monotonic() - t0
     for spec, record, (status, code) in zip(specs, records, results, strict=True):
         record = _finish(spec, store, record, status, code, elapsed)

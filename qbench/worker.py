@@ -19,7 +19,7 @@ from torch import nn
 from qbench import aggregate, async_ps, comm, models, precision
 from qbench.catalog import rules
 from qbench.compress import from_spec
-from qbench.launch.slurm import apply_worker_env
+from qbench.launch.slurm.env import apply_worker_env
 from qbench.matrix import RunSpec
 from qbench.records import WORKER_FAILED as FAILED_TAG
 from qbench.records import epochs_frame
