@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from qbench.async_metrics import bits_until_loss
+from qbench.async_ps.metrics import bits_until_loss
 
 
 def main(root: str, threshold: float = 0.6, window: int = 100) -> None:

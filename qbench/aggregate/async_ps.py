@@ -9,26 +9,15 @@ exists so that scenarios name and validate it like every other scheme:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from qbench.aggregate.base import Aggregator
+from qbench.async_ps import AsyncParams
 from qbench.comm import Comm
 from qbench.compress import Compressor
 from qbench.timing import PhaseTimer
-
-
-@dataclass(frozen=True, kw_only=True)
-class AsyncParams:
-    """The scheme's parameters as the catalog validated them (qbench.catalog.schemes.ASYNC_PS,
-    where each is documented)."""
-
-    staleness: int
-    variant: str
-    down: dict[str, Any] | None
-    ratio: float
 
 
 class AsyncPS(Aggregator):
