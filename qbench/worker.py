@@ -25,11 +25,12 @@ from qbench.matrix import RunSpec
 from qbench.records import WORKER_FAILED as FAILED_TAG
 from qbench.records import epochs_frame
 from qbench.store import (
-    EPOCHS,
     atomic_write_json,
     atomic_write_parquet,
+    epochs_part,
     host_part,
     model_part,
+    parts_beside,
     rank_part,
 )
 from qbench.telemetry import Telemetry
@@ -194,9 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     if spec.backend != "nccl":
         torch.set_num_threads(1)  # one thread per CPU rank
     cm = comm.connect(spec.backend, timeout_s=spec.timeout)
-    _write_host(spec_path.parent / "parts", cm.rank, spec)
+    parts = parts_beside(spec_path)
+    _write_host(parts, cm.rank, spec)
     if cm.rank == 0:
-        _write_model(spec_path.parent / "parts", spec)
+        _write_model(parts, spec)
     run: Training | None = None
     failed = False
     try:
@@ -229,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         if run is not None:
             run.close()
         if run is not None and run.rows:
-            _write_parts(spec_path.parent / "parts", cm.rank, run)
+            _write_parts(parts, cm.rank, run)
         if failed:
             cm.abort(1)  # peers may be blocked in a collective: end the whole job now
         cm.close()
@@ -280,7 +282,7 @@ def _write_host(parts: Path, rank: int, spec: RunSpec) -> None:
 def _write_parts(parts: Path, rank: int, run: Training) -> None:
     atomic_write_parquet(rank_part(parts, "rank", rank), run.frame())
     if rank == 0 and run.epoch_rows:
-        atomic_write_parquet(parts / EPOCHS, epochs_frame(run.epoch_rows))
+        atomic_write_parquet(epochs_part(parts), epochs_frame(run.epoch_rows))
     if isinstance(run, Run) and run.telemetry is not None:
         atomic_write_parquet(rank_part(parts, "telemetry", rank), run.telemetry.frame())
     buckets = run.buckets_frame()

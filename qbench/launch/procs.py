@@ -22,6 +22,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO
 
+from qbench.store import STDERR_LOG, STDOUT_LOG
+
 POLL_S = 0.05
 GRACE_S = 10.0  # for launchers to stop their ranks after SIGTERM
 PARENT_DEATH_SIGNAL = signal.SIGTERM  # torchrun and mpirun stop their ranks on it; SIGKILL cannot
@@ -31,7 +33,7 @@ Job = tuple[list[str], dict[str, str]]  # argv, environment
 
 def run_jobs(jobs: list[Job], run_dir: Path, timeout: float) -> tuple[str, int | None]:
     """Start ``jobs`` in one process group, logs in run_dir; status ok / failed / timeout."""
-    with open(run_dir / "stdout.log", "wb") as out, open(run_dir / "stderr.log", "wb") as err:
+    with open(run_dir / STDOUT_LOG, "wb") as out, open(run_dir / STDERR_LOG, "wb") as err:
         procs: list[subprocess.Popen[bytes]] = []
         try:
             start(jobs, procs, out, err)

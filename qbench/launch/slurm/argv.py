@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from qbench.errors import UserError
 from qbench.launch import local
 from qbench.launch.slurm.options import SlurmOptions
+from qbench.store import STDERR_LOG, STDOUT_LOG
 
 if TYPE_CHECKING:
     from qbench.matrix import RunSpec
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 SCRIPT = "slurm-job.sh"
 STARTED = "slurm-started"
 EXIT_CODE = "slurm-exit-code"
-STDOUT, STDERR = "stdout.log", "stderr.log"
+STDOUT, STDERR = STDOUT_LOG, STDERR_LOG  # the run's logs, where the local launcher puts them
 # Picks a free TCP port on the host that runs it (the batch host = the node of rank 0).
 FREE_PORT_PY = (
     "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1]); s.close()"

@@ -43,6 +43,7 @@ from qbench.launch.slurm.argv import (
 )
 from qbench.launch.slurm.jobs import Item, Job, Result, submit_and_wait
 from qbench.launch.slurm.options import SlurmOptions, in_allocation, resolve_mode
+from qbench.store import SLURM_DIR
 
 if TYPE_CHECKING:
     from qbench.matrix import RunSpec
@@ -78,7 +79,7 @@ def run_array(
         return []
     its = [Item(s, Path(p).absolute(), Path(d).absolute()) for s, p, d in items]
     if work_dir is None:
-        work_dir = Path(os.path.commonpath([str(i.run_dir.parent) for i in its])) / ".slurm"
+        work_dir = Path(os.path.commonpath([str(i.run_dir.parent) for i in its])) / SLURM_DIR
     return _run_batches(its, timeout, options, array=True, work_dir=Path(work_dir).absolute())
 
 
