@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 SCRIPT = "slurm-job.sh"
 STARTED = "slurm-started"
 EXIT_CODE = "slurm-exit-code"
-STDOUT, STDERR = STDOUT_LOG, STDERR_LOG  # the run's logs, where the local launcher puts them
 # Picks a free TCP port on the host that runs it (the batch host = the node of rank 0).
 FREE_PORT_PY = (
     "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1]); s.close()"
@@ -227,7 +226,7 @@ def array_script(
         f"mapfile -t run_dirs < {shlex.quote(str(run_dirs_file))}",
         'spec="${specs[$SLURM_ARRAY_TASK_ID]}"',
         'run_dir="${run_dirs[$SLURM_ARRAY_TASK_ID]}"',
-        f'exec >"$run_dir/{STDOUT}" 2>"$run_dir/{STDERR}"',
+        f'exec >"$run_dir/{STDOUT_LOG}" 2>"$run_dir/{STDERR_LOG}"',
         f'touch "$run_dir/{STARTED}"',
     ]
     if torch_env:

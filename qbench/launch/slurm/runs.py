@@ -30,8 +30,6 @@ from qbench.launch.slurm.argv import (
     SCRIPT,
     SPEC_SLOT,
     STARTED,
-    STDERR,
-    STDOUT,
     array_range,
     array_script,
     batch_script,
@@ -43,7 +41,7 @@ from qbench.launch.slurm.argv import (
 )
 from qbench.launch.slurm.jobs import Item, Job, Result, submit_and_wait
 from qbench.launch.slurm.options import SlurmOptions, in_allocation, resolve_mode
-from qbench.store import SLURM_DIR
+from qbench.store import SLURM_DIR, STDERR_LOG, STDOUT_LOG
 
 if TYPE_CHECKING:
     from qbench.matrix import RunSpec
@@ -158,11 +156,11 @@ def _single_job(it: Item, timeout: float, options: SlurmOptions, mpirun: str | N
         )
     )  # fmt: skip
     argv = sbatch_argv(
-        script, job_name=job_name(it.spec.run_id), output=it.run_dir / STDOUT,
-        error=it.run_dir / STDERR, ntasks=ws, options=options, nodes=nodes, time_s=timeout,
+        script, job_name=job_name(it.spec.run_id), output=it.run_dir / STDOUT_LOG,
+        error=it.run_dir / STDERR_LOG, ntasks=ws, options=options, nodes=nodes, time_s=timeout,
         gpus_per_node=gpus,
     )  # fmt: skip
-    return Job(argv, it.run_dir, "slurm-submit", error_log=it.run_dir / STDERR)
+    return Job(argv, it.run_dir, "slurm-submit", error_log=it.run_dir / STDERR_LOG)
 
 
 def _array_jobs(
