@@ -81,12 +81,13 @@ class Run(Training):
         self.telemetry = self._telemetry(self.named) if spec.telemetry else None
 
     def _aggregators(self) -> list[tuple[slice, aggregate.Aggregator]]:
-        spec = self.spec
-        return [
-            (part, aggregate.build(spec.scheme, self.comm, c, part.stop - part.start,
-                                   offset=part.start, params=spec.scheme_params))
-            for part, c in _group_compressors(self)
-        ]  # fmt: skip
+        scheme, params = self.spec.scheme, self.spec.scheme_params
+        out = []
+        for part, c in _group_compressors(self):  # each compressor then its aggregator
+            numel = part.stop - part.start
+            agg = aggregate.build(scheme, self.comm, c, numel, offset=part.start, params=params)
+            out.append((part, agg))
+        return out
 
     def _telemetry(self, named: dict[str, nn.Parameter]) -> Telemetry:
         entries, pos = [], 0
