@@ -52,9 +52,9 @@ def sweep(
         shaped = any(s.network for s in m.runs)
         local.check_available(sc.backend, max(sc.world_size), shaped=shaped)
     else:
-        from qbench.launch import slurm
+        from qbench.launch.slurm import available
 
-        slurm.check_available()
+        available.check_available()
     p = sweep_mod.plan(m, ResultStore(target), retry_failed)
     kept = (
         f", {len(p.kept_failed)} failed kept (--retry-failed redoes them)" if p.kept_failed else ""
@@ -85,9 +85,9 @@ def _launch_for(sc: scenario_mod.Scenario, launcher: str | None, m: Matrix) -> L
                 "(or see docs/launchers.md for torchrun rendezvous and mpirun hostfiles)"
             )
         return sweep_mod.Launch("local")
-    from qbench.launch import slurm
+    from qbench.launch.slurm.options import SlurmOptions
 
-    return sweep_mod.Launch("slurm", slurm.SlurmOptions.parse(sc.slurm))
+    return sweep_mod.Launch("slurm", SlurmOptions.parse(sc.slurm))
 
 
 def _resolved(sc: scenario_mod.Scenario, launch: Launch) -> dict[str, object]:

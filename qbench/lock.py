@@ -16,8 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from qbench.errors import UserError
-
-LOCK_FILE = ".qbench.lock"
+from qbench.store import LOCK_FILE
 
 
 @contextmanager

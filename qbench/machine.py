@@ -219,9 +219,9 @@ def _netns_status() -> str:
 
 
 def _slurm_status() -> str:
-    from qbench.launch import slurm
+    from qbench.launch.slurm import available
 
-    return slurm.describe()
+    return available.describe()
 
 
 def _native_status() -> str:

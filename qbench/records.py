@@ -35,7 +35,8 @@ ITERATION_COLUMNS: dict[str, str] = {
     # Scheme-specific measurements (NaN where a scheme has none):
     "consensus_distance": "float64",  # gossip: mean over ranks of ||x_i - x_bar||
     # async-ps (qbench.async_ps): rank 0 is the server, one row per update it applied; workers
-    # one row per gradient they pushed. Seed 003's metric reads the server rows (async_metrics).
+    # one row per gradient they pushed. Seed 003's metric reads the server rows
+    # (qbench.async_ps.metrics).
     "staleness": "float64",  # server version at apply minus the version the gradient saw
     "server_version": "float64",  # model version this update produced (1, 2, ...)
     "cum_bits": "float64",  # server rows: bits through the server (up + down) so far

@@ -19,12 +19,17 @@ from rich.table import Table
 
 from qbench import accuracy, plots, plots_accuracy, plots_study, plots_utility, report_page, stats
 from qbench.errors import UserError, choice_error
-from qbench.store import ResultStore, atomic_write_bytes
+from qbench.store import (
+    ACCURACY_CSV,
+    COMPARE_CSV,
+    COMPARE_MD,
+    SUMMARY_CSV,
+    SUMMARY_MD,
+    ResultStore,
+    atomic_write_bytes,
+)
 
 FORMATS = ("table", "csv", "md", "json")
-SUMMARY_CSV = "summary.csv"
-SUMMARY_MD = "summary.md"
-ACCURACY_CSV = "accuracy.csv"
 _LABEL_COLUMNS = ("model", "dataset", "backend", "scheme", "network")
 _NA = "-"
 _PIPE_WIDTH = 220
@@ -228,8 +233,6 @@ def _print_table(summary: pd.DataFrame, out: TextIO) -> None:
 
 
 # -- A/B comparison --------------------------------------------------------------------------
-COMPARE_CSV = "compare.csv"
-COMPARE_MD = "compare.md"
 _COMPARE_SHOW = (
     *("model", "backend", "scheme", "compressor", "world_size", "network", "a_runs", "b_runs"),
     *("a_median_s", "b_median_s", "ratio", "ci", "verdict"),

@@ -17,10 +17,8 @@ from typing import Any
 
 import pandas as pd
 
-from qbench.store import atomic_write_bytes
+from qbench.store import INDEX_HTML, INDEX_MD, atomic_write_bytes
 
-INDEX_MD = "index.md"
-INDEX_HTML = "index.html"
 CONFIG = ["model", "dataset", "backend", "scheme", "compressor", "world_size", "network", "skew"]
 _CSS = (
     "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;"

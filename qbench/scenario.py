@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from qbench import layers, network
-from qbench.errors import UserError
+from qbench.errors import UserError, did_you_mean, type_name
 
 BACKENDS = ("gloo", "mpi", "nccl")
 LAUNCHERS = ("local", "slurm")
@@ -260,11 +260,13 @@ def _short(e: BaseException, limit: int = 80) -> str:
 def parse(raw: Any, source: str = "<embedded>") -> Scenario:
     """Validate a parsed YAML mapping into a Scenario."""
     if not isinstance(raw, dict):
-        raise UserError(f"{source}: a scenario must be a YAML mapping of keys, got {_kind(raw)}")
+        raise UserError(
+            f"{source}: a scenario must be a YAML mapping of keys, got {type_name(raw)}"
+        )
     valid = [f.name for f in fields(Scenario) if f.name != "source"]
     unknown = sorted(str(k) for k in raw if k not in valid)
     if unknown:
-        hint = _close_match(unknown[0], valid)
+        hint = did_you_mean(unknown[0], valid)
         raise UserError(
             f"{source}: unknown key {unknown[0]!r}{hint}; valid keys: {', '.join(valid)}"
         )
@@ -315,7 +317,7 @@ def _typed(key: str, value: Any, typ: type) -> Any:
     if typ is bool and isinstance(value, bool):
         return value
     if isinstance(value, bool) or not isinstance(value, typ):
-        raise UserError(f"{key} must be {typ.__name__}, got {value!r} ({_kind(value)})")
+        raise UserError(f"{key} must be {typ.__name__}, got {value!r} ({type_name(value)})")
     return value
 
 
@@ -351,17 +353,6 @@ def _batch(b: Any) -> int | dict[int, int]:
             _typed("batch_size key", k, int): _typed("batch_size", v, int) for k, v in b.items()
         }
     return int(_typed("batch_size", b, int))
-
-
-def _kind(v: Any) -> str:
-    return "null" if v is None else type(v).__name__
-
-
-def _close_match(word: str, valid: list[str]) -> str:
-    import difflib
-
-    m = difflib.get_close_matches(word, valid, n=1)
-    return f" (did you mean {m[0]!r}?)" if m else ""
 
 
 # -- value checks --------------------------------------------------------------------------------
@@ -466,7 +457,7 @@ def _check_filter(key: str, entry: dict[str, Any]) -> None:
         )
     for k in entry:
         if k not in FILTER_KEYS:
-            hint = _close_match(k, list(FILTER_KEYS))
+            hint = did_you_mean(k, list(FILTER_KEYS))
             raise UserError(
                 f"{key} entry matches on unknown axis {k!r}{hint}; valid: {', '.join(FILTER_KEYS)}"
             )

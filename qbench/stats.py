@@ -28,7 +28,7 @@ from qbench.records import (
     epochs_frame,
     iterations_frame,
 )
-from qbench.store import EPOCHS, ResultStore
+from qbench.store import ResultStore
 
 UNREADABLE = "unreadable"
 SIMULATED_SUFFIX = " (simulated)"
@@ -91,7 +91,7 @@ def load(root: Path | str) -> Results:
         rows.append(row)
         if frame is not None:
             frames.append(frame)
-        epochs = _read_epochs(store.run_dir(run_id) / EPOCHS, run_id)
+        epochs = _read_epochs(store.epochs_path(run_id), run_id)
         if epochs is not None:
             epoch_frames.append(epochs)
     iterations = pd.concat(frames, ignore_index=True) if frames else iterations_frame([])

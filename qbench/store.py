@@ -1,4 +1,16 @@
-"""The only module that knows where results live. Writes are atomic (write, fsync, rename)."""
+"""The only module that knows where results live. Writes are atomic (write, fsync, rename).
+
+A results directory::
+
+    DIR/scenario.yaml scenario.resolved.json machine.json sweep.json .qbench.lock
+    DIR/<run id>/spec.json run.json machine.json stdout.log stderr.log
+                 iterations.parquet [epochs telemetry buckets].parquet
+                 parts/<kind>-<rank>.parquet host-<rank>.json model.json epochs.parquet
+    DIR/report/summary.{csv,md} accuracy.csv compare.{csv,md} index.{md,html} figures
+
+Launchers add files of their own to a run directory (the Slurm launcher's job script and
+markers) under the names they choose. Imports nothing heavy: the launchers use the log names.
+"""
 
 from __future__ import annotations
 
@@ -8,24 +20,37 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
-from qbench.records import RunRecord
+    from qbench.records import RunRecord
 
+# -- the results directory
+SCENARIO_YAML = "scenario.yaml"  # the scenario as run, --set overrides applied
+SCENARIO_RESOLVED = "scenario.resolved.json"  # every default filled in, and the run matrix
+MACHINE_JSON = "machine.json"  # the driver's machine; in a run dir, with the ranks' hosts
+SWEEP_JSON = "sweep.json"
+LOCK_FILE = ".qbench.lock"  # one sweep at a time (qbench.lock)
+SLURM_DIR = ".slurm"  # Slurm job arrays' scripts and logs
+# -- a run directory
 RUN_JSON = "run.json"
 ITERATIONS = "iterations.parquet"
 EPOCHS = "epochs.parquet"  # accuracy mode: one row per epoch
 TELEMETRY = "telemetry.parquet"  # per-layer compression telemetry, when requested
 BUCKETS = "buckets.parquet"  # DDP runs: per-bucket hand-over and ready times
 SPEC_JSON = "spec.json"
+STDOUT_LOG, STDERR_LOG = "stdout.log", "stderr.log"  # the launcher's (all ranks')
 PARTS = "parts"  # per-rank partial records written by workers, merged by the driver
 # Per-rank parquet parts (parts/<kind>-<rank>.parquet) and the run file each merges into.
 RANK_PARTS = {"rank": ITERATIONS, "telemetry": TELEMETRY, "buckets": BUCKETS}
+# -- the report directory
 REPORT = "report"
-SWEEP_JSON = "sweep.json"
+SUMMARY_CSV, SUMMARY_MD = "summary.csv", "summary.md"
+ACCURACY_CSV = "accuracy.csv"
+COMPARE_CSV, COMPARE_MD = "compare.csv", "compare.md"
+INDEX_MD, INDEX_HTML = "index.md", "index.html"  # the report page (qbench.report_page)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -52,7 +77,7 @@ def strict_json(obj: Any) -> Any:
         return {k: strict_json(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [strict_json(v) for v in obj]
-    if isinstance(obj, np.generic):
+    if type(obj).__module__ == "numpy" and hasattr(obj, "item"):  # a numpy scalar
         return strict_json(obj.item())
     return obj
 
@@ -76,6 +101,11 @@ def atomic_write_parquet(path: Path, frame: pd.DataFrame) -> None:
         raise
 
 
+def parts_beside(spec_path: Path) -> Path:
+    """The parts directory of the run whose spec a worker was started with."""
+    return Path(spec_path).parent / PARTS
+
+
 def rank_part(parts: Path, kind: str, rank: int) -> Path:
     """Where a worker writes its rank's part of ``kind`` (a key of ``RANK_PARTS``)."""
     return parts / f"{kind}-{rank}.parquet"
@@ -90,6 +120,11 @@ def rank_parts(parts: Path, kind: str) -> list[Path]:
 def host_part(parts: Path, rank: int) -> Path:
     """Where a worker writes the host it ran on (the driver adds them to machine.json)."""
     return parts / f"host-{rank}.json"
+
+
+def epochs_part(parts: Path) -> Path:
+    """Where rank 0 writes the epoch rows (accuracy mode); the driver moves it into the run."""
+    return parts / EPOCHS
 
 
 def model_part(parts: Path) -> Path:
@@ -119,10 +154,38 @@ class ResultStore:
     def report_dir(self) -> Path:
         return self.root / REPORT
 
+    def scenario_path(self) -> Path:
+        return self.root / SCENARIO_YAML
+
+    def resolved_path(self) -> Path:
+        return self.root / SCENARIO_RESOLVED
+
+    def sweep_path(self) -> Path:
+        return self.root / SWEEP_JSON
+
+    def slurm_dir(self) -> Path:
+        return self.root / SLURM_DIR
+
+    def machine_path(self, run_id: str | None = None) -> Path:
+        """The sweep's machine.json, or with ``run_id`` that run's."""
+        return (self.root if run_id is None else self.run_dir(run_id)) / MACHINE_JSON
+
+    def stderr_path(self, run_id: str) -> Path:
+        return self.run_dir(run_id) / STDERR_LOG
+
+    def epochs_path(self, run_id: str) -> Path:
+        return self.run_dir(run_id) / EPOCHS
+
+    def merged_path(self, run_id: str, kind: str) -> Path:
+        """The run file the per-rank parts of ``kind`` (a key of ``RANK_PARTS``) merge into."""
+        return self.run_dir(run_id) / RANK_PARTS[kind]
+
     def write_record(self, record: RunRecord) -> None:
         atomic_write_json(self.run_dir(record.run_id) / RUN_JSON, record.to_dict())
 
     def read_record(self, run_id: str) -> RunRecord | None:
+        from qbench.records import RunRecord  # pandas: only where records are read
+
         path = self.run_dir(run_id) / RUN_JSON
         if not path.exists():
             return None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,12 +25,12 @@ from qbench.matrix import Matrix, RunSpec
 from qbench.records import WORKER_FAILED as FAILED_TAG
 from qbench.records import RunRecord
 from qbench.store import (
-    EPOCHS,
     RANK_PARTS,
     ResultStore,
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_parquet,
+    epochs_part,
     host_parts,
     model_part,
     rank_parts,
@@ -57,7 +56,7 @@ class Launch:
 
     kind: str = "local"
     slurm: Any = None
-    """qbench.launch.slurm.SlurmOptions when kind is slurm."""
+    """qbench.launch.slurm.options.SlurmOptions when kind is slurm."""
 
     @property
     def array(self) -> bool:
@@ -148,15 +147,15 @@ def _write_sweep_files(
     resolved: dict[str, Any] | None,
 ) -> None:  # fmt: skip
     store.root.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(store.root / "scenario.yaml", scenario_text.encode())
+    atomic_write_bytes(store.scenario_path(), scenario_text.encode())
     atomic_write_json(
-        store.root / "scenario.resolved.json",
+        store.resolved_path(),
         {"scenario": resolved or {}, "launcher": launch.kind,
          "runs": [s.to_dict() for s in matrix.runs]},
     )  # fmt: skip
-    atomic_write_json(store.root / "machine.json", _machine_doc(prov))
+    atomic_write_json(store.machine_path(), _machine_doc(prov))
     atomic_write_json(
-        store.root / "sweep.json",
+        store.sweep_path(),
         {
             "runs": [s.run_id for s in matrix.runs],
             "excluded": [{"run": e.description, "reason": e.reason} for e in matrix.excluded],
@@ -192,7 +191,7 @@ def execute(
 
 def _start_record(spec: RunSpec, store: ResultStore, prov: Provenance) -> RunRecord:
     _reset_run_dir(store, spec)
-    atomic_write_json(store.run_dir(spec.run_id) / "machine.json", _machine_doc(prov, spec))
+    atomic_write_json(store.machine_path(spec.run_id), _machine_doc(prov, spec))
     record = RunRecord(
         run_id=spec.run_id, status="running", labels=spec.labels(), spec=spec.to_dict(),
         started=_now(), machine=prov.machine, versions=prov.versions, git_commit=prov.git_commit,
@@ -204,9 +203,9 @@ def _start_record(spec: RunSpec, store: ResultStore, prov: Provenance) -> RunRec
 def _launch(spec: RunSpec, store: ResultStore, launch: Launch) -> tuple[str, int | None]:
     run_dir, spec_path = store.run_dir(spec.run_id), store.spec_path(spec.run_id)
     if launch.kind == "slurm":
-        from qbench.launch import slurm
+        from qbench.launch.slurm import runs
 
-        return slurm.run(spec, spec_path, run_dir, spec.timeout, launch.slurm)
+        return runs.run(spec, spec_path, run_dir, spec.timeout, launch.slurm)
     if spec.network:  # emulated link: every rank in its own shaped network namespace
         return shaped.run_shaped(spec, spec_path, run_dir, spec.timeout)
     argv = local.argv_for(spec.backend, spec_path, spec.world_size)
@@ -218,7 +217,7 @@ def _run_array(
     summary: SweepSummary, on_progress: Callable[[RunSpec, RunRecord | None], None] | None,
 ) -> None:  # fmt: skip
     """All pending runs as one Slurm job array; the records are finished when it ends."""
-    from qbench.launch import slurm
+    from qbench.launch.slurm import runs
 
     records = [_start_record(spec, store, prov) for spec in specs]
     items = [(s, store.spec_path(s.run_id), store.run_dir(s.run_id)) for s in specs]
@@ -227,7 +226,9 @@ def _run_array(
         if on_progress:
             on_progress(spec, None)
     with _interrupt_marks(store, records):
-        results = slurm.run_array(items, max(s.timeout for s in specs), launch.slurm)
+        results = runs.run_array(
+            items, max(s.timeout for s in specs), launch.slurm, work_dir=store.slurm_dir()
+        )
     elapsed = time.monotonic() - t0
     for spec, record, (status, code) in zip(specs, records, results, strict=True):
         record = _finish(spec, store, record, status, code, elapsed)
@@ -240,7 +241,6 @@ def _finish(
     spec: RunSpec, store: ResultStore, record: RunRecord, status: str, code: int | None,
     elapsed: float,
 ) -> RunRecord:  # fmt: skip
-    run_dir = store.run_dir(spec.run_id)
     record.duration_s = round(elapsed, 3)
     record.finished = _now()
     record.exit_code = code
@@ -249,8 +249,8 @@ def _finish(
     record.labels.update(_model_labels(store, spec))
     record.status = status
     if status != "ok":
-        record.stderr_tail = _tail(run_dir / "stderr.log")
-        record.error = _error_line(status, code, _read(run_dir / "stderr.log"), spec)
+        record.stderr_tail = _tail(store.stderr_path(spec.run_id))
+        record.error = _error_line(status, code, _read(store.stderr_path(spec.run_id)), spec)
     store.write_record(record)
     return record
 
@@ -261,49 +261,44 @@ def _reset_run_dir(store: ResultStore, spec: RunSpec) -> None:
         for p in parts.iterdir():
             p.unlink()
     store.iterations_path(spec.run_id).unlink(missing_ok=True)
-    for name in (*RANK_PARTS.values(), EPOCHS):
-        (store.run_dir(spec.run_id) / name).unlink(missing_ok=True)
+    for kind in RANK_PARTS:
+        store.merged_path(spec.run_id, kind).unlink(missing_ok=True)
+    store.epochs_path(spec.run_id).unlink(missing_ok=True)
     atomic_write_json(store.spec_path(spec.run_id), spec.to_dict())
 
 
 @contextmanager
 def _interrupt_marks(store: ResultStore, records: list[RunRecord]) -> Iterator[None]:
     """On Ctrl-C / SIGTERM, mark the runs interrupted before propagating."""
-    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    try:
-        yield
-    except KeyboardInterrupt:
-        for record in records:
-            record.status, record.finished = "interrupted", _now()
-            record.error = (
-                "interrupted by the user (Ctrl-C or SIGTERM); re-run the sweep to redo it"
-            )
-            store.write_record(record)
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    with procs.sigterm_as_interrupt(replace=True):
+        try:
+            yield
+        except KeyboardInterrupt:
+            for record in records:
+                record.status, record.finished = "interrupted", _now()
+                record.error = (
+                    "interrupted by the user (Ctrl-C or SIGTERM); re-run the sweep to redo it"
+                )
+                store.write_record(record)
+            raise
 
 
 def _merge_parts(store: ResultStore, spec: RunSpec, status: str) -> str:
     """Concatenate per-rank parts into iterations.parquet; a missing rank makes an ok run failed."""
     parts: list[Path] = []
-    for kind, name in RANK_PARTS.items():
+    for kind in RANK_PARTS:
         found = rank_parts(store.parts_dir(spec.run_id), kind)
         if kind == "rank":
             parts = found
         if found:
             frame = pd.concat([pd.read_parquet(p) for p in found], ignore_index=True)
-            atomic_write_parquet(store.run_dir(spec.run_id) / name, frame)
-    epochs = store.parts_dir(spec.run_id) / EPOCHS
+            atomic_write_parquet(store.merged_path(spec.run_id, kind), frame)
+    epochs = epochs_part(store.parts_dir(spec.run_id))
     if epochs.exists():  # rank 0's; written once, when the ranks finished
-        epochs.replace(store.run_dir(spec.run_id) / EPOCHS)
+        epochs.replace(store.epochs_path(spec.run_id))
     if status == "ok" and len(parts) != spec.world_size:
         return "failed"
-    if status == "ok" and spec.epochs and not (store.run_dir(spec.run_id) / EPOCHS).exists():
+    if status == "ok" and spec.epochs and not store.epochs_path(spec.run_id).exists():
         return "failed"
     return status
 
@@ -320,7 +315,7 @@ def _model_labels(store: ResultStore, spec: RunSpec) -> dict[str, Any]:
 
 def _record_hosts(store: ResultStore, spec: RunSpec) -> None:
     """Add the ranks' hosts (parts/host-<r>.json) to the run's machine.json."""
-    path = store.run_dir(spec.run_id) / "machine.json"
+    path = store.machine_path(spec.run_id)
     hosts = []
     for p in host_parts(store.parts_dir(spec.run_id)):
         try:

@@ -11,24 +11,26 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from qbench import aggregate, async_ps, comm, models, precision
+from qbench import aggregate, async_ps, catalog, comm, models, precision
 from qbench.catalog import rules
-from qbench.compress import from_spec
-from qbench.launch.slurm import apply_worker_env
+from qbench.compress import Compressor, from_spec
+from qbench.launch.slurm.env import apply_worker_env
 from qbench.matrix import RunSpec
 from qbench.records import WORKER_FAILED as FAILED_TAG
 from qbench.records import epochs_frame
 from qbench.store import (
-    EPOCHS,
     atomic_write_json,
     atomic_write_parquet,
+    epochs_part,
     host_part,
     model_part,
+    parts_beside,
     rank_part,
 )
 from qbench.telemetry import Telemetry
@@ -52,27 +54,39 @@ def _flatten(params: list[nn.Parameter]) -> tuple[torch.Tensor, torch.Tensor]:
     return flat_p, flat_g
 
 
+def _flat_model(t: Training) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """The model's parameters and gradients as flat buffers in layer-group order, and each
+    parameter's size (for weights: {bits: N})."""
+    ordered = [t.named[n] for g in t.groups for n in g.names]
+    params, grads = _flatten(ordered)
+    return params, grads, [p.numel() for p in ordered]
+
+
+def _group_compressors(t: Training) -> Iterator[tuple[slice, Compressor]]:
+    """Each layer group's slice of the flat buffers and its compressor, built as consumed."""
+    pos = 0
+    for g in t.groups:
+        yield slice(pos, pos + g.numel), from_spec(g.compressor, seed=t.spec.seed)
+        pos += g.numel
+
+
 class Run(Training):
     """Flat aggregation (what the seeds measured): backward runs to the end, then each layer
     group's slice of one flat gradient buffer goes through the scheme."""
 
-    def __init__(self, spec: RunSpec, cm: comm.Comm, shard: tuple[int, int] | None = None) -> None:
-        super().__init__(spec, cm, shard)
-        ordered = [self.named[n] for g in self.groups for n in g.names]
-        self.params, self.flat = _flatten(ordered)
-        self.sizes = [p.numel() for p in ordered]  # for weights: {bits: N}
+    def __init__(self, spec: RunSpec, cm: comm.Comm) -> None:
+        super().__init__(spec, cm)
+        self.params, self.flat, self.sizes = _flat_model(self)
         self.aggs = self._aggregators()
         self.telemetry = self._telemetry(self.named) if spec.telemetry else None
 
     def _aggregators(self) -> list[tuple[slice, aggregate.Aggregator]]:
-        out, pos = [], 0
-        for g in self.groups:
-            c = from_spec(g.compressor, seed=self.spec.seed)
-            agg = aggregate.build(
-                self.spec.scheme, self.comm, c, g.numel, offset=pos, params=self.spec.scheme_params
-            )
-            out.append((slice(pos, pos + g.numel), agg))
-            pos += g.numel
+        scheme, params = self.spec.scheme, self.spec.scheme_params
+        out = []
+        for part, c in _group_compressors(self):  # each compressor then its aggregator
+            numel = part.stop - part.start
+            agg = aggregate.build(scheme, self.comm, c, numel, offset=part.start, params=params)
+            out.append((part, agg))
         return out
 
     def _telemetry(self, named: dict[str, nn.Parameter]) -> Telemetry:
@@ -182,15 +196,16 @@ def main(argv: list[str] | None = None) -> int:
     if spec.backend != "nccl":
         torch.set_num_threads(1)  # one thread per CPU rank
     cm = comm.connect(spec.backend, timeout_s=spec.timeout)
-    _write_host(spec_path.parent / "parts", cm.rank, spec)
+    parts = parts_beside(spec_path)
+    _write_host(parts, cm.rank, spec)
     if cm.rank == 0:
-        _write_model(spec_path.parent / "parts", spec)
+        _write_model(parts, spec)
     run: Training | None = None
     failed = False
     try:
-        if spec.scheme == "async-ps":  # no synchronous step: server and workers (seed 003)
-            run = Run(spec, cm, shard=async_ps.shard(cm.rank, cm.world_size))
-            async_ps.run(run)
+        if catalog.SCHEMES[spec.scheme].kind == "asynchronous":  # server + workers (seed 003)
+            run = Training(spec, cm, shard=async_ps.shard(cm.rank, cm.world_size))
+            async_ps.run(async_parts(run))
             cm.barrier()
             return 0
         run = _training(spec, cm)
@@ -217,10 +232,23 @@ def main(argv: list[str] | None = None) -> int:
         if run is not None:
             run.close()
         if run is not None and run.rows:
-            _write_parts(spec_path.parent / "parts", cm.rank, run)
+            _write_parts(parts, cm.rank, run)
         if failed:
             cm.abort(1)  # peers may be blocked in a collective: end the whole job now
         cm.close()
+
+
+def async_parts(t: Training) -> async_ps.AsyncParts:
+    """What the asynchronous parameter server uses of a rank's set-up: the model as flat
+    buffers, each layer group's compressor and the scheme's parameters; the loop is its own."""
+    params, grads, sizes = _flat_model(t)
+    scheme = catalog.scheme({"name": t.spec.scheme, **t.spec.scheme_params}).params
+    return async_ps.AsyncParts(
+        spec=t.spec, comm=t.comm, device=t.device, model=t.model, params=params, grads=grads,
+        sizes=sizes, groups=list(_group_compressors(t)), scheme=async_ps.AsyncParams(**scheme),
+        data=t.data, loss_fn=t.loss_fn, scaler=t.scaler, epoch_data=t.epoch_data, rows=t.rows,
+        epoch_rows=t.epoch_rows,
+    )  # fmt: skip
 
 
 def _training(spec: RunSpec, cm: comm.Comm) -> Training:
@@ -255,7 +283,7 @@ def _write_host(parts: Path, rank: int, spec: RunSpec) -> None:
 def _write_parts(parts: Path, rank: int, run: Training) -> None:
     atomic_write_parquet(rank_part(parts, "rank", rank), run.frame())
     if rank == 0 and run.epoch_rows:
-        atomic_write_parquet(parts / EPOCHS, epochs_frame(run.epoch_rows))
+        atomic_write_parquet(epochs_part(parts), epochs_frame(run.epoch_rows))
     if isinstance(run, Run) and run.telemetry is not None:
         atomic_write_parquet(rank_part(parts, "telemetry", rank), run.telemetry.frame())
     buckets = run.buckets_frame()

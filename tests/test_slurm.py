@@ -3,6 +3,7 @@ single-node cluster started by tests/slurm_cluster.py (slow, marked slurm)."""
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import os
@@ -19,7 +20,7 @@ import pytest
 from qbench import matrix, scenario
 from qbench.errors import UserError
 from qbench.launch import slurm
-from qbench.launch.slurm import SlurmOptions
+from qbench.launch.slurm import SlurmOptions, jobs, options, runs
 from qbench.matrix import RunSpec
 from qbench.store import atomic_write_json
 from tests.slurm_cluster import slurm_cluster  # noqa: F401 (the fixture, used by name)
@@ -288,6 +289,26 @@ def test_apply_worker_env_only_for_srun_tasks() -> None:
     assert not slurm.apply_worker_env(local) and local == {}
 
 
+def test_a_rank_loads_only_the_env_adapter() -> None:
+    """Every rank imports qbench.worker: of the Slurm launcher it must load the env://
+    adapter only, never the options, the builders, the checks or the job state machine."""
+    code = "import sys, qbench.worker; print(*sorted(m for m in sys.modules if 'slurm' in m))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    ).stdout.split()
+    assert out == ["qbench.launch.slurm", "qbench.launch.slurm.env"]
+
+
+def test_the_package_names_are_its_modules_own() -> None:
+    """Each name the package offers is loaded, on first use, from the module that defines it."""
+    for name in slurm.__all__:
+        module = importlib.import_module(f"qbench.launch.slurm.{slurm._HOME[name]}")
+        assert getattr(slurm, name) is getattr(module, name), name
+    assert slurm.run is runs.run and SlurmOptions is options.SlurmOptions
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        slurm.nope  # noqa: B018 (the lookup is the test)
+
+
 HOSTLISTS = ["localhost", "node1,node2", "gpu[07-09,11],cpu1", "n[001-004]", "rack[1-2]-n[3-4]",
              "a[5],b[1-3]"]  # fmt: skip
 
@@ -328,9 +349,7 @@ def test_mode_and_submit_env() -> None:
     assert slurm.resolve_mode("auto", {"SLURM_JOB_ID": "3"}) == "srun"
     assert slurm.resolve_mode("auto", {}) == "sbatch"
     assert slurm.resolve_mode("sbatch", {"SLURM_JOB_ID": "3"}) == "sbatch"
-    env = slurm._submit_env(
-        {"SLURM_JOB_ID": "3", "SLURM_CONF": "/c", "SBATCH_X": "1", "PATH": "/b"}
-    )
+    env = jobs._submit_env({"SLURM_JOB_ID": "3", "SLURM_CONF": "/c", "SBATCH_X": "1", "PATH": "/b"})
     assert env == {"SLURM_CONF": "/c", "PATH": "/b"}
 
 

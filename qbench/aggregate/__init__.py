@@ -7,7 +7,6 @@ from typing import Any
 from qbench import catalog
 from qbench.aggregate.allgather import AllGather
 from qbench.aggregate.allreduce import AllReduce
-from qbench.aggregate.async_ps import AsyncPS
 from qbench.aggregate.base import Aggregator, split_ranges
 from qbench.aggregate.gossip import Gossip
 from qbench.aggregate.integer_allreduce import IntegerAllReduce
@@ -30,7 +29,6 @@ SCHEMES: dict[str, type[Aggregator]] = {
         IntegerAllReduce,
         ParameterServer,
         PushSum,
-        AsyncPS,
     )
 }
 

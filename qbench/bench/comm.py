@@ -40,7 +40,7 @@ from qbench.catalog import rules, specs
 from qbench.comm.formulas import busbw_factor
 from qbench.errors import UserError
 from qbench.launch import local
-from qbench.store import strict_json
+from qbench.store import STDERR_LOG, STDOUT_LOG, strict_json
 
 SCHEMA = "qbench.bench.comm/1"
 WORKER_MODULE = "qbench.bench.comm_worker"
@@ -477,7 +477,7 @@ def _launch(
     if status == "ok":
         shutil.rmtree(workdir, ignore_errors=True)
         return got, None
-    last = (workdir / "stderr.log").read_text(errors="replace").strip().splitlines()[-1:]
+    last = (workdir / STDERR_LOG).read_text(errors="replace").strip().splitlines()[-1:]
     return got, f"{backend} w{k}: {status} (exit {code}) {''.join(last)!r}; logs in {workdir}"
 
 
@@ -493,7 +493,7 @@ def _run_local(
     argv: list[str], workdir: Path, report: Callable[[], None]
 ) -> tuple[str, int | None]:
     deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-    with open(workdir / "stdout.log", "wb") as out, open(workdir / "stderr.log", "wb") as err:
+    with open(workdir / STDOUT_LOG, "wb") as out, open(workdir / STDERR_LOG, "wb") as err:
         # Own process group, so a timeout or Ctrl-C kills the launcher and every rank together.
         proc = subprocess.Popen(
             argv, stdout=out, stderr=err, env=local.worker_env(), start_new_session=True

@@ -25,7 +25,8 @@ class SchemeEntry:
     summary: str
     seed: str
     aggregator: str
-    """``module:Class`` of the aggregator (``qbench.aggregate``); "" for ddp (a training loop)."""
+    """``module:Class`` of the aggregator (``qbench.aggregate``); "" for the schemes that are a
+    training loop of their own: ddp (``qbench.ddp``) and asynchronous ones (``qbench.async_ps``)."""
     params: tuple[Param, ...] = ()
     kind: str = "collective"
     """collective (every rank gets the mean), decentralized (each rank its own model),
@@ -164,7 +165,7 @@ PUSH_SUM = SchemeEntry(
 )  # fmt: skip
 ASYNC_PS = SchemeEntry(
     "async-ps", "asynchronous parameter server with double quantization (AsyLPG)", "003",
-    "qbench.aggregate.async_ps:AsyncPS", kind="asynchronous",
+    "", kind="asynchronous",
     params=(
         Param("staleness", 4, "the most server updates a gradient may miss", int,
               "an integer >= 0 (0 = serial SGD)", at_least(0)),

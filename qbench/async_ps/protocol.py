@@ -1,4 +1,4 @@
-"""Messages and pure rules of the asynchronous parameter server (``qbench.async_ps``).
+"""Messages and pure rules of the asynchronous parameter server (:mod:`qbench.async_ps`).
 
 Every message is a fixed-size float64 header (tag HEADER) followed, when its size is not zero,
 by one uint8 payload (tag PAYLOAD) whose size the header gives, so payloads of any size travel
@@ -16,19 +16,14 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-from qbench.aggregate.async_ps import AsyncParams
+from qbench.async_ps import AsyncParts
 from qbench.comm import Comm
 from qbench.compress import Compressor, from_spec
 from qbench.compress.topk import TopK
 
-if TYPE_CHECKING:
-    from qbench.worker import Run
-
-SERVER = 0
 HEADER, PAYLOAD = 1, 2
 """Message tags: a header and its payload never match each other's receive."""
 
@@ -153,12 +148,9 @@ def _aligned(chunk: torch.Tensor) -> torch.Tensor:
     return chunk.clone() if chunk.storage_offset() % 8 else chunk
 
 
-def codecs(r: Run) -> tuple[AsyncParams, GradientCodec, Compressor]:
-    """The run's scheme parameters, gradient codec (per layer group) and model quantizer."""
-    params: AsyncParams = r.aggs[0][1].params  # type: ignore[attr-defined]
-    codec = GradientCodec(
-        [(part, agg.compressor) for part, agg in r.aggs],
-        params.ratio if params.variant == "sparse" else None,
-    )
-    down = from_spec(params.down or "none", seed=r.spec.seed)
-    return params, codec, down
+def codecs(parts: AsyncParts) -> tuple[GradientCodec, Compressor]:
+    """The run's gradient codec (per layer group) and model quantizer (``down``)."""
+    scheme = parts.scheme
+    codec = GradientCodec(parts.groups, scheme.ratio if scheme.variant == "sparse" else None)
+    down = from_spec(scheme.down or "none", seed=parts.spec.seed)
+    return codec, down

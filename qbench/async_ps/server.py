@@ -1,40 +1,38 @@
 """The async-ps server (rank 0): applies gradients as they arrive, hands out models under the
 staleness rule, records one row per update and evaluates in accuracy mode. Overview and
-variants: ``qbench.async_ps``; messages and the rule: ``qbench.async_protocol``."""
+variants: :mod:`qbench.async_ps`; messages and the rule: :mod:`qbench.async_ps.protocol`."""
 
 from __future__ import annotations
 
 import math
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from qbench import epochs, models, precision
-from qbench.async_protocol import (
+from qbench.async_ps import SERVER, AsyncParts
+from qbench.async_ps.protocol import (
     HEADER,
     PAYLOAD,
-    SERVER,
     Push,
     Reply,
     codecs,
     may_hand_out,
     send_message,
 )
-from qbench.async_protocol import update_budget as _budget
+from qbench.async_ps.protocol import update_budget as _budget
 from qbench.comm import Comm
 from qbench.data import partition
 from qbench.timing import PhaseTimer
 
-if TYPE_CHECKING:
-    from qbench.worker import Run
-
 
 class _Server:
-    def __init__(self, r: Run) -> None:
+    def __init__(self, r: AsyncParts) -> None:
         self.r, self.cm = r, r.comm
-        self.params, self.codec, self.down = codecs(r)
+        self.scheme = r.scheme
+        self.codec, self.down = codecs(r)
         workers = self.cm.world_size - 1
         self.per_epoch = workers * _steps_per_worker(r, workers) if r.spec.epochs else 0
         per_worker = r.spec.warmup + r.spec.iterations
@@ -47,7 +45,7 @@ class _Server:
         self.stopped: set[int] = set()
         self.last: dict[int, tuple[float, float]] = {}  # worker -> its last (staleness, version)
         self.up_bytes = self.down_bytes = 0
-        accelerated = self.params.variant == "accelerated"
+        accelerated = self.scheme.variant == "accelerated"
         self.velocity = torch.zeros_like(r.params) if accelerated else None
         self.started, self.eval_s = time.perf_counter(), 0.0
 
@@ -59,7 +57,7 @@ class _Server:
             if self.version + len(self.pulled) >= self.budget:
                 self._reply(w, timer, stop=True)
                 self.stopped.add(w)
-            elif may_hand_out(self.version, self.pulled.values(), self.params.staleness):
+            elif may_hand_out(self.version, self.pulled.values(), self.scheme.staleness):
                 self._reply(w, timer, stop=False)
                 self.pulled[w] = self.version
             else:
@@ -131,7 +129,7 @@ class _Server:
         self.eval_s += time.perf_counter() - begin
 
 
-def serve(r: Run) -> None:
+def serve(r: AsyncParts) -> None:
     s = _Server(r)
     head = torch.empty(Push.header_len(len(s.codec.groups)), dtype=torch.float64)
     timer = PhaseTimer(r.device)
@@ -144,9 +142,9 @@ def serve(r: Run) -> None:
             continue  # the last workers were just told to stop
         push, wire = s.receive(head)
         timer.mark("comm")
-        s.codec.decode(wire, push.sizes, r.flat)
+        s.codec.decode(wire, push.sizes, r.grads)
         timer.mark("decode")
-        staleness = s.apply(push, r.flat)
+        staleness = s.apply(push, r.grads)
         timer.mark("step")
         r.rows.append(_server_row(s, timer, push, wire.numel(), staleness))
         if s.per_epoch and s.version % s.per_epoch == 0:
@@ -163,12 +161,12 @@ def _server_row(
         "warmup": update < spec.warmup * (s.cm.world_size - 1),
         **{f"t_{k}": v for k, v in timer.totals.items()}, "t_iteration": timer.elapsed(),
         "bytes_sent": s.cm.bytes_sent, "payload_bytes": payload,
-        "grad_bytes": 4 * s.r.flat.numel(), "loss": push.loss, "staleness": float(staleness),
+        "grad_bytes": 4 * s.r.grads.numel(), "loss": push.loss, "staleness": float(staleness),
         "server_version": float(s.version), "cum_bits": 8.0 * (s.up_bytes + s.down_bytes),
     }  # fmt: skip
 
 
-def _steps_per_worker(r: Run, workers: int) -> int:
+def _steps_per_worker(r: AsyncParts, workers: int) -> int:
     """Batches in one worker's partition (every partition has the same size): an epoch is this
     many updates per worker."""
     assert r.epoch_data is not None
