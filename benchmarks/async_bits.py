@@ -11,8 +11,8 @@ import sys
 
 import pandas as pd
 
-from qbench.async_ps.metrics import bits_until_loss
-from qbench.store import ResultStore
+from qbench.records.store import ResultStore
+from qbench.run.async_ps.metrics import bits_until_loss
 
 
 def main(root: str, threshold: float = 0.6, window: int = 100) -> None:

@@ -1,4 +1,4 @@
-"""User-facing errors: one line, exit code 2, no traceback (see cli.main).
+"""User-facing errors: one line, exit code 2, no traceback.
 
 Also the small pieces every such message is built from, kept here once.
 """

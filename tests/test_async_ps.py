@@ -19,16 +19,18 @@ import pandas as pd
 import pytest
 import torch
 
-from qbench import aggregate, async_ps, scenario
-from qbench.async_ps import AsyncParts
-from qbench.async_ps.metrics import bits_until_loss
-from qbench.async_ps.protocol import GradientCodec, Push, Reply, may_hand_out
+from qbench import aggregate
 from qbench.comm.base import Comm
 from qbench.compress import from_spec
 from qbench.errors import UserError
-from qbench.matrix import expand
-from qbench.training import Training
-from qbench.worker import async_parts
+from qbench.run import async_ps
+from qbench.run.async_ps import AsyncParts
+from qbench.run.async_ps.metrics import bits_until_loss
+from qbench.run.async_ps.protocol import GradientCodec, Push, Reply, may_hand_out
+from qbench.run.training import Training
+from qbench.run.worker import async_parts
+from qbench.spec import scenario
+from qbench.spec.matrix import expand
 
 QSGD8 = {"name": "qsgd", "bits": 8}
 
@@ -237,7 +239,7 @@ def _spec(scheme: str, comp: str = "{name: qsgd, bits: 8}", world: int = 4, extr
 
 
 def _rank(spec: Any, cm: Comm) -> tuple[Training, AsyncParts]:
-    """One rank as qbench.worker sets it up: the shared training set-up and the parts of it
+    """One rank as qbench.run.worker sets it up: the shared training set-up and the parts of it
     the parameter server uses (they share the model, buffers and row lists)."""
     t = Training(spec, cm, shard=async_ps.shard(cm.rank, spec.world_size))
     return t, async_parts(t)
@@ -370,10 +372,13 @@ def _loaded(imports: str, prefixes: tuple[str, ...]) -> list[str]:
 
 
 def test_the_package_stands_alone_and_its_metric_needs_no_torch() -> None:
-    """The server and workers read a rank through AsyncParts, never through qbench.worker;
+    """The server and workers read a rank through AsyncParts, never through qbench.run.worker;
     reports read the metric, so it and the package load no torch."""
-    assert _loaded("qbench.async_ps.server, qbench.async_ps.worker", ("qbench.worker",)) == []
-    assert _loaded("qbench.async_ps.metrics", ("torch",)) == []
+    assert (
+        _loaded("qbench.run.async_ps.server, qbench.run.async_ps.worker", ("qbench.run.worker",))
+        == []
+    )
+    assert _loaded("qbench.run.async_ps.metrics", ("torch",)) == []
 
 
 # -- real ranks ----------------------------------------------------------------------------------

@@ -22,11 +22,11 @@ import pytest
 import torch
 
 import qbench.ddp
-from qbench import matrix, scenario
 from qbench.catalog import rules
 from qbench.ddp.scheme_hook import segments
 from qbench.ddp.timeline import BucketTimeline, overlap_fraction, union_length
 from qbench.errors import UserError
+from qbench.spec import matrix, scenario
 from tests.dist_ddp_prog import NUMEL, STEPS, TRAIN, UNBIASED, known_gradient
 from tests.distributed import here, launch
 
@@ -208,7 +208,7 @@ def test_training_through_the_hook_ends_where_the_flat_scheme_does(ranks: Ranks,
 
 
 def _sweep(tmp_path: Path, text: str) -> Callable[[], Any]:
-    from qbench import stats
+    from qbench.report import stats
 
     path = tmp_path / "s.yaml"
     path.write_text(text)

@@ -28,11 +28,12 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from qbench import catalog, compress, data, layers, models, scenario
+from qbench import catalog, compress, data, models
 from qbench.catalog import models as zoo
 from qbench.catalog.params import Param
 from qbench.errors import UserError
-from qbench.matrix import Matrix, RunSpec, expand
+from qbench.spec import layers, scenario
+from qbench.spec.matrix import Matrix, RunSpec, expand
 
 CHECKED_RUNS = 8  # of each matrix: run ids and labels are computed for these
 LIMIT_S = 10  # per input; a hang is a bug too

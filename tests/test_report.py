@@ -15,11 +15,12 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from qbench import report, stats
 from qbench.errors import UserError
-from qbench.plots import compressor_color
-from qbench.records import RunRecord, iterations_frame
-from qbench.store import ResultStore
+from qbench.records.schema import RunRecord, iterations_frame
+from qbench.records.store import ResultStore
+from qbench.report import stats
+from qbench.report import tables as report
+from qbench.report.plots import compressor_color
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = {"mlp": (0.010, 1_000_000), "cnn": (0.040, 4_000_000)}  # compute s, numel
@@ -263,7 +264,7 @@ def test_report_does_not_import_torch() -> None:
 
 
 def test_iterations_written_before_later_columns_still_load(tmp_path: Path) -> None:
-    from qbench.records import LATER_ITERATION_COLUMNS
+    from qbench.records.schema import LATER_ITERATION_COLUMNS
 
     store = ResultStore(tmp_path)
     rows = rows_for("old", "mlp", "fp32", 1)

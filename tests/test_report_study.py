@@ -10,9 +10,11 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from qbench import plots_study, report, report_page, stats
-from qbench.records import epochs_frame
-from qbench.store import EPOCHS, ResultStore, atomic_write_parquet
+from qbench.records.schema import epochs_frame
+from qbench.records.store import EPOCHS, ResultStore, atomic_write_parquet
+from qbench.report import page as report_page
+from qbench.report import plots_study, stats
+from qbench.report import tables as report
 from tests.test_report import add_run, labels, rows_for
 
 GFLOPS = 0.01  # forward GFLOPs per sample of both fixture models
@@ -214,7 +216,7 @@ def test_readme_accuracy_table_script(root: Path) -> None:
 def test_quantized_weights_compare_with_fp32_weights() -> None:
     """seed 000 section 5.4: a `weights: {bits: N}` configuration's difference is to the same
     workload with fp32 communication and fp32 weights, not to itself."""
-    from qbench import accuracy
+    from qbench.report import accuracy
 
     rows = []
     for precision, top1 in (("fp32", 0.90), ("fp32+w8", 0.89), ("fp32+w6", 0.70)):
@@ -233,7 +235,7 @@ def test_quantized_weights_compare_with_fp32_weights() -> None:
 def test_accuracy_figure_keeps_precisions_apart(tmp_path: Path) -> None:
     """Runs that differ by compute precision are separate lines (with the precision in the
     label), never one mean over both."""
-    from qbench import plots_accuracy
+    from qbench.report import plots_accuracy
 
     store = ResultStore(tmp_path)
     for compute, top1 in (("fp32", [0.5, 0.9]), ("int8", [0.3, 0.6])):
@@ -253,7 +255,7 @@ def test_accuracy_figure_keeps_precisions_apart(tmp_path: Path) -> None:
 
 def test_breakdown_keeps_precisions_apart(tmp_path: Path) -> None:
     """The breakdown shows what the compute precision did to compute time: one bar each."""
-    from qbench import plots
+    from qbench.report import plots
 
     store = ResultStore(tmp_path)
     for compute, slow in (("fp32", 1.0), ("int8", 2.0)):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from qbench import matrix, scenario
 from qbench.errors import UserError
+from qbench.spec import matrix, scenario
 
 BASE = "name: t\nmodel: mlp\n"
 
@@ -122,7 +122,7 @@ def test_expand_rejects_unknown_names(extra: str, needle: str) -> None:
 def test_embedded_default_expands() -> None:
     from importlib import resources
 
-    text = resources.files("qbench").joinpath("default.yaml").read_text()
+    text = resources.files("qbench.spec").joinpath("default.yaml").read_text()
     m = matrix.expand(scenario.loads(text))
     flat = 2 * 2 * 2 * 5  # models x world sizes x backends x compressors
     ddp = 2 * 2  # models x world sizes: DDP fp32 on gloo

@@ -17,12 +17,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from qbench import matrix, scenario
 from qbench.errors import UserError
 from qbench.launch import slurm
 from qbench.launch.slurm import SlurmOptions, jobs, options, runs
-from qbench.matrix import RunSpec
-from qbench.store import atomic_write_json
+from qbench.records.store import atomic_write_json
+from qbench.spec import matrix, scenario
+from qbench.spec.matrix import RunSpec
 from tests.slurm_cluster import slurm_cluster  # noqa: F401 (the fixture, used by name)
 
 # ---------------------------------------------------------------------------------------------
@@ -158,12 +158,12 @@ def test_array_range_and_time_limit() -> None:
 
 
 def test_srun_argv_inside_an_allocation() -> None:
-    argv = slurm.srun_argv(["python", "-m", "qbench.worker", "s.json"], 4, OPTS, nodes=2)
+    argv = slurm.srun_argv(["python", "-m", "qbench.run.worker", "s.json"], 4, OPTS, nodes=2)
     assert argv[:3] == ["srun", "--ntasks", "4"]
     assert "--kill-on-bad-exit=1" in argv and "--mpi=none" in argv
     assert _pairs(argv)["--nodes"] == "2" and _pairs(argv)["--cpus-per-task"] == "2"
     assert "--partition" not in argv and "--time" not in argv  # the allocation has them
-    assert argv[-5:] == ["--cpu-bind=cores", "python", "-m", "qbench.worker", "s.json"]
+    assert argv[-5:] == ["--cpu-bind=cores", "python", "-m", "qbench.run.worker", "s.json"]
 
 
 def test_srun_argv_allocating() -> None:
@@ -178,7 +178,7 @@ def test_srun_argv_allocating() -> None:
 def test_launch_argv_per_backend() -> None:
     gloo = slurm.launch_argv("gloo", "/r/spec.json", 2, SlurmOptions(), python="py")
     assert gloo[0] == "srun" and "--mpi=none" in gloo
-    assert gloo[-4:] == ["py", "-m", "qbench.worker", "/r/spec.json"]
+    assert gloo[-4:] == ["py", "-m", "qbench.run.worker", "/r/spec.json"]
     mpi = slurm.launch_argv(
         "mpi", "/r/spec.json", 2, SlurmOptions(), python="py", mpirun="/v/mpirun"
     )
@@ -290,9 +290,9 @@ def test_apply_worker_env_only_for_srun_tasks() -> None:
 
 
 def test_a_rank_loads_only_the_env_adapter() -> None:
-    """Every rank imports qbench.worker: of the Slurm launcher it must load the env://
+    """Every rank imports qbench.run.worker: of the Slurm launcher it must load the env://
     adapter only, never the options, the builders, the checks or the job state machine."""
-    code = "import sys, qbench.worker; print(*sorted(m for m in sys.modules if 'slurm' in m))"
+    code = "import sys, qbench.run.worker; print(*sorted(m for m in sys.modules if 'slurm' in m))"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
     ).stdout.split()
@@ -454,7 +454,7 @@ DRIVER = """
 import json, sys
 from pathlib import Path
 from qbench.launch import slurm
-from qbench.matrix import RunSpec
+from qbench.spec.matrix import RunSpec
 run_dir = Path(sys.argv[1])
 spec = RunSpec.from_dict(json.loads((run_dir / "spec.json").read_text()))
 opts = slurm.SlurmOptions.parse({})
@@ -540,7 +540,7 @@ SIGTERM_DRIVER = """
 import json, sys
 from pathlib import Path
 from qbench.launch import slurm
-from qbench.matrix import RunSpec
+from qbench.spec.matrix import RunSpec
 run_dir = Path(sys.argv[1])
 spec = RunSpec.from_dict(json.loads((run_dir / "spec.json").read_text()))
 try:

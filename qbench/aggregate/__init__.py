@@ -1,4 +1,4 @@
-"""Aggregation schemes by name (one file each)."""
+"""Aggregation schemes (torch), one file each: turn K gradients into their mean."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from qbench.aggregate.simulated_lowprec import SimulatedLowPrec
 from qbench.catalog.schemes import BACKWARD, DDP_OPTIONS
 from qbench.comm import Comm
 from qbench.compress import Compressor
+from qbench.errors import UserError
 
 SCHEMES: dict[str, type[Aggregator]] = {
     s.name: s
@@ -32,7 +33,18 @@ SCHEMES: dict[str, type[Aggregator]] = {
     )
 }
 
-__all__ = ["SCHEMES", "Aggregator", "build", "check_params", "split_ranges"]
+__all__ = ["SCHEMES", "Aggregator", "build", "check_params", "register", "split_ranges"]
+
+
+def register(aggregator: type[Aggregator]) -> None:
+    """Make a scheme's aggregator buildable by name; its facts must be in the catalog already
+    (``qbench.catalog.register_scheme``)."""
+    if aggregator.name not in catalog.SCHEMES:
+        raise UserError(
+            f"scheme {aggregator.name!r} has no catalog entry; register it first with "
+            "qbench.catalog.register_scheme"
+        )
+    SCHEMES[aggregator.name] = aggregator
 
 
 def check_params(name: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""What qbench knows about its compressors and schemes, in one place and without torch.
+"""What qbench knows: compressors, schemes, rules, models (no torch).
 
 Each compressor and scheme has one entry (``compressors.py``, ``schemes.py``): parameters
 (typed, documented, validated), label, wire bytes, capabilities; which combinations can run is
@@ -24,7 +24,7 @@ from qbench.errors import UserError, choice_error
 
 __all__ = [
     "COMPRESSORS", "SCHEMES", "CompressorSpec", "SchemeSpec", "compressor", "compressor_label",
-    "from_label", "scheme", "scheme_label",
+    "from_label", "register_compressor", "register_scheme", "scheme", "scheme_label",
 ]  # fmt: skip
 
 
@@ -66,6 +66,23 @@ class SchemeSpec:
     @property
     def name(self) -> str:
         return self.entry.name
+
+
+def register_compressor(entry: CompressorEntry) -> None:
+    """Add a compressor to the catalog (a plug-in's or a test's); its codec registers with
+    ``qbench.compress.register``. A name already taken is refused."""
+    _register(COMPRESSORS, entry, "compressor")
+
+
+def register_scheme(entry: SchemeEntry) -> None:
+    """Add a scheme to the catalog; its aggregator registers with ``qbench.aggregate.register``."""
+    _register(SCHEMES, entry, "scheme")
+
+
+def _register(table: dict[str, Any], entry: Any, what: str) -> None:
+    if entry.name in table:
+        raise UserError(f"{what} {entry.name!r} is already registered; pick another name")
+    table[entry.name] = entry
 
 
 def compressor(raw: Any) -> CompressorSpec:

@@ -132,6 +132,13 @@ MODELS: dict[str, ModelEntry] = {
 }  # fmt: skip
 
 
+def register(e: ModelEntry) -> None:
+    """Add a model's facts to the zoo; its builder registers with ``qbench.models.register``."""
+    if e.name in MODELS:
+        raise UserError(f"model {e.name!r} is already registered; pick another name")
+    MODELS[e.name] = e
+
+
 def names() -> list[str]:
     """Model names, in zoo order."""
     return list(MODELS)

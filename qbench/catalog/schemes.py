@@ -26,7 +26,8 @@ class SchemeEntry:
     seed: str
     aggregator: str
     """``module:Class`` of the aggregator (``qbench.aggregate``); "" for the schemes that are a
-    training loop of their own: ddp (``qbench.ddp``) and asynchronous ones (``qbench.async_ps``)."""
+    training loop of their own: ddp (``qbench.run.ddp_loop``) and the asynchronous ones
+    (``qbench.run.async_ps``)."""
     params: tuple[Param, ...] = ()
     kind: str = "collective"
     """collective (every rank gets the mean), decentralized (each rank its own model),

@@ -1,4 +1,6 @@
-"""Gradient compressors (the torch codecs), looked up by name: ``build("qsgd", bits=4)``.
+"""Gradient compressors (the torch codecs) and their C / CUDA kernels.
+
+Looked up by name: ``build("qsgd", bits=4)``.
 
 To add an algorithm: its entry in ``qbench.catalog.compressors`` (parameters, label, wire
 layout, capabilities), one module here with a Compressor subclass, and one line in COMPRESSORS
@@ -19,10 +21,11 @@ from qbench.compress.onebit import OneBit
 from qbench.compress.powersgd import PowerSGD
 from qbench.compress.qsgd import QSGD
 from qbench.compress.topk import TopK
+from qbench.errors import UserError
 
 __all__ = [
     "COMPRESSORS", "HOOK_COMPRESSORS", "Compressor", "Key", "Payload", "WireField", "build",
-    "from_spec",
+    "from_spec", "register",
 ]  # fmt: skip
 
 COMPRESSORS: dict[str, type[Compressor]] = {
@@ -33,6 +36,19 @@ COMPRESSORS: dict[str, type[Compressor]] = {
 # never called to encode.
 HOOK_COMPRESSORS: dict[str, type[Compressor]] = {PowerSGD.name: PowerSGD}
 _ALL = {**COMPRESSORS, **HOOK_COMPRESSORS}
+
+
+def register(codec: type[Compressor]) -> None:
+    """Make a codec buildable by name; its facts must be in the catalog already
+    (``qbench.catalog.register_compressor``)."""
+    entry = catalog.COMPRESSORS.get(codec.name)
+    if entry is None:
+        raise UserError(
+            f"codec {codec.name!r} has no catalog entry; register it first with "
+            "qbench.catalog.register_compressor"
+        )
+    (HOOK_COMPRESSORS if entry.hook_only else COMPRESSORS)[codec.name] = codec
+    _ALL[codec.name] = codec
 
 
 def build(name: str, *, seed: int = 0, **params: Any) -> Compressor:

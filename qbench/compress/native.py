@@ -15,6 +15,9 @@ that cannot be built falls back silently to torch; :func:`why_unavailable` says 
 The backend is ``auto`` (compiled when possible), ``torch`` (always the reference) or
 ``native`` (compiled or an error): :func:`set_backend`, the :func:`backend` context manager, or
 the environment variable ``QBENCH_COMPRESS_BACKEND``.
+
+Why one module: the ctypes signatures, the build flags and ABI_VERSION must change together
+with ``kernels/cpu/qbench_cpu.c``; split apart they drift.
 """
 
 from __future__ import annotations

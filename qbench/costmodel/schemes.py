@@ -87,7 +87,7 @@ class Scheme:
 
     @property
     def label(self) -> str:
-        """As runs record it (``qbench.matrix.scheme_label``)."""
+        """As runs record it (``qbench.spec.matrix.scheme_label``)."""
         backward = "+backward" if self.backward and self.name != DDP else ""
         cap = f"+bucket_cap_mb{self.bucket_cap_mb}" if self.bucket_cap_mb is not None else ""
         return self.name + backward + cap + (f"+overlap{self.overlap}" if self.overlap > 1 else "")

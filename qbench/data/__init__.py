@@ -1,4 +1,6 @@
-"""Datasets by name. Synthetic data is learnable: labels come from a fixed random teacher.
+"""Datasets by name (torch): synthetic batches and real local files.
+
+Synthetic data is learnable: labels come from a fixed random teacher.
 
 Inputs have the model's shape and dtype (``ModelInfo.input_shape`` / ``input_dtype``):
 
@@ -44,7 +46,7 @@ def make(
     name: str, model: ModelInfo, batch_size: int, *, seed: int, rank: int, device: torch.device
 ) -> BatchSource:
     if name != "synthetic":
-        raise choice_error("dataset", name, ["synthetic"])  # real ones: qbench.epochs
+        raise choice_error("dataset", name, ["synthetic"])  # real ones: qbench.run.epochs
     return _synthetic(model, batch_size, seed=seed, rank=rank, device=device)
 
 

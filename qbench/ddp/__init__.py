@@ -1,4 +1,4 @@
-"""qbench's compressors as DDP communication hooks, for anyone's training script.
+"""qbench's compressors as DDP communication hooks, for any training script.
 
 ::
 

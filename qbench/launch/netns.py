@@ -28,9 +28,9 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from qbench import network
 from qbench.errors import UserError
 from qbench.launch import procs
+from qbench.spec import network
 
 SUBNET = "10.213.1"
 HUB_HOST = 254

@@ -22,7 +22,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO
 
-from qbench.store import STDERR_LOG, STDOUT_LOG
+from qbench.records.store import STDERR_LOG, STDOUT_LOG
 
 POLL_S = 0.05
 GRACE_S = 10.0  # for launchers to stop their ranks after SIGTERM

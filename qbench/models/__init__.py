@@ -1,5 +1,4 @@
-"""Workload registry: models by name, built (torch) from the zoo's facts in
-``qbench.catalog.models`` (names, input shape/dtype, class count, parameters).
+"""The model zoo (torch), built from the facts in ``qbench.catalog.models``.
 
 ``qbench models`` lists the zoo. Most models take no parameters; ``lstm`` and ``synthetic`` do
 (``check_params`` validates them; ``{}`` means the defaults). The API other modules use::
@@ -76,6 +75,15 @@ _BUILDERS: dict[str, Callable[[Params], nn.Module]] = {
     "cnn": _fixed(small.cnn), "synthetic": _synthetic_build,
 }  # fmt: skip
 assert set(_BUILDERS) == set(zoo.MODELS), "every zoo entry has a builder"
+
+
+
+def register(name: str, builder: Callable[[Params], nn.Module]) -> None:
+    """Make a zoo model buildable; its facts must be in the catalog already
+    (``qbench.catalog.models.register``)."""
+    zoo.entry(name)  # UserError listing the registered names
+    _BUILDERS[name] = builder
+
 
 CONVEX = zoo.CONVEX
 names = zoo.names

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 from qbench.errors import UserError
 from qbench.launch import local
 from qbench.launch.slurm.options import SlurmOptions
-from qbench.store import STDERR_LOG, STDOUT_LOG
+from qbench.records.store import STDERR_LOG, STDOUT_LOG
 
 if TYPE_CHECKING:
-    from qbench.matrix import RunSpec
+    from qbench.spec.matrix import RunSpec
 
 SCRIPT = "slurm-job.sh"
 STARTED = "slurm-started"

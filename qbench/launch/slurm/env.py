@@ -1,6 +1,6 @@
 """Inside a task that srun started: torch.distributed's ``env://`` variables from Slurm's.
 
-The only part of the Slurm launcher that a rank loads (``qbench.worker`` calls
+The only part of the Slurm launcher that a rank loads (``qbench.run.worker`` calls
 :func:`apply_worker_env` first thing), so it imports nothing but ``os`` and ``re``; the
 package's ``__init__`` loads no other module until one of its names is used.
 """

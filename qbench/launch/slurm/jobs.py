@@ -30,7 +30,7 @@ from qbench.launch import local, procs
 from qbench.launch.slurm.argv import EXIT_CODE, STARTED, scancel_argv
 
 if TYPE_CHECKING:
-    from qbench.matrix import RunSpec
+    from qbench.spec.matrix import RunSpec
 
 POLL_S = 0.2
 SUBMIT_WAIT_S = 120.0  # for sbatch to print the job id

@@ -41,10 +41,10 @@ from qbench.launch.slurm.argv import (
 )
 from qbench.launch.slurm.jobs import Item, Job, Result, submit_and_wait
 from qbench.launch.slurm.options import SlurmOptions, in_allocation, resolve_mode
-from qbench.store import SLURM_DIR, STDERR_LOG, STDOUT_LOG
+from qbench.records.store import SLURM_DIR, STDERR_LOG, STDOUT_LOG
 
 if TYPE_CHECKING:
-    from qbench.matrix import RunSpec
+    from qbench.spec.matrix import RunSpec
 
 Shape = tuple[int, int, int, str]
 """(world size, nodes, GPUs per node, launcher): runs of one shape can share a job array."""

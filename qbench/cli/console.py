@@ -1,0 +1,244 @@
+"""What the CLI commands do, printed for people: tables, progress bars, one-line outcomes."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from qbench.records.schema import RunRecord
+from qbench.spec import matrix as matrix_mod
+from qbench.spec import scenario as scenario_mod
+from qbench.spec.matrix import Matrix, RunSpec
+
+if TYPE_CHECKING:
+    from qbench.launch.sweep import Launch
+
+# Wide when writing to a file or CI log, so run ids are never cut.
+out = Console(width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+
+def sweep(
+    text: str, source: str, out_dir: Path | None, dry_run: bool, *,
+    launcher: str | None = None, retry_failed: bool = False,
+) -> None:  # fmt: skip
+    sc = scenario_mod.loads(text, source)
+    m = matrix_mod.expand(sc)
+    target = out_dir or Path("results") / sc.name
+    from qbench.launch import sweep as sweep_mod
+
+    launch = _launch_for(sc, launcher, m)
+    if dry_run:
+        _print_matrix(m, target)
+        return
+    from qbench.launch import local
+    from qbench.records.store import ResultStore
+
+    if launch.kind == "local":
+        shaped = any(s.network for s in m.runs)
+        local.check_available(sc.backend, max(sc.world_size), shaped=shaped)
+    else:
+        from qbench.launch.slurm import available
+
+        available.check_available()
+    p = sweep_mod.plan(m, ResultStore(target), retry_failed)
+    kept = (
+        f", {len(p.kept_failed)} failed kept (--retry-failed redoes them)" if p.kept_failed else ""
+    )
+    err.print(f"sweep {sc.name!r}: {len(m.runs)} runs ({len(p.done)} already done{kept}), "
+              f"{len(m.excluded)} excluded, launcher {launch.kind} -> {target}")  # fmt: skip
+    with _progress(len(p.todo)) as tick:
+        summary = sweep_mod.run_sweep(
+            m, target, text, on_progress=tick, launch=launch, retry_failed=retry_failed,
+            resolved=_resolved(sc, launch),
+        )  # fmt: skip
+    _print_outcome(summary)
+    if summary.failed or summary.kept_failed:
+        sys.exit(1)
+
+
+def _launch_for(sc: scenario_mod.Scenario, launcher: str | None, m: Matrix) -> Launch:
+    """The launcher (``--launcher`` over the scenario's ``launcher:``) with its options."""
+    from qbench.errors import UserError
+    from qbench.launch import sweep as sweep_mod
+
+    kind = launcher or sc.launcher
+    if kind == "local":
+        multi = next((s for s in m.runs if s.nodes > 1), None)
+        if multi is not None:
+            raise UserError(
+                f"nodes: {multi.nodes} needs a multi-node launcher; use --launcher slurm "
+                "(or see docs/launchers.md for torchrun rendezvous and mpirun hostfiles)"
+            )
+        return sweep_mod.Launch("local")
+    from qbench.launch.slurm.options import SlurmOptions
+
+    return sweep_mod.Launch("slurm", SlurmOptions.parse(sc.slurm))
+
+
+def _resolved(sc: scenario_mod.Scenario, launch: Launch) -> dict[str, object]:
+    """The scenario with every default filled in, as the runs saw it."""
+    import dataclasses
+
+    d = dataclasses.asdict(sc)
+    d["launcher"] = launch.kind
+    return d
+
+
+def _print_matrix(m: Matrix, target: Path) -> None:
+    t = Table(title=f"{len(m.runs)} runs -> {target}")
+    for col in ("run_id", "model", "backend", "scheme", "compressor", "ranks", "batch"):
+        t.add_column(col)
+    for s in m.runs:
+        t.add_row(
+            s.run_id,
+            s.model,
+            s.backend,
+            s.scheme_label,
+            s.compressor_label,
+            str(s.world_size),
+            str(s.batch_size),
+        )
+    out.print(t)
+    if m.excluded:
+        x = Table(title=f"{len(m.excluded)} excluded")
+        x.add_column("combination")
+        x.add_column("reason")
+        for e in m.excluded:
+            x.add_row(e.description, e.reason)
+        out.print(x)
+
+
+class _Ticker:
+    """Progress callback: a rich bar on a terminal, one line per run otherwise (CI logs)."""
+
+    def __init__(self, total: int, progress: Progress | None) -> None:
+        self.total, self.done, self.progress = total, 0, progress
+        self.task = progress.add_task("runs", total=total) if progress else None
+        self.t0 = time.monotonic()
+
+    def __call__(self, spec: RunSpec, record: RunRecord | None) -> None:
+        if record is None:
+            if self.progress is not None and self.task is not None:
+                self.progress.update(self.task, description=spec.run_id)
+            return
+        self.done += 1
+        if self.progress is not None and self.task is not None:
+            self.progress.advance(self.task)
+            if record.status != "ok":
+                self.progress.console.print(
+                    f"[red]{record.status}[/] {spec.run_id}: {escape(record.error or '')}"
+                )
+            return
+        elapsed = time.monotonic() - self.t0
+        eta = elapsed / self.done * (self.total - self.done)
+        note = "" if record.status == "ok" else f": {record.error}"
+        line = f"[{self.done}/{self.total}] {record.status:7s} {spec.run_id} "
+        line += f"({record.duration_s:.1f}s, ETA {eta:.0f}s){note}"
+        print(line, file=sys.stderr, flush=True)
+
+
+class _progress:
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.progress: Progress | None = None
+        if err.is_terminal:
+            self.progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err,
+            )  # fmt: skip
+
+    def __enter__(self) -> _Ticker:
+        if self.progress:
+            self.progress.__enter__()
+        return _Ticker(self.total, self.progress)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress:
+            self.progress.__exit__(None, None, None)
+
+
+def _print_outcome(summary: object) -> None:
+    from qbench.launch.sweep import SweepSummary
+
+    assert isinstance(summary, SweepSummary)
+    ran = len(summary.statuses)
+    failed = summary.failed
+    err.print(f"done: {ran - len(failed)} ok, {len(failed)} not ok, {summary.skipped} skipped "
+              f"(already complete); results in {summary.out}")  # fmt: skip
+    if failed:
+        err.print(f"not ok: {', '.join(failed)}; details in their run.json and stderr.log")
+    if summary.kept_failed:
+        err.print(f"{summary.kept_failed} runs failed in an earlier sweep and were not redone; "
+                  "`qbench sweep --retry-failed` redoes them")  # fmt: skip
+    err.print(f"next: qbench report {summary.out}")
+
+
+def report(directory: Path, fmt: str) -> None:
+    from qbench.report import tables as report_mod
+
+    paths = report_mod.write_report(directory, fmt)
+    for note in paths.notes:
+        err.print(note)
+    figures = ", ".join(p.name for p in paths.figures) or "none"
+    err.print(f"report: {paths.summary_md} and {paths.summary_csv.name}; figures: {figures} "
+              f"(in {paths.summary_md.parent})")  # fmt: skip
+
+
+def compare(a: Path, b: Path, fmt: str) -> None:
+    from qbench.report import tables as report_mod
+
+    csv_path, md_path, frame = report_mod.write_comparison(a, b, fmt)
+    counts = ", ".join(f"{n} {v}" for v, n in frame["verdict"].value_counts().items())
+    err.print(f"comparison: {counts}; written to {md_path} and {csv_path.name}")
+
+
+def models() -> None:
+    from qbench import models as zoo
+    from qbench.catalog.model_params import human, significant
+
+    t = Table(title="model zoo (forward GFLOPs per sample: 2 per multiply-add)")
+    for col in ("name", "parameters", "grad MB fp32", "GFLOPs/sample", "input", "classes"):
+        t.add_column(col, justify="left" if col in ("name", "input") else "right")
+    t.add_column("seed")
+    t.add_column("description")
+    for m in zoo.MODELS.values():
+        n = zoo.parameter_count(m.name)
+        shape = "x".join(map(str, m.input_shape))
+        if not m.input_dtype.is_floating_point:
+            shape += f" tokens < {m.vocab_size:,}"
+        gflops = zoo.flops_per_sample(m.name) / 1e9
+        t.add_row(
+            m.name, human(n), significant(n * 4 / 1e6), significant(gflops), shape,
+            f"{m.num_classes:,}", m.source, m.description,
+        )  # fmt: skip
+    out.print(t)
+    out.print(
+        "lstm and synthetic take parameters, e.g. model: {name: synthetic, params: 25M, "
+        "gflops: 0.5}; the rows show their defaults."
+    )
+
+
+def info() -> None:
+    from qbench.launch import machine
+
+    t = Table(title="qbench info")
+    t.add_column("what")
+    t.add_column("status")
+    for what, status in machine.capabilities():
+        t.add_row(what, escape(status))  # reasons quote `qbench[cuda12]`: not rich markup
+    out.print(t)

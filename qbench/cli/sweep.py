@@ -1,0 +1,59 @@
+"""``qbench sweep``: run a scenario's matrix (qbench.launch.sweep via the console)."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import click
+
+from qbench.errors import UserError
+
+
+@click.command()
+@click.argument("scenario", required=False)
+@click.option("--out", type=click.Path(file_okay=False), help="Results directory [results/<name>].")
+@click.option(
+    "--dry-run", is_flag=True, help="Print the run matrix and excluded rows; run nothing."
+)
+@click.option(
+    "--launcher", type=click.Choice(["local", "slurm"]), default=None,
+    help="How runs start [the scenario's `launcher:`, else local].",
+)  # fmt: skip
+@click.option(
+    "--retry-failed", is_flag=True,
+    help="Also redo runs that failed or timed out in an earlier sweep (by default they are "
+    "kept; interrupted runs are always redone).",
+)  # fmt: skip
+@click.option(
+    "--set", "sets", multiple=True, metavar="KEY=VALUE",
+    help="Replace a top-level scenario key (VALUE is YAML), e.g. --set seed=0 "
+    "--set 'world_size=[1,2,4,8]' --set backend=nccl.",
+)  # fmt: skip
+def sweep(
+    scenario: str | None, out: str | None, dry_run: bool, launcher: str | None,
+    retry_failed: bool, sets: tuple[str, ...],
+) -> None:  # fmt: skip
+    """Run every combination of SCENARIO's axes (default: the embedded smoke scenario).
+
+    Re-running skips runs already complete, so an interrupted sweep resumes where it stopped."""
+    from qbench.cli import console
+    from qbench.spec import scenario as scenario_mod
+
+    text, source = _scenario_text(scenario)
+    text = scenario_mod.with_overrides(text, source, sets)
+    console.sweep(
+        text, source, Path(out) if out else None, dry_run, launcher=launcher,
+        retry_failed=retry_failed,
+    )  # fmt: skip
+
+
+def _scenario_text(scenario: str | None) -> tuple[str, str]:
+    if scenario is None:
+        return resources.files("qbench.spec").joinpath(
+            "default.yaml"
+        ).read_text(), "<embedded default>"
+    p = Path(scenario)
+    if not p.is_file():
+        raise UserError(f"scenario file {scenario!r} not found; check the path (see scenarios/)")
+    return p.read_text(), scenario
