@@ -77,7 +77,6 @@ _BUILDERS: dict[str, Callable[[Params], nn.Module]] = {
 assert set(_BUILDERS) == set(zoo.MODELS), "every zoo entry has a builder"
 
 
-
 def register(name: str, builder: Callable[[Params], nn.Module]) -> None:
     """Make a zoo model buildable; its facts must be in the catalog already
     (``qbench.catalog.models.register``)."""
