@@ -18,9 +18,9 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -53,18 +53,24 @@ COMPARE_CSV, COMPARE_MD = "compare.csv", "compare.md"
 INDEX_MD, INDEX_HTML = "index.md", "index.html"  # the report page (qbench.report.page)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def _atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write`` into a temporary file beside ``path``, fsync, then rename over ``path``: a
+    reader sees the old file or the whole new one, never a torn one, whatever kills us."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    _atomic(path, lambda f: f.write(data))
 
 
 def strict_json(obj: Any) -> Any:
@@ -88,17 +94,7 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def atomic_write_parquet(path: Path, frame: pd.DataFrame) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            frame.to_parquet(f, index=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    _atomic(path, lambda f: frame.to_parquet(f, index=False))
 
 
 def parts_beside(spec_path: Path) -> Path:
