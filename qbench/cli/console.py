@@ -25,6 +25,7 @@ from qbench.spec import scenario as scenario_mod
 from qbench.spec.matrix import Matrix, RunSpec
 
 if TYPE_CHECKING:
+    from qbench.launch import preflight
     from qbench.launch.sweep import Launch
 
 # Wide when writing to a file or CI log, so run ids are never cut.
@@ -34,41 +35,58 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 def sweep(
     text: str, source: str, out_dir: Path | None, dry_run: bool, *,
-    launcher: str | None = None, retry_failed: bool = False,
+    launcher: str | None = None, retry_failed: bool = False, skip_unavailable: bool = False,
+    check: bool = False,
 ) -> None:  # fmt: skip
     sc = scenario_mod.loads(text, source)
     m = matrix_mod.expand(sc)
     target = out_dir or Path("results") / sc.name
+    from qbench.launch import preflight
     from qbench.launch import sweep as sweep_mod
 
     launch = _launch_for(sc, launcher, m)
     if dry_run:
-        _print_matrix(m, target)
+        verdicts = preflight.check(m.runs, launcher=launch.kind)
+        _print_matrix(m, target, verdicts)
         return
-    from qbench.launch import local
     from qbench.records.store import ResultStore
 
-    if launch.kind == "local":
-        shaped = any(s.network for s in m.runs)
-        local.check_available(sc.backend, max(sc.world_size), shaped=shaped)
-    else:
-        from qbench.launch.slurm import available
-
-        available.check_available()
     p = sweep_mod.plan(m, ResultStore(target), retry_failed)
+    verdicts = preflight.check(p.todo, launcher=launch.kind, out=target)
+    if check:
+        _print_check(verdicts, len(m.runs))
+        return
+    if verdicts.unavailable() and not skip_unavailable:
+        raise verdicts.error()
+    skip = {r: verdicts.reason(r) for r in verdicts.unavailable()}
     kept = (
         f", {len(p.kept_failed)} failed kept (--retry-failed redoes them)" if p.kept_failed else ""
     )
-    err.print(f"sweep {sc.name!r}: {len(m.runs)} runs ({len(p.done)} already done{kept}), "
-              f"{len(m.excluded)} excluded, launcher {launch.kind} -> {target}")  # fmt: skip
-    with _progress(len(p.todo)) as tick:
+    skipping = f", {len(skip)} skipped (prerequisites missing)" if skip else ""
+    err.print(f"sweep {sc.name!r}: {len(m.runs)} runs ({len(p.done)} already done{kept}"
+              f"{skipping}), {len(m.excluded)} excluded, launcher {launch.kind} "
+              f"-> {target}")  # fmt: skip
+    with _progress(len(p.todo) - len(skip)) as tick:
         summary = sweep_mod.run_sweep(
             m, target, text, on_progress=tick, launch=launch, retry_failed=retry_failed,
-            resolved=_resolved(sc, launch),
+            resolved=_resolved(sc, launch), skip=skip,
         )  # fmt: skip
     _print_outcome(summary)
     if summary.failed or summary.kept_failed:
         sys.exit(1)
+
+
+def _print_check(verdicts: preflight.Verdicts, total: int) -> None:
+    """``--check``: each missing prerequisite on a line of its own on stderr (exit 2), so that
+    several scenarios' lines can be merged and deduplicated (``make figures``)."""
+    missing = verdicts.missing()
+    if not missing:
+        out.print(f"ready: every run that is not done yet ({len(verdicts.runs)} of {total}) "
+                  "can start on this machine")  # fmt: skip
+        return
+    for m in missing:
+        print(m.line(), file=sys.stderr)
+    sys.exit(2)
 
 
 def _launch_for(sc: scenario_mod.Scenario, launcher: str | None, m: Matrix) -> Launch:
@@ -99,20 +117,16 @@ def _resolved(sc: scenario_mod.Scenario, launch: Launch) -> dict[str, object]:
     return d
 
 
-def _print_matrix(m: Matrix, target: Path) -> None:
+def _print_matrix(m: Matrix, target: Path, verdicts: preflight.Verdicts) -> None:
     t = Table(title=f"{len(m.runs)} runs -> {target}")
-    for col in ("run_id", "model", "backend", "scheme", "compressor", "ranks", "batch"):
+    for col in ("run_id", "model", "backend", "scheme", "compressor", "ranks", "batch", "here"):
         t.add_column(col)
     for s in m.runs:
+        lacks = verdicts.tags(s.run_id)
         t.add_row(
-            s.run_id,
-            s.model,
-            s.backend,
-            s.scheme_label,
-            s.compressor_label,
-            str(s.world_size),
-            str(s.batch_size),
-        )
+            s.run_id, s.model, s.backend, s.scheme_label, s.compressor_label,
+            str(s.world_size), str(s.batch_size), escape(f"needs {lacks}" if lacks else "ok"),
+        )  # fmt: skip
     out.print(t)
     if m.excluded:
         x = Table(title=f"{len(m.excluded)} excluded")
@@ -121,6 +135,13 @@ def _print_matrix(m: Matrix, target: Path) -> None:
         for e in m.excluded:
             x.add_row(e.description, e.reason)
         out.print(x)
+    missing = verdicts.missing()
+    if missing:
+        n = len(verdicts.unavailable())
+        out.print(f"{n} of {len(m.runs)} runs cannot start on this machine (a sweep stops "
+                  "before starting any; --skip-unavailable runs the others):")  # fmt: skip
+        for item in missing:
+            out.print(f"  {escape(item.line())}", soft_wrap=True)
 
 
 class _Ticker:
@@ -178,7 +199,10 @@ def _print_outcome(summary: object) -> None:
     assert isinstance(summary, SweepSummary)
     ran = len(summary.statuses)
     failed = summary.failed
-    err.print(f"done: {ran - len(failed)} ok, {len(failed)} not ok, {summary.skipped} skipped "
+    unavailable = len(summary.unavailable)
+    ok = ran - len(failed) - unavailable
+    skipped = f"{unavailable} skipped (prerequisites missing), " if unavailable else ""
+    err.print(f"done: {ok} ok, {len(failed)} not ok, {skipped}{summary.skipped} skipped "
               f"(already complete); results in {summary.out}")  # fmt: skip
     if failed:
         err.print(f"not ok: {', '.join(failed)}; details in their run.json and stderr.log")

@@ -26,13 +26,28 @@ from qbench.errors import UserError
     "kept; interrupted runs are always redone).",
 )  # fmt: skip
 @click.option(
+    "--skip-unavailable", is_flag=True,
+    help="Skip runs whose prerequisites this machine lacks (recorded as skipped, with the "
+    "reason) and run the others; by default the sweep stops before starting any.",
+)  # fmt: skip
+@click.option(
+    "--check", is_flag=True,
+    help="Check what the runs need on this machine: one line per missing prerequisite with "
+    "its fix on stderr and exit 2, or exit 0; run nothing.",
+)  # fmt: skip
+@click.option(
+    "--quick", is_flag=True,
+    help="Every configuration at a tiny scale (first seed, one repeat, one epoch of 2 steps "
+    "or 1 + 2 iterations): proves the scenario runs end to end; keep its --out apart.",
+)  # fmt: skip
+@click.option(
     "--set", "sets", multiple=True, metavar="KEY=VALUE",
     help="Replace a top-level scenario key (VALUE is YAML), e.g. --set seed=0 "
     "--set 'world_size=[1,2,4,8]' --set backend=nccl.",
 )  # fmt: skip
 def sweep(
     scenario: str | None, out: str | None, dry_run: bool, launcher: str | None,
-    retry_failed: bool, sets: tuple[str, ...],
+    retry_failed: bool, skip_unavailable: bool, check: bool, quick: bool, sets: tuple[str, ...],
 ) -> None:  # fmt: skip
     """Run every combination of SCENARIO's axes (default: the embedded smoke scenario).
 
@@ -42,9 +57,13 @@ def sweep(
 
     text, source = _scenario_text(scenario)
     text = scenario_mod.with_overrides(text, source, sets)
+    if quick:
+        from qbench.spec.quick import quick as quick_text
+
+        text = quick_text(text, source)
     console.sweep(
         text, source, Path(out) if out else None, dry_run, launcher=launcher,
-        retry_failed=retry_failed,
+        retry_failed=retry_failed, skip_unavailable=skip_unavailable, check=check,
     )  # fmt: skip
 
 

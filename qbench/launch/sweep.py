@@ -36,6 +36,7 @@ from qbench.records.store import (
 from qbench.spec.matrix import Matrix, RunSpec
 
 STDERR_TAIL_LINES = 30
+SKIPPED = "skipped"  # a prerequisite was missing and the user asked to skip (--skip-unavailable)
 
 
 @dataclass
@@ -78,10 +79,11 @@ class SweepSummary:
     skipped: int = 0
     kept_failed: int = 0
     statuses: dict[str, str] = field(default_factory=dict)  # run_id -> status
+    unavailable: dict[str, str] = field(default_factory=dict)  # run_id -> what it lacks
 
     @property
     def failed(self) -> list[str]:
-        return [r for r, s in self.statuses.items() if s != "ok"]
+        return [r for r, s in self.statuses.items() if s not in ("ok", SKIPPED)]
 
 
 def plan(matrix: Matrix, store: ResultStore, retry_failed: bool = False) -> Plan:
@@ -113,9 +115,12 @@ def run_sweep(
     launch: Launch = Launch(),
     retry_failed: bool = False,
     resolved: dict[str, Any] | None = None,
+    skip: dict[str, str] | None = None,
 ) -> SweepSummary:
     """Run what :func:`plan` says, holding the directory's lock so that no second driver
-    writes into it at the same time."""
+    writes into it at the same time. Runs in ``skip`` (run id -> the prerequisites this machine
+    lacks, from ``qbench.launch.preflight``) are not started: their run.json says ``skipped``
+    with the reason, and the next sweep checks them again."""
     from qbench.records.lock import sweep_lock
 
     store = ResultStore(out)
@@ -128,6 +133,12 @@ def run_sweep(
             out=out, total=len(matrix.runs), skipped=len(todo.done),
             kept_failed=len(todo.kept_failed),
         )  # fmt: skip
+        for spec in [s for s in todo.todo if s.run_id in (skip or {})]:
+            assert skip is not None
+            _record_skipped(spec, store, prov, skip[spec.run_id])
+            summary.statuses[spec.run_id] = SKIPPED
+            summary.unavailable[spec.run_id] = skip[spec.run_id]
+        todo.todo = [s for s in todo.todo if s.run_id not in summary.unavailable]
         if launch.array and todo.todo:
             _run_array(todo.todo, store, prov, launch, summary, on_progress)
             return summary
@@ -197,6 +208,19 @@ def _start_record(spec: RunSpec, store: ResultStore, prov: Provenance) -> RunRec
     )  # fmt: skip
     store.write_record(record)
     return record
+
+
+def _record_skipped(spec: RunSpec, store: ResultStore, prov: Provenance, reason: str) -> None:
+    """A run that cannot start here: its run.json says why (never ``failed``: nothing ran)."""
+    _reset_run_dir(store, spec)
+    now = _now()
+    store.write_record(RunRecord(
+        run_id=spec.run_id, status=SKIPPED, labels=spec.labels(), spec=spec.to_dict(),
+        started=now, finished=now, machine=prov.machine, versions=prov.versions,
+        git_commit=prov.git_commit,
+        error=f"skipped: this machine lacks {reason} (--skip-unavailable); install it and "
+        "re-run the sweep to run it",
+    ))  # fmt: skip
 
 
 def _launch(spec: RunSpec, store: ResultStore, launch: Launch) -> tuple[str, int | None]:

@@ -90,7 +90,8 @@ BUCKET_COLUMNS: dict[str, str] = {
     "t_ready": "float64",  # the bucket's mean was ready (the hook's future completed)
 }
 
-STATUSES = ("ok", "failed", "timeout", "interrupted", "running")
+STATUSES = ("ok", "failed", "timeout", "interrupted", "running", "skipped")
+"""``skipped``: not started, a prerequisite was missing (``qbench sweep --skip-unavailable``)."""
 
 
 @dataclass

@@ -106,6 +106,8 @@ def build_sections(summary: pd.DataFrame, acc: pd.DataFrame, pngs: list[str]) ->
 def _configs(summary: pd.DataFrame) -> pd.DataFrame:
     """Ok runs with a throughput, one row per configuration (median over repeats/seeds)."""
     ok = summary[(summary["status"] == "ok") & summary["samples_per_s"].notna()]
+    if ok.empty:  # no throughput at all (e.g. every row warm-up): keep the columns, no rows
+        return ok
     numeric = [c for c in ok.columns if c not in CONFIG and pd.api.types.is_numeric_dtype(ok[c])]
     spec: dict[str, Any] = {c: "median" for c in numeric if c != "simulated"}
     spec.update(compressor_name="first", simulated="any")

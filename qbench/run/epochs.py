@@ -63,10 +63,15 @@ def prepare(
 class EpochBatches:
     """Batches in a random order per epoch drawn from (seed, rank, epoch): reproducible, and
     drawn before the iteration's timer starts. ``batch(it)`` takes the global iteration, so
-    iteration mode on a real dataset simply walks through epochs too."""
+    iteration mode on a real dataset simply walks through epochs too. ``max_steps`` (> 0) ends
+    each epoch after that many batches (scenario ``steps_per_epoch``)."""
 
-    def __init__(self, data: EpochData, batch_size: int, seed: int, rank: int) -> None:
+    def __init__(
+        self, data: EpochData, batch_size: int, seed: int, rank: int, max_steps: int = 0
+    ) -> None:
         self.steps = data.steps_per_epoch(batch_size)
+        if max_steps > 0:
+            self.steps = min(self.steps, max_steps)
         if self.steps < 1:
             raise ValueError(
                 f"batch_size {batch_size} is larger than this rank's {len(data.train_y)} "

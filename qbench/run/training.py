@@ -75,7 +75,9 @@ class Training:
                 spec.dataset, info.input_shape, world_size=parts, rank=part,
                 skew=spec.skew, seed=spec.seed, device=self.device,
             )  # fmt: skip
-            self.data = epochs.EpochBatches(self.epoch_data, spec.batch_size, spec.seed, part)
+            self.data = epochs.EpochBatches(
+                self.epoch_data, spec.batch_size, spec.seed, part, spec.steps_per_epoch
+            )
         self.opt = torch.optim.SGD(
             self.model.parameters(), lr=spec.lr, momentum=spec.momentum,
             weight_decay=spec.weight_decay,

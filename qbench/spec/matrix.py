@@ -2,6 +2,9 @@
 
 Pure: no processes, no files. Combinations that cannot work are never dropped silently; they are
 returned as :class:`Excluded` with the reason.
+
+Why one module: a RunSpec field, its default in the run id (``_OPTIONAL_ID_FIELDS``) and the
+line of ``_run_spec`` that fills it change together; apart they drift.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from qbench.spec.scenario import Scenario
 _OPTIONAL_ID_FIELDS: dict[str, Any] = {
     "model_params": {}, "repeat": 0, "nodes": 1, "device": "", "epochs": 0, "lr_schedule": {},
     "weight_decay": 0.0, "skew": 0.0, "compute": "fp32", "norm": "batchnorm", "weight_bits": 0,
+    "steps_per_epoch": 0,
 }  # fmt: skip
 
 
@@ -75,6 +79,7 @@ class RunSpec:
     norm: str = "batchnorm"
     weight_bits: int = 0
     """Quantize all parameters to this many bits after each step (0: no)."""
+    steps_per_epoch: int = 0  # accuracy mode: at most this many steps per epoch (0: all)
 
     @property
     def run_id(self) -> str:
@@ -326,6 +331,7 @@ def _run_spec(sc: Scenario, p: _Point) -> RunSpec:
         epochs=sc.epochs or 0, lr_schedule=dict(sc.lr_schedule),
         weight_decay=sc.weight_decay, skew=p.skew, target_accuracy=sc.target_accuracy,
         compute=p.compute, norm=sc.norm, weight_bits=p.weight_bits,
+        steps_per_epoch=sc.steps_per_epoch or 0,
     )  # fmt: skip
 
 

@@ -63,6 +63,10 @@ class Scenario:
     epochs: int | None = None
     """Accuracy mode: train this many passes over the dataset's training split, evaluating on
     the test split after each (needs a real dataset, not ``synthetic``)."""
+    steps_per_epoch: int | None = None
+    """Accuracy mode: at most this many steps per epoch (each epoch then trains on a part of
+    the split, in its usual random order); none = the whole split. ``qbench sweep --quick``
+    sets it to check scenarios end to end at a tiny scale."""
     lr_schedule: dict[str, Any] = field(default_factory=dict)
     """Learning-rate decay per epoch: ``{milestones: [100, 150], gamma: 0.1}`` or
     ``{every: 30, gamma: 0.5}``; empty = constant."""
@@ -143,6 +147,13 @@ class Scenario:
         checks.check_range("warmup", self.warmup, 0, 10**6)
         checks.check_range("iterations", self.iterations, 1, 10**7)
         checks.check_accuracy_mode(self)
+        if self.steps_per_epoch is not None:
+            checks.check_range("steps_per_epoch", self.steps_per_epoch, 1, 10**7)
+            if not self.epochs:
+                raise UserError(
+                    "steps_per_epoch applies to accuracy mode only; set `epochs:` too, or "
+                    "use `iterations:` in iteration mode"
+                )
         checks.check_choices("compute", self.compute, COMPUTE)
         checks.check_choices("norm", (self.norm,), NORMS)
         for w in self.weights:
@@ -179,6 +190,7 @@ _SCALARS = {
     "warmup": int,
     "iterations": int,
     "epochs": int,
+    "steps_per_epoch": int,
     "weight_decay": float,
     "target_accuracy": float,
     "norm": str,

@@ -173,7 +173,8 @@ def _steps_per_worker(r: AsyncParts, workers: int) -> int:
     assert r.epoch_data is not None
     labels = r.epoch_data.train_y.cpu()
     mine = partition.partition(labels, workers, 0, skew=r.spec.skew, seed=r.spec.seed)
-    return max(len(mine) // r.spec.batch_size, 1)
+    steps = max(len(mine) // r.spec.batch_size, 1)
+    return min(steps, r.spec.steps_per_epoch) if r.spec.steps_per_epoch else steps
 
 
 class _Solo(Comm):
