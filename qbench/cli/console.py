@@ -199,12 +199,29 @@ def report(directory: Path, fmt: str) -> None:
               f"(in {paths.summary_md.parent})")  # fmt: skip
 
 
-def compare(a: Path, b: Path, fmt: str) -> None:
-    from qbench.report import tables as report_mod
+def compare(a: Path, b: Path, fmt: str, fail_pct: float | None = None) -> None:
+    """``report A B``; with ``fail_pct`` exit 1 when a configuration regressed beyond noise."""
+    from qbench.report import compare as compare_mod
+    from qbench.report import comparison as report_mod
 
     csv_path, md_path, frame = report_mod.write_comparison(a, b, fmt)
     counts = ", ".join(f"{n} {v}" for v, n in frame["verdict"].value_counts().items())
     err.print(f"comparison: {counts}; written to {md_path} and {csv_path.name}")
+    few = report_mod.compare_few_runs(frame)
+    if few:
+        err.print(f"warning: {escape(few)}")
+    if fail_pct is None:
+        return
+    slow = compare_mod.regressions(frame, fail_pct)
+    for r in slow.to_dict("records"):
+        err.print(f"slower: {r['model']} {r['backend']} {r['scheme']} {r['compressor']} "
+                  f"{r['world_size']} ranks {r['network']}: B/A {r['ratio']:.3f} "
+                  f"(95 % interval {r['ci_low']:.3f}-{r['ci_high']:.3f})")  # fmt: skip
+    if len(slow):
+        err.print(f"fail: {len(slow)} configurations slower by more than {fail_pct:g} % "
+                  "beyond the noise (--fail-if-slower)")  # fmt: skip
+        sys.exit(1)
+    err.print(f"pass: no configuration slower by more than {fail_pct:g} % beyond the noise")
 
 
 def models() -> None:
