@@ -51,9 +51,10 @@ def compare(a: Path | str, b: Path | str) -> pd.DataFrame:
 
 
 def _times(results: stats.Results) -> pd.DataFrame:
-    """Per measured iteration of every ok run: its time (max over ranks) and the run's labels."""
+    """Per measured iteration of every ok run: its time (max over ranks) and the run's labels;
+    profiled runs are left out (the profiler slowed them)."""
     per_it = stats.per_iteration(results.iterations)
-    runs = results.runs[results.runs["status"] == "ok"].copy()
+    runs = results.runs[(results.runs["status"] == "ok") & ~results.runs["profiled"]].copy()
     runs["compressor"] = runs["compressor"].fillna(runs["compressor_name"])
     for col in MATCH:
         if col not in runs.columns:

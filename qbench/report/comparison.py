@@ -107,7 +107,7 @@ def _compare_markdown(frame: pd.DataFrame, failed: pd.DataFrame, a: str, b: str)
     if few:
         parts.append(f"**Warning:** {few}")
     parts += ["## Configurations", "\n".join(lines)]
-    bad = failed[failed["status"] != "ok"]
+    bad = failed[~failed["status"].isin(["ok", "profiled"])]
     parts += ["## Failed runs", _failed_runs(bad.assign(run_id=bad["side"] + ": " + bad["run_id"]))]
     return "\n\n".join(parts) + "\n"
 
@@ -138,7 +138,7 @@ def _print_comparison(
     few = compare_few_runs(frame)
     if few:
         console.print(f"[yellow]warning:[/] {escape(few)}")
-    bad = failed[failed["status"] != "ok"]
+    bad = failed[~failed["status"].isin(["ok", "profiled"])]
     if not bad.empty:
         errors = Table("run", "status", "exit code", "error", title="Failed runs", style="red")
         for row in _failed_rows(bad.assign(run_id=bad["side"] + ": " + bad["run_id"])):

@@ -29,10 +29,14 @@ def add(table: pd.DataFrame, per_it: pd.DataFrame, global_batch: pd.Series) -> p
     """``table`` (one row per run with ``samples_per_s``) with every ratio, its baseline and
     its interval; ``per_it``: measured iterations (``stats.per_iteration``)."""
     table = table.copy()
+    speed = table["samples_per_s"].where(table["status"] == "ok")  # profiled runs: not compared
+    table["samples_per_s"], kept = speed, table["samples_per_s"]
     table["speedup_vs_fp32"], table["baseline"] = _speedup_vs_fp32(table)
     table["speedup_vs_flat_fp32"] = _speedup_vs_flat_fp32(table)
     table["scalability"] = _scalability(table)
-    return _add_intervals(table, per_it, global_batch)
+    table = _add_intervals(table, per_it, global_batch)
+    table["samples_per_s"] = kept
+    return table
 
 
 SPEEDUP_KEYS = ["model", "dataset", "backend", "world_size", "network", "skew", "precision"]

@@ -31,15 +31,18 @@ from qbench.records.store import ResultStore
 from qbench.report import accuracy, intervals, speedups
 
 UNREADABLE = "unreadable"
+PROFILED = "profiled"
+"""Status of an ok run traced by the profiler: its times are real but slowed, so it is
+measured and shown, never compared (no speedups, no baseline, no speed figure)."""
 SIMULATED_SUFFIX = " (simulated)"
 PARTS = ("t_compute", "t_encode", "t_comm", "t_decode", "t_step")
 LABELS = (
     *("model", "dataset", "backend", "scheme", "compressor", "compressor_name", "bits"),
     *("world_size", "batch_size", "global_batch", "simulated", "network", "numel", "seed"),
     *("repeat", "skew", "target_accuracy", "nodes", "price_per_hour", "gflops_per_sample"),
-    *("compute", "norm", "weight_bits", "overlap"),
+    *("compute", "norm", "weight_bits", "overlap", "profiled"),
 )
-RUN_COLUMNS = ("run_id", "status", "error", "exit_code", *LABELS)
+RUN_COLUMNS = ("run_id", "status", "error", "exit_code", "git_commit", *LABELS)
 _INT_COLUMNS = (
     *("exit_code", "world_size", "batch_size", "global_batch", "numel", "seed", "repeat"),
     "nodes",
@@ -64,7 +67,7 @@ SUMMARY_COLUMNS = (
     # not in the headline list, but needed by figures, failure tables and CSV readers
     *("compressor_name", "bits", "simulated", "global_batch", "repeat", "skew", "exit_code"),
     *("batch_size", "numel", "gflops_per_sample", "nodes", "price_per_hour", "target_accuracy"),
-    "error",
+    *("profiled", "git_commit", "error"),
 )
 
 
@@ -149,6 +152,10 @@ def _record_row(run_id: str, record: RunRecord) -> dict[str, Any]:
     cores = record.machine.get("cores") if isinstance(record.machine, dict) else None
     # cores of the host that ran it (per node): the cost model scales CPU time by ranks / cores
     fixed["host_cores"] = cores if isinstance(cores, int) and cores > 0 else None
+    fixed["git_commit"] = record.git_commit  # provenance: the report page names the commits
+    spec = record.spec if isinstance(record.spec, dict) else {}
+    # profile: true (qbench.run.profile): measured, but slowed, so never compared
+    fixed["profiled"] = bool(record.labels.get("profiled") or spec.get("profile"))
     return {**{k: v for k, v in record.labels.items() if k not in fixed}, **fixed}
 
 
@@ -187,6 +194,7 @@ def _runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     runs["skew"] = pd.to_numeric(runs["skew"], errors="coerce").fillna(0.0)  # older runs: IID
     runs["precision"] = _precision(runs)
     runs["simulated"] = runs["simulated"].map(_truthy).astype(bool)
+    runs["profiled"] = runs["profiled"].map(_truthy).astype(bool)
     runs["nodes"] = runs["nodes"].fillna(1)  # run.json from before multi-node: one host
     for column in ("price_per_hour", "gflops_per_sample", "target_accuracy"):
         runs[column] = pd.to_numeric(runs[column], errors="coerce")
@@ -242,6 +250,7 @@ def summarize(results: Results) -> pd.DataFrame:
     table = results.runs.merge(metrics, "left", "run_id")
     table["iterations"] = table["iterations"].fillna(0).astype("Int64")
     table.loc[table["status"] != "ok", [*_METRICS, "_samples_per_s"]] = math.nan
+    table.loc[table["profiled"] & (table["status"] == "ok"), "status"] = PROFILED
     table["compressor"] = _display_compressor(table)
     per_update = table["_samples_per_s"].astype(float) * table["batch_size"].astype(float)
     table["samples_per_s"] = per_update.fillna(_global_batch(table) / table["t_iteration_median"])
@@ -255,6 +264,14 @@ def summarize(results: Results) -> pd.DataFrame:
     table = table.merge(accuracy.run_metrics(results.epochs, targets), "left", "run_id")
     table = _add_money(table, results.epochs)
     return _sorted(table)[list(SUMMARY_COLUMNS)].reset_index(drop=True)
+
+
+def throughputs(results: Results, summary: pd.DataFrame) -> intervals.Throughputs:
+    """Per-iteration samples/s of every lock-step run (async-ps rows are events, not
+    iterations), for intervals of ratios the summary has no column for."""
+    is_async = results.iterations["run_id"].isin(_async_runs(results.runs))
+    batch = pd.Series(_global_batch(summary).to_numpy(), index=summary["run_id"].astype(str))
+    return intervals.Throughputs(per_iteration(results.iterations[~is_async]), batch)
 
 
 def _run_metrics(per_it: pd.DataFrame) -> pd.DataFrame:

@@ -29,6 +29,7 @@ from qbench.report import (
     accuracy,
     intervals,
     names,
+    page_cells,
     plots,
     plots_accuracy,
     plots_study,
@@ -81,7 +82,8 @@ def write_report(
     study = plots_study.write_study_figures(summary, report_dir)
     figures, notes = figures + study[0], notes + study[1]
     figures += plots_utility.write_utility_figure(summary, report_dir)
-    page = report_page.write_page(report_dir, summary, acc, figures)
+    through = stats.throughputs(results, summary)
+    page = report_page.write_page(report_dir, summary, acc, figures, through)
     if fmt is not None:
         render(summary, fmt, out)
     return ReportPaths(csv_path, md_path, tuple(figures), tuple(notes), summary, page)
@@ -135,20 +137,13 @@ _MS, _X = _num(1e3, 2), _num(1.0, 2, "x")
 
 
 def ratio_text(row: Any, prefix: str) -> str:
-    """A ratio with its 95 % interval and samples per side: ``1.21x (1.17-1.24, 5/5 it)``;
+    """A ratio with its 95 % interval and samples per side: ``1.21x (1.17-1.24; 5/5 it)``;
     ``~`` marks one whose interval includes 1 (within noise); ``-`` when there is none."""
     value = row.get(prefix)
     if _missing(value):
         return _NA
     found = intervals.of_row(row, prefix)
-    if found is None:
-        return _X(value)
-    unit = "runs" if found.unit == intervals.RUNS else "it"
-    mark = "" if found.beyond_noise else "~"
-    return (
-        f"{mark}{found.ratio:.2f}x ({found.low:.2f}-{found.high:.2f}, "
-        f"{found.n_num}/{found.n_base} {unit})"
-    )
+    return _X(value) if found is None else page_cells.interval_text(found)
 
 
 def for_people(summary: pd.DataFrame) -> pd.DataFrame:
@@ -184,10 +179,10 @@ _COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "t_step": ("step ms", _MS),
     "bytes_per_iteration": ("MB/iter", _num(1e-6, 3)),
     "compression_ratio": ("ratio", _num(1.0, 1, "x")),
-    "speedup_vs_fp32": ("vs fp32 (95% CI, n)", _text),
+    "speedup_vs_fp32": ("vs fp32 (95% CI; samples)", _text),
     "baseline": ("fp32 baseline", _text),
-    "speedup_vs_flat_fp32": ("vs flat fp32 (95% CI, n)", _text),
-    "scalability": ("scale (95% CI, n)", _text),
+    "speedup_vs_flat_fp32": ("vs flat fp32 (95% CI; samples)", _text),
+    "scalability": ("scale (95% CI; samples)", _text),
     **{c: report_page.DISPLAY[c] for c in stats.MONEY_COLUMNS},  # shown when a price is set
 }
 _MD_COLUMNS = tuple(c for c in _COLUMNS if c not in stats.MONEY_COLUMNS)
@@ -197,6 +192,7 @@ _TERMINAL_COLUMNS = (  # the breakdown's other parts: summary.md, summary.csv, b
     *("speedup_vs_fp32", "baseline", "scalability"),
 )
 
+_FINE = ("ok", stats.PROFILED)  # a profiled run finished: measured, only not compared
 _TEXTUAL = (*_LABEL_COLUMNS, "compressor", "status", "baseline")
 
 
@@ -215,7 +211,7 @@ def _markdown_table(frame: pd.DataFrame, columns: tuple[str, ...]) -> str:
 def _failed_rows(summary: pd.DataFrame) -> list[list[str]]:
     """run, status, exit code and first line of the error of every run that is not ok."""
     rows = []
-    for row in summary[summary["status"] != "ok"].itertuples(index=False):
+    for row in summary[~summary["status"].isin(_FINE)].itertuples(index=False):
         error = _text(row.error).strip().splitlines() or [_NA]
         rows.append([str(row.run_id), str(row.status), _text(row.exit_code), error[0]])
     return rows
@@ -261,7 +257,7 @@ def _print_table(summary: pd.DataFrame, out: TextIO) -> None:
         table.add_column(_COLUMNS[column][0], justify="left" if textual else "right",
                          no_wrap=not textual, overflow="fold")  # fmt: skip
     for cells, status in zip(_cells(summary, columns), summary["status"], strict=True):
-        table.add_row(*cells, style=None if status == "ok" else "red")
+        table.add_row(*cells, style=None if status in _FINE else "red")
     width = None if out.isatty() else _PIPE_WIDTH  # a file or pipe has no reason to squeeze
     console = Console(file=out, width=width)
     console.print(table)
