@@ -30,9 +30,13 @@ from qbench.errors import UserError
     help="Replace a top-level scenario key (VALUE is YAML), e.g. --set seed=0 "
     "--set 'world_size=[1,2,4,8]' --set backend=nccl.",
 )  # fmt: skip
+@click.option(
+    "--profile", is_flag=True,
+    help="Write a profiler trace per rank (RUN/profile/); the same as --set profile=true.",
+)  # fmt: skip
 def sweep(
     scenario: str | None, out: str | None, dry_run: bool, launcher: str | None,
-    retry_failed: bool, sets: tuple[str, ...],
+    retry_failed: bool, sets: tuple[str, ...], profile: bool,
 ) -> None:  # fmt: skip
     """Run every combination of SCENARIO's axes (default: the embedded smoke scenario).
 
@@ -41,6 +45,7 @@ def sweep(
     from qbench.spec import scenario as scenario_mod
 
     text, source = _scenario_text(scenario)
+    sets = (*sets, "profile=true") if profile else sets
     text = scenario_mod.with_overrides(text, source, sets)
     console.sweep(
         text, source, Path(out) if out else None, dry_run, launcher=launcher,

@@ -24,6 +24,7 @@ from qbench.spec.scenario import Scenario
 _OPTIONAL_ID_FIELDS: dict[str, Any] = {
     "model_params": {}, "repeat": 0, "nodes": 1, "device": "", "epochs": 0, "lr_schedule": {},
     "weight_decay": 0.0, "skew": 0.0, "compute": "fp32", "norm": "batchnorm", "weight_bits": 0,
+    "profile": False,
 }  # fmt: skip
 
 
@@ -75,6 +76,7 @@ class RunSpec:
     norm: str = "batchnorm"
     weight_bits: int = 0
     """Quantize all parameters to this many bits after each step (0: no)."""
+    profile: bool = False  # profiler traces (qbench.run.profile); labelled ``profiled``
 
     @property
     def run_id(self) -> str:
@@ -263,7 +265,7 @@ def _why_not(sc: Scenario, p: _Point) -> str | None:
         p.backend, p.scheme, p.scheme_params, p.compressor, world_size=p.world_size,
         overrides=tuple(catalog.compressor(c) for c in sc.layers.overrides.values()),
         accuracy=bool(sc.epochs), momentum=sc.momentum, telemetry=sc.telemetry,
-        compute=p.compute,
+        compute=p.compute, profile=sc.profile,
     )  # fmt: skip
     device, device_problem = _device_for(p.backend, p.device)
     kind = device or natural_device(p.backend)
@@ -325,7 +327,7 @@ def _run_spec(sc: Scenario, p: _Point) -> RunSpec:
         repeat=p.repeat, nodes=p.nodes, price_per_hour=sc.price_per_hour, device=device,
         epochs=sc.epochs or 0, lr_schedule=dict(sc.lr_schedule),
         weight_decay=sc.weight_decay, skew=p.skew, target_accuracy=sc.target_accuracy,
-        compute=p.compute, norm=sc.norm, weight_bits=p.weight_bits,
+        compute=p.compute, norm=sc.norm, weight_bits=p.weight_bits, profile=sc.profile,
     )  # fmt: skip
 
 

@@ -102,6 +102,9 @@ class Scenario:
     """Seconds a run may take before its processes are killed and it is marked timeout."""
     telemetry: bool = False
     """Record per-layer quantization error, residual norm and bits per value (slower)."""
+    profile: bool = False
+    """Write a torch.profiler Chrome trace per rank of a few measured iterations, phases as
+    named ranges (slower: reports keep these runs out of speed summaries)."""
     layers: layers.LayerPolicy = field(default_factory=layers.LayerPolicy)
     """Which tensors travel in full precision, and per-layer compressor overrides."""
     source: str = field(default="<embedded>", compare=False)
@@ -186,6 +189,7 @@ _SCALARS = {
     "momentum": float,
     "timeout": float,
     "telemetry": bool,
+    "profile": bool,
 }
 
 
