@@ -20,6 +20,7 @@ from rich.progress import (
 from rich.table import Table
 
 from qbench.records.schema import RunRecord
+from qbench.spec import checks
 from qbench.spec import matrix as matrix_mod
 from qbench.spec import scenario as scenario_mod
 from qbench.spec.matrix import Matrix, RunSpec
@@ -37,8 +38,18 @@ def sweep(
     launcher: str | None = None, retry_failed: bool = False,
 ) -> None:  # fmt: skip
     sc = scenario_mod.loads(text, source)
-    m = matrix_mod.expand(sc)
     target = out_dir or Path("results") / sc.name
+    if target.exists() and not target.is_dir():
+        from qbench.errors import UserError
+
+        raise UserError(f"results directory {target} exists and is not a directory; pick "
+                        "another --out")  # fmt: skip
+    try:
+        m = matrix_mod.expand(sc)
+    except checks.EmptyMatrix as e:
+        if dry_run:  # the exclusions are the answer: show them, then the one-line error
+            _print_matrix(Matrix([], e.excluded), target)
+        raise
     from qbench.launch import sweep as sweep_mod
 
     launch = _launch_for(sc, launcher, m)

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import click
 
-from qbench.errors import UserError
-
 
 @click.command()
 @click.argument("scenario", required=False)
@@ -58,7 +56,6 @@ def _scenario_text(scenario: str | None) -> tuple[str, str]:
         return resources.files("qbench.spec").joinpath(
             "default.yaml"
         ).read_text(), "<embedded default>"
-    p = Path(scenario)
-    if not p.is_file():
-        raise UserError(f"scenario file {scenario!r} not found; check the path (see scenarios/)")
-    return p.read_text(), scenario
+    from qbench.spec import scenario as scenario_mod
+
+    return scenario_mod.read_text(scenario), scenario

@@ -96,6 +96,9 @@ def load_summary(root: Path | str) -> pd.DataFrame:
 
 def _load(root: Path | str) -> stats.Results:
     fix = f"run `qbench sweep SCENARIO.yaml --out {root}` first"
+    if Path(root).exists() and not Path(root).is_dir():
+        raise UserError(f"results directory {root} is a file, not a directory; give the --out "
+                        "directory of a sweep")  # fmt: skip
     if not Path(root).is_dir():
         raise UserError(f"results directory {root} does not exist; {fix}")
     results = stats.load(root)

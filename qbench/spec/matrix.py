@@ -17,7 +17,7 @@ from qbench import catalog
 from qbench.catalog import datasets, rules
 from qbench.catalog import models as zoo
 from qbench.errors import UserError, choice_error
-from qbench.spec import network
+from qbench.spec import checks, network
 from qbench.spec.scenario import Scenario
 
 # Fields added after results existed: left out of the hash while they hold their default.
@@ -207,7 +207,7 @@ def expand(sc: Scenario) -> Matrix:
             seen.add(spec.run_id)
             runs.append(spec)
     if not runs:
-        raise UserError(f"scenario {sc.name!r} expands to no runnable combination; see --dry-run")
+        raise checks.EmptyMatrix(sc.name, excluded)  # --dry-run lists every reason
     # Repeats interleaved: every configuration's first repeat, then every second one, ...; a
     # slow spell of a shared machine then hits one repeat of many configurations, not all the
     # repeats of one (their median is what reports and the cost model compare).
