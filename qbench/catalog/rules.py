@@ -36,6 +36,8 @@ class Combo:
     momentum: float = 0.0
     telemetry: bool = False
     compute: str = "fp32"
+    profile: bool = False
+    """Profiler traces asked for (``profile: true``)."""
     compressors: tuple[catalog.CompressorSpec, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -212,9 +214,18 @@ def _trains(c: Combo) -> str | None:
     return None
 
 
+def _profiled(c: Combo) -> str | None:
+    if c.profile and catalog.SCHEMES[c.scheme].kind == "asynchronous":
+        return (
+            "profile traces the lock-step loops (flat and DDP); async-ps runs an event loop of "
+            "its own without those phases; drop `profile` for it"
+        )
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     _ddp_backend, _ddp_hooks, _hook_only, _topology, _own_error_feedback, _async_ps,
-    _summable, _integer_levels, _ddp_loop, _trains, _qgm_momentum,
+    _summable, _integer_levels, _ddp_loop, _trains, _qgm_momentum, _profiled,
 )  # fmt: skip
 
 

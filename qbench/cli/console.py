@@ -20,6 +20,7 @@ from rich.progress import (
 from rich.table import Table
 
 from qbench.records.schema import RunRecord
+from qbench.spec import checks
 from qbench.spec import matrix as matrix_mod
 from qbench.spec import scenario as scenario_mod
 from qbench.spec.matrix import Matrix, RunSpec
@@ -39,9 +40,20 @@ def sweep(
     check: bool = False,
 ) -> None:  # fmt: skip
     sc = scenario_mod.loads(text, source)
-    m = matrix_mod.expand(sc)
     target = out_dir or Path("results") / sc.name
+    if target.exists() and not target.is_dir():
+        from qbench.errors import UserError
+
+        raise UserError(f"results directory {target} exists and is not a directory; pick "
+                        "another --out")  # fmt: skip
     from qbench.launch import preflight
+
+    try:
+        m = matrix_mod.expand(sc)
+    except checks.EmptyMatrix as e:
+        if dry_run:  # the exclusions are the answer: show them, then the one-line error
+            _print_matrix(Matrix([], e.excluded), target, preflight.check([]))
+        raise
     from qbench.launch import sweep as sweep_mod
 
     launch = _launch_for(sc, launcher, m)
@@ -223,12 +235,29 @@ def report(directory: Path, fmt: str) -> None:
               f"(in {paths.summary_md.parent})")  # fmt: skip
 
 
-def compare(a: Path, b: Path, fmt: str) -> None:
-    from qbench.report import tables as report_mod
+def compare(a: Path, b: Path, fmt: str, fail_pct: float | None = None) -> None:
+    """``report A B``; with ``fail_pct`` exit 1 when a configuration regressed beyond noise."""
+    from qbench.report import compare as compare_mod
+    from qbench.report import comparison as report_mod
 
     csv_path, md_path, frame = report_mod.write_comparison(a, b, fmt)
     counts = ", ".join(f"{n} {v}" for v, n in frame["verdict"].value_counts().items())
     err.print(f"comparison: {counts}; written to {md_path} and {csv_path.name}")
+    few = report_mod.compare_few_runs(frame)
+    if few:
+        err.print(f"warning: {escape(few)}")
+    if fail_pct is None:
+        return
+    slow = compare_mod.regressions(frame, fail_pct)
+    for r in slow.to_dict("records"):
+        err.print(f"slower: {r['model']} {r['backend']} {r['scheme']} {r['compressor']} "
+                  f"{r['world_size']} ranks {r['network']}: B/A {r['ratio']:.3f} "
+                  f"(95 % interval {r['ci_low']:.3f}-{r['ci_high']:.3f})")  # fmt: skip
+    if len(slow):
+        err.print(f"fail: {len(slow)} configurations slower by more than {fail_pct:g} % "
+                  "beyond the noise (--fail-if-slower)")  # fmt: skip
+        sys.exit(1)
+    err.print(f"pass: no configuration slower by more than {fail_pct:g} % beyond the noise")
 
 
 def models() -> None:

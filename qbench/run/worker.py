@@ -31,8 +31,9 @@ from qbench.records.store import (
     model_part,
     parts_beside,
     rank_part,
+    trace_path,
 )
-from qbench.run import async_ps, precision
+from qbench.run import async_ps, precision, profile
 from qbench.run.telemetry import Telemetry
 from qbench.run.training import Training
 from qbench.spec.matrix import RunSpec
@@ -103,15 +104,18 @@ class Run(Training):
         x, y = self.data.batch(it)
         self.comm.bytes_sent = 0
         timer.start()
+        profile.phase("forward")
         self.flat.zero_()
         with precision.autocast(self.spec.compute, self.device):
             loss = self.loss_fn(self.model(x), y)
+        profile.phase("backward")
         (loss * self.scaler.scale if self.scaler.enabled else loss).backward()
         if not self.scaler.unscale_(self.flat):
             # fp16 overflow: this rank contributes nothing this step (the others go on, so no
             # collective is skipped and no rank waits), and its loss scale halves.
             self.flat.zero_()
         timer.mark("compute")
+        profile.phase(None)  # encode / comm / decode: ranges of their own
         grad = None
         if self.telemetry is not None:
             grad = self.flat.clone()  # for the telemetry pass; not part of training
@@ -121,10 +125,12 @@ class Run(Training):
             mean = agg.aggregate(view, it, timer)
             if mean.data_ptr() != view.data_ptr():
                 view.copy_(mean)
+        profile.phase("step")
         self.opt.step()
         if self.spec.weight_bits:  # seed 000 section 5.4: the model itself in low precision
             precision.quantize_weights_(self.params, self.sizes, self.spec.weight_bits)
         timer.mark("step")
+        profile.phase(None)
         for part, agg in self.aggs:
             agg.after_step(self.params[part], it, timer)  # decentralized schemes mix models
         self._losses.append(loss.detach())
@@ -202,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     if cm.rank == 0:
         _write_model(parts, spec)
     run: Training | None = None
+    tracer: profile.Tracer | None = None
     failed = False
     try:
         if catalog.SCHEMES[spec.scheme].kind == "asynchronous":  # server + workers (seed 003)
@@ -211,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         run = _training(spec, cm)
         timer = PhaseTimer(run.device)
+        trace = trace_path(parts, cm.rank) if spec.profile else None
+        tracer = profile.Tracer(trace, spec.warmup, run.total_iterations - spec.warmup,
+                                run.device, cm)  # fmt: skip
         fault = _fault_injection(cm.rank)
         for it in range(run.total_iterations):
             if fault is not None and it == fault[0]:
@@ -219,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                 os._exit(3)  # simulate a crashed rank: no clean-up, no message, no records
             run.before(it)
             run.iteration(it, timer)
+            tracer.step()
             run.after(it)
         cm.barrier()
         return 0
@@ -230,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         print(line, file=sys.stderr, flush=True)
         return 1
     finally:
+        if tracer is not None:
+            tracer.close()
         if run is not None:
             run.close()
         if run is not None and run.rows:

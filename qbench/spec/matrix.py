@@ -20,14 +20,14 @@ from qbench import catalog
 from qbench.catalog import datasets, rules
 from qbench.catalog import models as zoo
 from qbench.errors import UserError, choice_error
-from qbench.spec import network
+from qbench.spec import checks, network
 from qbench.spec.scenario import Scenario
 
 # Fields added after results existed: left out of the hash while they hold their default.
 _OPTIONAL_ID_FIELDS: dict[str, Any] = {
     "model_params": {}, "repeat": 0, "nodes": 1, "device": "", "epochs": 0, "lr_schedule": {},
     "weight_decay": 0.0, "skew": 0.0, "compute": "fp32", "norm": "batchnorm", "weight_bits": 0,
-    "steps_per_epoch": 0,
+    "steps_per_epoch": 0, "profile": False,
 }  # fmt: skip
 
 
@@ -80,6 +80,7 @@ class RunSpec:
     weight_bits: int = 0
     """Quantize all parameters to this many bits after each step (0: no)."""
     steps_per_epoch: int = 0  # accuracy mode: at most this many steps per epoch (0: all)
+    profile: bool = False  # profiler traces (qbench.run.profile); labelled ``profiled``
 
     @property
     def run_id(self) -> str:
@@ -210,7 +211,7 @@ def expand(sc: Scenario) -> Matrix:
             seen.add(spec.run_id)
             runs.append(spec)
     if not runs:
-        raise UserError(f"scenario {sc.name!r} expands to no runnable combination; see --dry-run")
+        raise checks.EmptyMatrix(sc.name, excluded)  # --dry-run lists every reason
     # Repeats interleaved: every configuration's first repeat, then every second one, ...; a
     # slow spell of a shared machine then hits one repeat of many configurations, not all the
     # repeats of one (their median is what reports and the cost model compare).
@@ -268,7 +269,7 @@ def _why_not(sc: Scenario, p: _Point) -> str | None:
         p.backend, p.scheme, p.scheme_params, p.compressor, world_size=p.world_size,
         overrides=tuple(catalog.compressor(c) for c in sc.layers.overrides.values()),
         accuracy=bool(sc.epochs), momentum=sc.momentum, telemetry=sc.telemetry,
-        compute=p.compute,
+        compute=p.compute, profile=sc.profile,
     )  # fmt: skip
     device, device_problem = _device_for(p.backend, p.device)
     kind = device or natural_device(p.backend)
@@ -330,7 +331,7 @@ def _run_spec(sc: Scenario, p: _Point) -> RunSpec:
         repeat=p.repeat, nodes=p.nodes, price_per_hour=sc.price_per_hour, device=device,
         epochs=sc.epochs or 0, lr_schedule=dict(sc.lr_schedule),
         weight_decay=sc.weight_decay, skew=p.skew, target_accuracy=sc.target_accuracy,
-        compute=p.compute, norm=sc.norm, weight_bits=p.weight_bits,
+        compute=p.compute, norm=sc.norm, weight_bits=p.weight_bits, profile=sc.profile,
         steps_per_epoch=sc.steps_per_epoch or 0,
     )  # fmt: skip
 

@@ -6,6 +6,7 @@ Errors are :class:`qbench.errors.UserError` with one line naming the key, the va
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -13,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from qbench import catalog
+from qbench.catalog import specs
 from qbench.errors import UserError, did_you_mean, type_name
 from qbench.spec import checks, layers, network
 from qbench.spec.checks import FILTER_KEYS, LR_SCHEDULE_KEYS  # noqa: F401  # the schema's
@@ -106,6 +109,9 @@ class Scenario:
     """Seconds a run may take before its processes are killed and it is marked timeout."""
     telemetry: bool = False
     """Record per-layer quantization error, residual norm and bits per value (slower)."""
+    profile: bool = False
+    """Write a torch.profiler Chrome trace per rank of a few measured iterations, phases as
+    named ranges (slower: reports keep these runs out of speed summaries)."""
     layers: layers.LayerPolicy = field(default_factory=layers.LayerPolicy)
     """Which tensors travel in full precision, and per-layer compressor overrides."""
     source: str = field(default="<embedded>", compare=False)
@@ -198,15 +204,40 @@ _SCALARS = {
     "momentum": float,
     "timeout": float,
     "telemetry": bool,
+    "profile": bool,
 }
 
 
 def load(path: str | Path) -> Scenario:
     """Read and validate a scenario file."""
-    p = Path(path)
+    return loads(read_text(path), source=str(path))
+
+
+def read_text(path: str | Path) -> str:
+    """A scenario file's text, or one UserError line saying why it cannot be one: missing, a
+    directory or other non-file, unreadable, binary or not UTF-8."""
+    p, name = Path(path), repr(str(path))
+    if p.is_symlink() and not p.exists():
+        raise UserError(f"scenario file {name} is a broken symbolic link; check the path")
+    if p.is_dir():
+        raise UserError(f"scenario file {name} is a directory; give its YAML file, e.g. "
+                        "scenarios/tour.yaml")  # fmt: skip
+    if not p.exists():
+        raise UserError(f"scenario file {name} not found; check the path (e.g. scenarios/)")
     if not p.is_file():
-        raise UserError(f"scenario file {str(p)!r} not found; check the path (e.g. scenarios/)")
-    return loads(p.read_text(), source=str(p))
+        raise UserError(f"scenario file {name} is not a regular file; give a YAML file")
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise UserError(f"scenario file {name} cannot be read ({e.strerror}); check its "
+                        "permissions") from None  # fmt: skip
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"scenario file {name} is not UTF-8 text (byte {e.start}: {data[e.start]:#04x}); "
+            "save it as UTF-8 YAML"
+        ) from None
 
 
 def loads(text: str, source: str = "<embedded>") -> Scenario:
@@ -247,18 +278,36 @@ def with_overrides(text: str, source: str, sets: Sequence[str]) -> str:
     if not isinstance(raw, dict):
         loads(text, source)  # the usual one-line error for text that is not a scenario
         raise UserError(f"{source}: a scenario must be a YAML mapping of keys")
+    valid = [f.name for f in fields(Scenario) if f.name != "source"]
     for item in sets:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. --set seed=0")
+        if key.strip() not in valid:  # the option's mistake, not the file's
+            raise UserError(
+                f"--set {item!r}: unknown key {key.strip()!r}"
+                f"{did_you_mean(key.strip(), valid)}; valid keys: {', '.join(valid)}"
+            )
         try:
             raw[key.strip()] = yaml.safe_load(value)
         except yaml.YAMLError:
             raise UserError(
                 f"--set {item!r}: the value is not valid YAML; quote it, e.g. --set 'seed=[0, 1]'"
             ) from None
+    _blame_sets(raw, source, sets)
     note = f"# {source} with --set {' '.join(sets)}\n"
     return note + yaml.safe_dump(raw, sort_keys=False)
+
+
+def _blame_sets(raw: dict[Any, Any], source: str, sets: Sequence[str]) -> None:
+    """A value --set gave that the scenario rejects is reported against --set."""
+    try:
+        parse(raw, source)
+    except UserError as e:
+        said = str(e).removeprefix(f"{source}: ")
+        for item in sets:
+            if re.match(rf"{re.escape(item.partition('=')[0].strip())}\b", said):
+                raise UserError(f"--set {item!r}: {said}") from None
 
 
 def _short(e: BaseException, limit: int = 80) -> str:
@@ -291,7 +340,8 @@ def parse(raw: Any, source: str = "<embedded>") -> Scenario:
             kw[key] = _typed(key, raw[key], typ)
     for key in ("model", "compressor", "scheme"):
         if key in raw:
-            kw[key] = tuple(_named(key, c) for c in _as_list(key, raw[key]))
+            entries = enumerate(_as_list(key, raw[key]), 1)
+            kw[key] = tuple(_entry(source, key, i, c) for i, c in entries)
     if "network" in raw:
         kw["network"] = tuple(network.parse(n) for n in _as_list("network", raw["network"]))
     if "batch_size" in raw:
@@ -330,8 +380,40 @@ def _typed(key: str, value: Any, typ: type) -> Any:
     return value
 
 
+def _entry(source: str, key: str, index: int, c: Any) -> dict[str, Any]:
+    """A model, compressor or scheme entry; compressors and schemes are validated here, so a
+    mistake names the file and the entry as written (the catalog suggests the nearest key)."""
+    try:
+        entry = _named(key, c)
+        if key == "compressor":
+            catalog.compressor(entry)
+        elif key == "scheme" and entry.get("name") != "auto":
+            catalog.scheme(entry)
+    except UserError as e:
+        raise UserError(f"{source}: {key} entry {index} `{_written(c)}`: {e}") from None
+    return entry
+
+
+def _written(value: Any) -> str:
+    """An entry as YAML flow text (``{name: qsgd, bucket: 512}``), at most 60 characters."""
+    if isinstance(value, str):  # the command line's form, as written
+        text = value
+    else:
+        try:
+            text = yaml.safe_dump(value, default_flow_style=True, width=10**6, sort_keys=False)
+        except yaml.YAMLError:
+            text = repr(value)
+        text = text.strip().removesuffix("...").strip()
+    if "\n" in text or "\r" in text:  # a one-line error, whatever YAML held
+        text = checks.show(value, 60)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _named(key: str, c: Any) -> dict[str, Any]:
-    """A registry entry: a bare name or a mapping with ``name`` and parameters."""
+    """A registry entry: a bare name, the command line's ``qsgd:bits=4`` (compressors and
+    schemes, as ``catalog.specs`` reads it) or a mapping with ``name`` and parameters."""
+    if isinstance(c, str) and key != "model" and ":" in c:
+        return specs.mapping(c, key)
     if isinstance(c, str):
         return {"name": c}
     if not isinstance(c, dict):
