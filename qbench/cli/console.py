@@ -234,11 +234,12 @@ def models() -> None:
 
 
 def info() -> None:
+    from qbench.catalog import plugins
     from qbench.launch import machine
 
     t = Table(title="qbench info")
     t.add_column("what")
     t.add_column("status")
-    for what, status in machine.capabilities():
+    for what, status in [*machine.capabilities(), *plugins.info_rows()]:
         t.add_row(what, escape(status))  # reasons quote `qbench[cuda12]`: not rich markup
     out.print(t)
