@@ -44,7 +44,14 @@ def sweep(
     launch = _launch_for(sc, launcher, m)
     if dry_run:
         _print_matrix(m, target)
+        if factories(m):
+            err.print("note: --dry-run does not import model, dataset or loss factories; a "
+                      "sweep imports and checks them before the first run")  # fmt: skip
         return
+    if factories(m):  # the user's code: imported and tried once here, before any run starts
+        from qbench.run import workload
+
+        workload.preflight(m.runs)
     from qbench.launch import local
     from qbench.records.store import ResultStore
 
@@ -69,6 +76,11 @@ def sweep(
     _print_outcome(summary)
     if summary.failed or summary.kept_failed:
         sys.exit(1)
+
+
+def factories(m: Matrix) -> bool:
+    """Whether any run names a user's factory (model, dataset or loss)."""
+    return any(r.workload or r.data or "factory" in r.loss for r in m.runs)
 
 
 def _launch_for(sc: scenario_mod.Scenario, launcher: str | None, m: Matrix) -> Launch:
@@ -243,3 +255,7 @@ def info() -> None:
     for what, status in [*machine.capabilities(), *plugins.info_rows()]:
         t.add_row(what, escape(status))  # reasons quote `qbench[cuda12]`: not rich markup
     out.print(t)
+
+
+# qbench.api runs a sweep as ``sweep`` above does, printing only progress.
+launch_for, resolved, progress = _launch_for, _resolved, _progress
