@@ -16,6 +16,7 @@ model, dataset and loss factories are imported and checked before the first run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -78,10 +79,11 @@ def sweep(
         from qbench.launch.slurm import available
 
         available.check_available()
-    with console.progress(len(sweep_mod.plan(m, _store(target), retry_failed).todo)) as tick:
+    todo = len(sweep_mod.plan(m, _store(target), retry_failed).todo)
+    with console.progress(todo) if progress else contextlib.nullcontext() as tick:
         sweep_mod.run_sweep(
-            m, target, text, on_progress=tick if progress else None, launch=launch,
-            retry_failed=retry_failed, resolved=console.resolved(sc, launch),
+            m, target, text, on_progress=tick, launch=launch, retry_failed=retry_failed,
+            resolved=console.resolved(sc, launch),
         )  # fmt: skip
     return target
 
