@@ -13,9 +13,10 @@ DEMO_OUT ?= results/smoke
 
 venv: $(STAMP)
 
-$(STAMP): setup.cfg pyproject.toml
+# tests/plugin_example: a third-party plug-in (compressor + scheme by entry points) the tests use.
+$(STAMP): setup.cfg pyproject.toml tests/plugin_example/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --progress-bar off -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --progress-bar off -e '.[dev]' -e tests/plugin_example
 	touch $@
 
 # The main job on the embedded default scenario: CPU ranks, synthetic data.

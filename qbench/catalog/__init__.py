@@ -12,13 +12,13 @@ codecs, ``bench``, the cost model and the reports read these; none re-derives th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
-from qbench.catalog import specs
+from qbench.catalog import plugins, specs
 from qbench.catalog.compressors import COMPRESSORS, CompressorEntry
 from qbench.catalog.params import validate
 from qbench.catalog.schemes import SCHEMES, SchemeEntry
@@ -96,7 +96,7 @@ def register_scheme(entry: SchemeEntry) -> None:
     _register(SCHEMES, entry, "scheme")
 
 
-def _register(table: dict[str, Any], entry: Any, what: str) -> None:
+def _register(table: MutableMapping[str, Any], entry: Any, what: str) -> None:
     if entry.name in table:
         raise UserError(f"{what} {entry.name!r} is already registered; pick another name")
     table[entry.name] = entry
@@ -108,7 +108,7 @@ def compressor(raw: Any) -> CompressorSpec:
     spec = specs.mapping(raw, "compressor")
     name = spec["name"]
     if not isinstance(name, str) or name not in COMPRESSORS:  # a YAML list or mapping, too
-        raise choice_error("compressor", name, list(COMPRESSORS))
+        raise _unknown("compressor", name, list(COMPRESSORS))
     entry = COMPRESSORS[name]
     given = {k: v for k, v in spec.items() if k != "name"}
     if "seed" in given:
@@ -121,6 +121,11 @@ def compressor(raw: Any) -> CompressorSpec:
     if problem:
         raise UserError(f"{name}: {problem}")
     return CompressorSpec(entry, params, spec)
+
+
+def _unknown(what: str, name: Any, valid: list[str]) -> UserError:
+    """An unknown name, listing the valid ones and any plug-in that failed to load."""
+    return UserError(f"{choice_error(what, name, valid)}{plugins.failures()}")
 
 
 def compressor_label(raw: Any) -> str:
@@ -142,7 +147,7 @@ def scheme(raw: Any) -> SchemeSpec:
     spec = specs.mapping(raw, "scheme")
     name = spec["name"]
     if not isinstance(name, str) or name not in SCHEMES:
-        raise choice_error("scheme", name, ["auto", *SCHEMES])
+        raise _unknown("scheme", name, ["auto", *SCHEMES])
     entry = SCHEMES[name]
     given = {k: v for k, v in spec.items() if k != "name"}
     owner = f"scheme {name}"

@@ -16,6 +16,7 @@ from fractions import Fraction
 from typing import Any
 
 from qbench.catalog.params import Param, at_least, between, fraction, positive_finite
+from qbench.catalog.plugins import Registry
 
 Params = dict[str, Any]
 WireBuffer = tuple[str, str, int]
@@ -311,6 +312,7 @@ POWERSGD = CompressorEntry(
     ),
 )  # fmt: skip
 
-COMPRESSORS: dict[str, CompressorEntry] = {
+COMPRESSORS: Registry[CompressorEntry] = Registry({
     e.name: e for e in (NONE, QSGD, ONEBIT, FP16, BF16, FIXEDPOINT, TOPK, ADAPTIVE, POWERSGD)
-}
+})  # fmt: skip
+"""Every compressor by name; plug-ins (``qbench.catalog.plugins``) join on first read."""

@@ -38,6 +38,8 @@ class Combo:
     compute: str = "fp32"
     profile: bool = False
     """Profiler traces asked for (``profile: true``)."""
+    optimizer: str = ""
+    """The scenario's ``optimizer:`` by name; "" when it has none (SGD)."""
     compressors: tuple[catalog.CompressorSpec, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -201,6 +203,11 @@ def _async_ps(c: Combo) -> str | None:
         return (
             "async-ps receives from whichever worker sends first, which nccl cannot; "
             "use backend gloo or mpi"
+        )
+    if c.optimizer:
+        return (
+            f"async-ps updates the model on its server by its own rule (SGD; Nesterov for "
+            f"variant accelerated), so optimizer {c.optimizer} cannot apply; remove `optimizer:`"
         )
     return None
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qbench.catalog.params import Param, at_least, fraction
+from qbench.catalog.plugins import Registry
 
 Params = dict[str, Any]
 Check = Callable[[Params, Params], str | None]
@@ -237,10 +238,11 @@ DDP = SchemeEntry(
     params=DDP_OPTIONS, display=lambda p: ", ".join(["DDP", *_details(p)]),
 )  # fmt: skip
 
-SCHEMES: dict[str, SchemeEntry] = {
+SCHEMES: Registry[SchemeEntry] = Registry({
     e.name: e
     for e in (ALLREDUCE, REDUCE_BROADCAST, GOSSIP, ALLGATHER, SIMULATED_LOWPREC, INTEGER_ALLREDUCE,
               PARAMETER_SERVER, PUSH_SUM, ASYNC_PS, DDP)
-}  # fmt: skip
+})  # fmt: skip
+"""Every scheme by name; plug-ins (``qbench.catalog.plugins``) join on first read."""
 TORCH_HOOKS = ("none", "fp16", "bf16", "powersgd")
 """Compressors DDP runs with torch's own communication (``scheme: ddp``)."""

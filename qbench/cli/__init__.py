@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from qbench.cli import bench, cost, info, report, sweep
+from qbench.cli import bench, cost, info, init, report, sweep
 from qbench.errors import UserError
 
 
@@ -22,6 +22,7 @@ def cli() -> None:
 for command in (sweep.sweep, report.report, info.models, info.info, bench.bench, cost.cost):
     cli.add_command(command)
 cli.add_command(cost.moved)  # ``qbench model``: hidden, says it moved to ``qbench cost``
+cli.add_command(init.init)
 
 
 def main() -> None:

@@ -60,7 +60,14 @@ def sweep(
     if dry_run:
         verdicts = preflight.check(m.runs, launcher=launch.kind)
         _print_matrix(m, target, verdicts)
+        if factories(m):
+            err.print("note: --dry-run does not import model, dataset or loss factories; a "
+                      "sweep imports and checks them before the first run")  # fmt: skip
         return
+    if factories(m):  # the user's code: imported and tried once here, before any run starts
+        from qbench.run import workload
+
+        workload.preflight(m.runs)
     from qbench.records.store import ResultStore
 
     p = sweep_mod.plan(m, ResultStore(target), retry_failed)
@@ -99,6 +106,11 @@ def _print_check(verdicts: preflight.Verdicts, total: int) -> None:
     for m in missing:
         print(m.line(), file=sys.stderr)
     sys.exit(2)
+
+
+def factories(m: Matrix) -> bool:
+    """Whether any run names a user's factory (model, dataset or loss)."""
+    return any(r.workload or r.data or "factory" in r.loss for r in m.runs)
 
 
 def _launch_for(sc: scenario_mod.Scenario, launcher: str | None, m: Matrix) -> Launch:
@@ -287,11 +299,16 @@ def models() -> None:
 
 
 def info() -> None:
+    from qbench.catalog import plugins
     from qbench.launch import machine
 
     t = Table(title="qbench info")
     t.add_column("what")
     t.add_column("status")
-    for what, status in machine.capabilities():
+    for what, status in [*machine.capabilities(), *plugins.info_rows()]:
         t.add_row(what, escape(status))  # reasons quote `qbench[cuda12]`: not rich markup
     out.print(t)
+
+
+# qbench.api runs a sweep as ``sweep`` above does, printing only progress.
+launch_for, resolved, progress = _launch_for, _resolved, _progress

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from qbench import aggregate, catalog, comm, models
+from qbench import aggregate, catalog, comm
 from qbench.catalog import rules
 from qbench.compress import Compressor, from_spec
 from qbench.launch.slurm.env import apply_worker_env
@@ -33,7 +33,7 @@ from qbench.records.store import (
     rank_part,
     trace_path,
 )
-from qbench.run import async_ps, precision, profile
+from qbench.run import async_ps, precision, profile, workload
 from qbench.run.telemetry import Telemetry
 from qbench.run.training import Training
 from qbench.spec.matrix import RunSpec
@@ -278,11 +278,7 @@ def _write_model(parts: Path, spec: RunSpec) -> None:
     """The model's size and forward FLOPs per sample (meta device, cached on disk): the run's
     ``numel`` and ``gflops_per_sample`` labels, the computation side of seed 002's
     communication / computation ratio, for reports that cannot import the models."""
-    stats = {
-        "numel": models.parameter_count(spec.model, spec.model_params),
-        "gflops_per_sample": models.flops_per_sample(spec.model, spec.model_params) / 1e9,
-    }
-    atomic_write_json(model_part(parts), stats)
+    atomic_write_json(model_part(parts), workload.model_stats(spec))  # zoo or factory
 
 
 def _write_host(parts: Path, rank: int, spec: RunSpec) -> None:

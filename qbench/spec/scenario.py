@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from qbench import catalog
-from qbench.catalog import specs
+from qbench.catalog import specs, workloads
 from qbench.errors import UserError, did_you_mean, type_name
 from qbench.spec import checks, layers, network
 from qbench.spec.checks import FILTER_KEYS, LR_SCHEDULE_KEYS  # noqa: F401  # the schema's
@@ -34,10 +34,13 @@ class Scenario:
     name: str
     """Sweep name; results go to ``results/<name>/`` unless ``--out`` is given."""
     model: tuple[dict[str, Any], ...]
-    """Workloads, each a registry name (``qbench models`` lists them) or
-    ``{name: synthetic, params: 25M, gflops: 1}`` with model parameters."""
-    dataset: tuple[str, ...] = ("synthetic",)
-    """Input data; ``synthetic`` makes random inputs of the model's shape."""
+    """Workloads, each a registry name (``qbench models`` lists them),
+    ``{name: synthetic, params: 25M, gflops: 1}`` with model parameters, or the user's own
+    ``{factory: "mypkg.nets:build", params: {...}, input_shape: [3, 32, 32], num_classes: 10}``
+    (``qbench.catalog.workloads``)."""
+    dataset: tuple[str | dict[str, Any], ...] = ("synthetic",)
+    """Input data; ``synthetic`` makes random inputs of the model's shape; a real dataset by
+    name, or ``{factory: "mypkg.data:splits"}`` returning a torch Dataset."""
     world_size: tuple[int, ...] = (1, 2)
     """Numbers of ranks (processes) in all; CPU ranks get one thread each."""
     nodes: tuple[int, ...] = (1,)
@@ -91,6 +94,12 @@ class Scenario:
     """SGD learning rate."""
     momentum: float = 0.9
     """SGD momentum."""
+    optimizer: dict[str, Any] = field(default_factory=dict)
+    """The optimizer with every parameter resolved (``qbench.catalog.workloads``); ``{}``: SGD
+    with the ``lr``, ``momentum`` and ``weight_decay`` above. One per scenario: reports compare
+    runs of one optimizer."""
+    loss: dict[str, Any] = field(default_factory=dict)
+    """The loss (``qbench.catalog.workloads.loss``); ``{}``: cross entropy."""
     seed: tuple[int, ...] = (0,)
     """Seeds for model init, data and stochastic rounding; a list sweeps them."""
     repeats: int = 1
@@ -122,7 +131,7 @@ class Scenario:
         checks.check_choices("backend", self.backend, BACKENDS)
         checks.check_choices("device", self.device, DEVICES)
         for m in self.model:
-            if not isinstance(m.get("name"), str):
+            if not isinstance(m.get("name"), str) and "factory" not in m:
                 raise UserError(
                     f"model {m!r} has no name; e.g. `model: mlp` or "
                     "`- {name: synthetic, params: 25M}`"
@@ -179,7 +188,6 @@ class Scenario:
 
 # -- loading -------------------------------------------------------------------------------------
 _AXES = {
-    "dataset": str,
     "world_size": int,
     "nodes": int,
     "backend": str,
@@ -355,6 +363,13 @@ def parse(raw: Any, source: str = "<embedded>") -> Scenario:
         kw["slurm"] = _mapping("slurm", raw["slurm"])
     if "lr_schedule" in raw:
         kw["lr_schedule"] = _mapping("lr_schedule", raw["lr_schedule"])
+    if "dataset" in raw:
+        kw["dataset"] = tuple(_dataset(d) for d in _as_list("dataset", raw["dataset"]))
+    if "optimizer" in raw:
+        top = {k: raw[k] for k in workloads.TOP_LEVEL if k in raw}
+        kw["optimizer"] = workloads.optimizer(raw["optimizer"], top)
+    if "loss" in raw:
+        kw["loss"] = workloads.loss(raw["loss"])
     if "weights" in raw:
         kw["weights"] = tuple(
             {} if w is None or w == "none" else _mapping("weights", w)
@@ -407,6 +422,13 @@ def _written(value: Any) -> str:
     if "\n" in text or "\r" in text:  # a one-line error, whatever YAML held
         text = checks.show(value, 60)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _dataset(d: Any) -> str | dict[str, Any]:
+    """A dataset name, or ``{factory: ...}`` (checked by the matrix, like model factories)."""
+    if isinstance(d, dict) and "factory" in d:
+        return dict(d)
+    return str(_typed("dataset", d, str))
 
 
 def _named(key: str, c: Any) -> dict[str, Any]:
