@@ -2,6 +2,9 @@
 
 Scalars or lists are accepted for every sweep axis; a list means "sweep over these".
 Errors are :class:`qbench.errors.UserError` with one line naming the key, the value and a fix.
+
+Why one module: the Scenario dataclass, its defaults and the parser that checks and fills each
+field are one schema; apart, a key's type and its check drift.
 """
 
 from __future__ import annotations
