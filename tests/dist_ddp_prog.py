@@ -94,6 +94,27 @@ def mean_case(comm: TorchDistComm) -> dict[str, Any]:
     }
 
 
+def powersgd_buckets_case(comm: TorchDistComm) -> dict[str, Any]:
+    """PowerSGD over 12 small buckets for 10 compressed steps: torch's hook alone issues its P
+    and Q allreduces from callbacks, in orders that differ between ranks (gloo hung from the
+    first compressed step); qbench runs one bucket's exchange after another."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(12)]).to(DEVICE)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.02)
+    state, hook = _hook(None, {"name": "powersgd", "rank": 2, "start_iter": 2}, comm)
+    ddp.register_comm_hook(state, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(comm.rank)).to(DEVICE)
+    for _ in range(12):
+        opt.zero_grad()
+        ddp(x).pow(2).mean().backward()
+        opt.step()
+    return {
+        "buckets": len(state.timeline.handed),
+        "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu(),
+    }
+
+
 class _Known(nn.Module):
     """One parameter vector; loss <w, g>, so its gradient is exactly g."""
 
@@ -180,7 +201,7 @@ def main() -> None:
         torch.cuda.set_device(DEVICE)
     dist.init_process_group(backend)
     comm = TorchDistComm.attach()
-    record: dict[str, Any] = {"mean": mean_case(comm)}
+    record: dict[str, Any] = {"mean": mean_case(comm), "powersgd": powersgd_buckets_case(comm)}
     for id_, (scheme, comp) in UNBIASED.items():
         record[f"unbiased/{id_}"] = unbiased_case(comm, scheme, comp)
     for id_, (train_scheme, comp) in TRAIN.items():
