@@ -327,6 +327,31 @@ def test_bucket_profile_from_buckets_parquet(tmp_path: Path) -> None:
     assert CostModel.load(path).buckets == m.buckets
 
 
+def test_powersgd_local_work_is_its_runs_excess_over_its_collectives(tmp_path: Path) -> None:
+    store = ResultStore(tmp_path)
+    add_ddp_run(store, "ddp-fp32")
+    payload, handed, local = [400.0, 300.0, 100.0], [0.00575, 0.01075, 0.01375], 0.050
+
+    def by_hand(rate: float) -> float:  # P and Q allreduces, half the payload each (k = 2)
+        beta = BETA_1GBIT["allreduce"] * 1e9 / rate
+        busy = [2 * ref.ring_steps(2) * ALPHA["allreduce"] + 2 * ref.ring_bytes(b / 2, 2) * beta
+                for b in payload]  # fmt: skip
+        return ref.ddp_iteration(0.010, 0.012, 0.003, handed, busy)[0]
+
+    for seed, extra in ((0, local - 0.004), (1, local), (2, local + 0.020)):  # median: local
+        add_ddp_run(store, f"psgd-1g-s{seed}", comp="powersgd-r1", network="1gbit", seed=seed,
+                    payload=payload, iteration=by_hand(1e9) + extra)  # fmt: skip
+    doc = comm_doc(synthetic_rows("1gbit", (2,)))
+    m = fit(comm_docs=[(doc, "c")], run_dirs=[tmp_path])
+    (prof,) = m.buckets
+    assert prof.local_s == {"powersgd-r1": pytest.approx(local, rel=1e-6)}
+    p = predict(m, cfg("ddp", "powersgd-r1", network="300mbit"))
+    assert p.total_s == pytest.approx(by_hand(300e6) + local, rel=1e-6)
+    assert any("local work 50 ms per iteration, fitted" in n for n in p.notes)
+    bare = hand_model()  # no PowerSGD run fitted: said, not guessed
+    assert any("not modelled" in n for n in predict(bare, cfg("ddp", "powersgd-r1")).notes)
+
+
 # -- validation ----------------------------------------------------------------------------------
 def test_validation_of_held_out_ddp_runs(tmp_path: Path) -> None:
     root = tmp_path / "results"

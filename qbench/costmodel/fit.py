@@ -45,6 +45,7 @@ from qbench.costmodel.points import (
     measured_calls,
     run_points,
 )
+from qbench.costmodel.powersgd import fit_local_work
 from qbench.costmodel.profiles import fit_bucket_profiles
 from qbench.costmodel.schemes import Scheme
 from qbench.errors import UserError
@@ -180,6 +181,8 @@ def fit(
     extra = _overlap_points(model, overlapped)
     if extra:
         model.collectives = fit_collectives([*comm, *extra])
+    if tables and model.buckets:  # needs the collectives: the excess over them is the fit
+        model.notes += fit_local_work(model, runs)
     return model
 
 

@@ -139,6 +139,10 @@ class BucketProfile:
     payload_bytes: dict[str, list[float]] = field(default_factory=dict)
     """PowerSGD label -> each bucket's median payload in bytes (its size depends on the shapes
     of the bucket's matrices, so it is measured)."""
+    local_s: dict[str, float] = field(default_factory=dict)
+    """PowerSGD label -> its local work per iteration at the profile's CPU share (matrix
+    products, orthogonalisation and, on CPU ranks, their contention with backward): the
+    median excess of its fitted runs over the model without it (``qbench.costmodel.powersgd``)."""
 
 
 @dataclass

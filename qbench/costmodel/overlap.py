@@ -14,7 +14,9 @@ previous one is done, and takes its encode, collective and decode::
   (collective ``allreduce``), fp16 / bf16 of 2 n bytes (``allreduce-fp16`` / ``-bf16``), with the
   flat allreduce's codec fits for the divide and the casts; PowerSGD is two allreduces (P, Q) of
   half its measured per-bucket payload each, so it needs one PowerSGD run of the model; its
-  matrix products are not modelled.
+  local work (matrix products, orthogonalisation, on CPU their contention with backward) is
+  the fitted runs' excess over these collectives (``qbench.costmodel.powersgd``), added to the
+  exposed communication.
 * qbench's hooks (``reduce-broadcast+backward`` ...): each bucket is the flat scheme's exchange
   of n values, ``comm_plan(scheme, compressor, K, n)`` and the codec fits with n per bucket;
   values the layer policy keeps in fp32 are taken as the same share of every bucket, exchanged
@@ -62,8 +64,11 @@ def exposed(handed: Sequence[float], spans: Sequence[tuple[float, float]]) -> fl
     return max(0.0, spans[-1][1] - max(handed)) if spans else 0.0
 
 
-def predict_backward(model: CostModel, cfg: Config, scheme: Scheme) -> Prediction:
-    """One DDP iteration of ``cfg`` (formulas in the module docstring)."""
+def predict_backward(
+    model: CostModel, cfg: Config, scheme: Scheme, *, local: bool = True
+) -> Prediction:
+    """One DDP iteration of ``cfg`` (formulas in the module docstring); ``local=False`` leaves
+    out PowerSGD's fitted local work (to fit it)."""
     for name, given in (("compute_s", cfg.compute_s), ("step_s", cfg.step_s)):
         if given is not None:
             raise UserError(f"{name} does not apply to DDP: its bucket profile has the times")
@@ -75,8 +80,8 @@ def predict_backward(model: CostModel, cfg: Config, scheme: Scheme) -> Predictio
             "DDP predictions use the measured model's buckets"
         )
     k = cfg.world_size
-    cpu = _share(k, cfg.host_cores)
-    scale = cpu / _share(prof.world_size, prof.host_cores)
+    cpu = cpu_share(k, cfg.host_cores)
+    scale = cpu / cpu_share(prof.world_size, prof.host_cores)
     handed = [h * scale for h in prof.handed_s]
     busy, wire, codec = [], 0.0, 0.0
     for i, n in enumerate(prof.numel):
@@ -87,6 +92,9 @@ def predict_backward(model: CostModel, cfg: Config, scheme: Scheme) -> Predictio
         codec += (enc + dec) * cpu
     spans = timeline(handed, busy)
     waited = exposed(handed, spans)
+    if local and cfg.compressor.startswith(POWERSGD):
+        extra, why = _local_work(prof, cfg.compressor)
+        waited, codec, notes = waited + extra * cpu, codec + extra * cpu, notes + why
     compute = (prof.forward_s + prof.backward_s) * scale
     step = prof.step_s * scale
     wait = (prof.imbalance - 1) * (compute + waited + step)
@@ -99,7 +107,17 @@ def predict_backward(model: CostModel, cfg: Config, scheme: Scheme) -> Predictio
     )  # fmt: skip
 
 
-def _share(k: int, cores: int | None) -> float:
+def _local_work(prof: BucketProfile, label: str) -> tuple[float, list[str]]:
+    """PowerSGD's fitted local work per iteration (on a core of its own), with a note."""
+    if label not in prof.local_s:
+        return 0.0, [f"{label}: no fitted run of it on {prof.workload}; its local matrix "
+                     "products are not modelled"]  # fmt: skip
+    return prof.local_s[label], [
+        f"{label}: local work {prof.local_s[label] * 1e3:.3g} ms per iteration, fitted"
+    ]
+
+
+def cpu_share(k: int, cores: int | None) -> float:
     """How much slower CPU work runs with K ranks on ``cores`` cores than on a core each."""
     return max(1.0, k / cores) if cores else 1.0
 
@@ -136,7 +154,7 @@ def _powersgd(
     model: CostModel, cfg: Config, prof: BucketProfile, i: int
 ) -> tuple[float, float, float, float, list[str]]:
     """``_bucket`` under torch's PowerSGD hook: allreduces of P and Q, half of its measured
-    payload each; no codec time."""
+    payload each; its local work is per iteration (``_local_work``), not per bucket."""
     payloads = prof.payload_bytes.get(cfg.compressor)
     if payloads is None:
         have = ", ".join(sorted(prof.payload_bytes)) or "none"
@@ -145,13 +163,12 @@ def _powersgd(
             f"of it measured them (measured: {have}); run `scheme: ddp` with that compressor once"
         )
     k = cfg.world_size
-    notes = [f"{cfg.compressor}: its local matrix products are not modelled"]
     if k < 2:
-        return 0.0, 0.0, 0.0, 0.0, notes
+        return 0.0, 0.0, 0.0, 0.0, []
     half = allreduce_wire(payloads[i] / 2, k)
     item = CommItem("allreduce", 2 * collective_msgs("allreduce", k), (half, half))
     t, why = _collective(model, cfg, item)
-    return 0.0, t, 0.0, item.wire, why + notes
+    return 0.0, t, 0.0, item.wire, why
 
 
 def _collective(model: CostModel, cfg: Config, item: CommItem) -> tuple[float, list[str]]:
