@@ -77,7 +77,11 @@ def quantize_symmetric(x: torch.Tensor, bits: int, stochastic: bool) -> torch.Te
     levels = 2 ** (bits - 1) - 1
     scale = x.detach().abs().max().clamp_min(1e-12) / levels
     y = x / scale
-    y = torch.floor(y + torch.rand_like(y)) if stochastic else torch.round(y)
+    if stochastic:  # up with probability the fraction; floor(y + u) would round y + u first
+        low = torch.floor(y)
+        y = low + (torch.rand_like(y) < y - low).to(y.dtype)
+    else:
+        y = torch.round(y)
     return y.clamp_(-levels, levels) * scale
 
 
