@@ -69,9 +69,12 @@ def test_wire_bytes_written_out_by_hand() -> None:
     ("spec", "label"),
     [("none", "fp32"), ("fp16", "fp16"), ("qsgd", "qsgd-4b-b512"),
      ("qsgd:bits=2,norm=l2,layout=sign", "qsgd-2b-b512-l2-sign"), ("onebit", "1bit-b64"),
-     ("onebit:columns=true,error_feedback=false", "1bit-col-noef"), ("fixedpoint", "fixed-8b"),
-     ("fixedpoint:delta=0.25", "fixed-8b-d0.25"), ("topk", "topk-1%"),
-     ("adaptive", "adaptive-c6-m4-f3%"), ("powersgd:rank=2", "powersgd-r2")],
+     ("onebit:columns=true,error_feedback=false", "1bit-col-noef"),
+     ("fixedpoint:scope=global", "fixed-8b"), ("fixedpoint", "fixed-8b-layer"),
+     ("fixedpoint:delta=0.25", "fixed-8b-d0.25"), ("topk:scope=global", "topk-1%"),
+     ("topk", "topk-1%-layer"), ("adaptive:scope=global", "adaptive-c6-m4-f3%"),
+     ("adaptive", "adaptive-c6-m4-f3%-layer"), ("qsgd:align=tensor", "qsgd-4b-b512-tensor"),
+     ("powersgd:rank=2", "powersgd-r2")],
 )  # fmt: skip
 def test_labels_are_stable(spec: str, label: str) -> None:
     assert catalog.compressor_label(spec) == label  # run ids contain them: never change one
@@ -81,8 +84,10 @@ def test_labels_are_stable(spec: str, label: str) -> None:
     "spec",
     ["none", "fp16", "bf16", "qsgd:bits=16,bucket_size=7", "qsgd:bits=2,norm=l2,layout=sign",
      "onebit:bucket_size=32,error_feedback=false", "onebit:columns=true",
-     "fixedpoint:bits=12,delta=0.0625", "fixedpoint:bits=3", "topk:ratio=0.005",
-     "topk:error_feedback=false", "adaptive:sample_fraction=0.1,probe_bits=3,floor_bits=2",
+     "fixedpoint:bits=12,delta=0.0625", "fixedpoint:bits=3", "fixedpoint:scope=global",
+     "topk:ratio=0.005", "topk:error_feedback=false", "topk:scope=global,error_feedback=false",
+     "adaptive:sample_fraction=0.1,probe_bits=3,floor_bits=2", "adaptive:scope=global",
+     "qsgd:bits=3,align=tensor,layout=sign,norm=l2",
      "powersgd:rank=4,warm_start=false"],
 )  # fmt: skip
 def test_labels_read_back_to_their_compressor(spec: str) -> None:

@@ -12,19 +12,19 @@ codecs, ``bench``, the cost model and the reports read these; none re-derives th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from qbench.catalog import specs
-from qbench.catalog.compressors import COMPRESSORS, CompressorEntry
+from qbench.catalog.compressors import COMPRESSORS, GRANULARITIES, CompressorEntry
 from qbench.catalog.params import validate
 from qbench.catalog.schemes import SCHEMES, SchemeEntry
 from qbench.errors import UserError, choice_error
 
 __all__ = [
-    "COMPRESSORS", "SCHEMES", "CompressorSpec", "SchemeSpec", "compressor", "compressor_label",
-    "from_label", "scheme", "scheme_label",
+    "COMPRESSORS", "GRANULARITIES", "SCHEMES", "CompressorSpec", "SchemeSpec", "compressor",
+    "compressor_label", "from_label", "scheme", "scheme_label",
 ]  # fmt: skip
 
 
@@ -53,8 +53,15 @@ class CompressorSpec:
     def error_feedback(self) -> bool:
         return self.entry.error_feedback(self.params)
 
-    def wire_bytes(self, numel: int) -> int | None:
-        return self.entry.wire_bytes(self.params, numel)
+    @property
+    def granularity(self) -> str:
+        """What one scale, width or budget covers (compressors.GRANULARITIES)."""
+        return self.entry.granularity(self.params)
+
+    def wire_bytes(self, numel: int, pieces: Sequence[int] | None = None) -> int | None:
+        """Payload bytes of ``numel`` values made of tensors (or tensor parts) of sizes
+        ``pieces``; the pieces count only for per-tensor compressors."""
+        return self.entry.wire_bytes(self.params, numel, pieces)
 
 
 @dataclass(frozen=True)

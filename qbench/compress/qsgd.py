@@ -9,6 +9,12 @@ Two level layouts:
 - ``sign``: the top bit of a code is the sign (1 = negative), the other bits a magnitude level
   0..S of |x|/s with S = 2^(bits-1) - 1; code means sign * level * s / S.
 
+Buckets run over consecutive values (``align: contiguous``, the default), so with several
+tensors in one layer group a bucket can take the tail of one tensor and the head of the next
+under one scale; ``align: tensor`` restarts them at every tensor, as the seed artefact's buckets
+live inside one matrix: each tensor is encoded on its own (qbench.compress.base: pieces), a
+tensor's last bucket may be partial, and its payload is the tensors' payloads back to back.
+
 Wire: "levels" (codes bit-packed, exactly ceil(n*bits/8) bytes; 16-bit codes as 2n
 little-endian bytes) then "scales" (float32, one per bucket). The last bucket is padded in
 memory only; padding is never sent.
@@ -39,6 +45,7 @@ class QSGD(Compressor):
     bucket_size: int
     norm: Literal["max", "l2"]
     layout: Literal["intervals", "sign"]
+    align: Literal["contiguous", "tensor"]
 
     def _encode(self, grad: torch.Tensor, key: Key, offset: int, name: str) -> Payload:
         kernels = native.kernels_for(grad)
@@ -56,11 +63,11 @@ class QSGD(Compressor):
             )
         return Payload(numel=grad.numel(), buffers={"levels": levels, "scales": scales})
 
-    def decode(self, payload: Payload, out: torch.Tensor | None = None) -> torch.Tensor:
+    def _decode_into(self, payload: Payload, out: torch.Tensor | None) -> torch.Tensor:
         levels, scales, n = payload.buffers["levels"], payload.buffers["scales"], payload.numel
         kernels = native.kernels_for(scales)
         if kernels is None or not (out is None or native.can_accumulate(out, n, scales.device)):
-            return super().decode(payload, out)
+            return super()._decode_into(payload, out)
         self._check_payload(levels, scales, n)
         return kernels.qsgd_decode(
             levels,
