@@ -107,7 +107,8 @@ class Reply:
 
 
 class GradientCodec:
-    """A flat gradient <-> one wire per layer group (the run's per-group compressors).
+    """A flat gradient <-> one wire per layer group (the run's per-group compressors, each with
+    the sizes of the group's tensors, which per-tensor compressors encode separately).
 
     ``ratio`` None: each group is encoded with its compressor (AsyLPG: quantized). ``ratio`` r:
     Sparse-AsyLPG; each group keeps its top ceil(r n) values (error feedback: the rest is added
@@ -115,16 +116,20 @@ class GradientCodec:
     the compressor; the wire is the int32 indices, then the encoded values.
     """
 
-    def __init__(self, groups: Sequence[tuple[slice, Compressor]], ratio: float | None) -> None:
+    def __init__(
+        self, groups: Sequence[tuple[slice, Compressor, Sequence[int]]], ratio: float | None
+    ) -> None:
         self.groups = list(groups)
         self.topk = TopK(ratio=ratio, error_feedback=True) if ratio is not None else None
 
     def encode(self, grad: torch.Tensor, step: int, rank: int) -> list[torch.Tensor]:
         wires = []
-        for i, (part, c) in enumerate(self.groups):
+        for i, (part, c, tensors) in enumerate(self.groups):
             g, slot = grad[part], f"g{i}"
             if self.topk is None:
-                payload = c.encode(g, step=step, rank=rank, offset=part.start, name=slot)
+                payload = c.encode(
+                    g, step=step, rank=rank, offset=part.start, name=slot, pieces=tensors
+                )
                 wires.append(payload.to_wire())
                 continue
             kept = self.topk.encode(g, name=slot).buffers
@@ -136,11 +141,11 @@ class GradientCodec:
         """Decode the concatenated group wires into ``out`` (overwritten)."""
         out.zero_()
         pos = 0
-        for (part, c), size in zip(self.groups, sizes, strict=True):
+        for (part, c, tensors), size in zip(self.groups, sizes, strict=True):
             chunk, view = _aligned(wire[pos : pos + size]), out[part]
             pos += size
             if self.topk is None:
-                c.decode(c.from_wire(chunk, view.numel()), out=view)
+                c.decode(c.from_wire(chunk, view.numel(), tensors), out=view)
                 continue
             k = self.topk.k(view.numel())
             indices = chunk[: 4 * k].view(torch.int32).long()
@@ -157,7 +162,7 @@ def codecs(r: Run) -> tuple[AsyncParams, GradientCodec, Compressor]:
     """The run's scheme parameters, gradient codec (per layer group) and model quantizer."""
     params: AsyncParams = r.aggs[0][1].params  # type: ignore[attr-defined]
     codec = GradientCodec(
-        [(part, agg.compressor) for part, agg in r.aggs],
+        [(part, agg.compressor, agg.tensors) for part, agg in r.aggs],
         params.ratio if params.variant == "sparse" else None,
     )
     down = from_spec(params.down or "none", seed=r.spec.seed)

@@ -81,7 +81,7 @@ def work(r: Run) -> None:
         x, y = r.data.batch(it)
         cm.bytes_sent = 0
         timer.start()
-        r.params.copy_(down.decode(down.from_wire(model, r.params.numel())))
+        r.params.copy_(down.decode(down.from_wire(model, r.params.numel(), r.sizes)))
         timer.mark("decode")
         r.flat.zero_()
         with precision.autocast(r.spec.compute, r.device):  # int8: the model is fake-quantized

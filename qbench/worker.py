@@ -69,8 +69,9 @@ class Run(Training):
         for g in self.groups:
             c = from_spec(g.compressor, seed=self.spec.seed)
             agg = aggregate.build(
-                self.spec.scheme, self.comm, c, g.numel, offset=pos, params=self.spec.scheme_params
-            )
+                self.spec.scheme, self.comm, c, g.numel, offset=pos,
+                params=self.spec.scheme_params, tensors=g.sizes,
+            )  # fmt: skip
             out.append((slice(pos, pos + g.numel), agg))
             pos += g.numel
         return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from qbench import catalog
@@ -50,12 +51,15 @@ def build(
     numel: int,
     offset: int = 0,
     params: dict[str, Any] | None = None,
+    tensors: Sequence[int] | None = None,
 ) -> Aggregator:
-    """The aggregator of scheme ``name`` over ``numel`` values; the DDP options (``backward``,
-    ``bucket_cap_mb``, ...) belong to the DDP loop, not to the aggregator of one bucket."""
+    """The aggregator of scheme ``name`` over ``numel`` values made of tensors of sizes
+    ``tensors`` (default one tensor; per-tensor compressors encode each on its own); the DDP
+    options (``backward``, ``bucket_cap_mb``, ...) belong to the DDP loop, not to the
+    aggregator of one bucket."""
     checked = check_params(name, params or {})
     kwargs = {k: v for k, v in checked.items() if k not in _DDP_KEYS}
-    return SCHEMES[name](comm, compressor, numel, offset, **kwargs)
+    return SCHEMES[name](comm, compressor, numel, offset, tensors=tensors, **kwargs)
 
 
 _DDP_KEYS = frozenset({BACKWARD.name, *(p.name for p in DDP_OPTIONS)})

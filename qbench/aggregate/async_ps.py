@@ -9,6 +9,7 @@ exists so that scenarios name and validate it like every other scheme:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,9 +36,10 @@ class AsyncPS(Aggregator):
     name = "async-ps"
 
     def __init__(
-        self, comm: Comm, compressor: Compressor, numel: int, offset: int = 0, **params: Any
-    ) -> None:
-        super().__init__(comm, compressor, numel, offset)
+        self, comm: Comm, compressor: Compressor, numel: int, offset: int = 0, *,
+        tensors: Sequence[int] | None = None, **params: Any,
+    ) -> None:  # fmt: skip
+        super().__init__(comm, compressor, numel, offset, tensors=tensors)
         self.params = AsyncParams(**params)
 
     def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
