@@ -72,9 +72,11 @@ def test_wire_bytes_written_out_by_hand() -> None:
      ("onebit:columns=true,error_feedback=false", "1bit-col-noef"),
      ("fixedpoint:scope=global", "fixed-8b"), ("fixedpoint", "fixed-8b-layer"),
      ("fixedpoint:delta=0.25", "fixed-8b-d0.25"), ("topk:scope=global", "topk-1%"),
-     ("topk", "topk-1%-layer"), ("adaptive:scope=global", "adaptive-c6-m4-f3%"),
-     ("adaptive", "adaptive-c6-m4-f3%-layer"), ("qsgd:align=tensor", "qsgd-4b-b512-tensor"),
-     ("powersgd:rank=2", "powersgd-r2")],
+     ("topk", "topk-1%-layer"),
+     ("adaptive:scope=global,entropy_grid=symmetric", "adaptive-c6-m4-f3%"),
+     ("adaptive", "adaptive-c6-m4-f3%-layer-minmax"),
+     ("adaptive:entropy_grid=symmetric", "adaptive-c6-m4-f3%-layer"),
+     ("qsgd:align=tensor", "qsgd-4b-b512-tensor"), ("powersgd:rank=2", "powersgd-r2")],
 )  # fmt: skip
 def test_labels_are_stable(spec: str, label: str) -> None:
     assert catalog.compressor_label(spec) == label  # run ids contain them: never change one

@@ -384,7 +384,7 @@ def test_adaptive_width_within_floor_and_ceiling(floor_bits: int, probe_bits: in
 def test_adaptive_defaults_follow_the_paper() -> None:
     c = build("adaptive")
     assert (c.sample_fraction, c.probe_bits, c.floor_bits) == (0.03, 4, 6)
-    assert (c.label, c.nominal_bits, c.stateful) == ("adaptive-c6-m4-f3%-layer", 8.0, False)
+    assert (c.label, c.nominal_bits, c.stateful) == ("adaptive-c6-m4-f3%-layer-minmax", 8.0, False)
     assert c.granularity == "tensor"  # section 3.4: N = H + c per layer
 
 

@@ -324,14 +324,21 @@ ADAPTIVE = CompressorEntry(
         Param("floor_bits", 6, "c: floor on the width; widths range over [c, c + M]", int,
               "an integer in 2..15", between(2, 15)),
         _scope("bit width and scale"),
+        Param("entropy_grid", "minmax", "the M-bit probe's 2^M bins: minmax, over [min, max] of "
+              "the tensor (Algorithm 1 lines 3-4); symmetric, over [-max |x|, max |x|], which "
+              "puts a bin edge at zero and adds up to a bit of entropy on peaked gradients", str,
+              choices=("minmax", "symmetric")),
     ),
     label=lambda p: (
         f"adaptive-c{p['floor_bits']}-m{p['probe_bits']}-f{p['sample_fraction'] * 100:g}%"
         + ("-layer" if p["scope"] == "layer" else "")
+        + ("-minmax" if p["entropy_grid"] == "minmax" else "")
     ),
-    unlabel=lambda text: _match(r"adaptive-c(\d+)-m(\d+)-f(.+?)%(-layer)?", text, lambda m: {
-        "sample_fraction": float(m[3]) / 100, "probe_bits": int(m[2]),
-        "floor_bits": int(m[1]), "scope": "layer" if m[4] else "global"}),
+    unlabel=lambda text: _match(
+        r"adaptive-c(\d+)-m(\d+)-f(.+?)%(-layer)?(-minmax)?", text, lambda m: {
+            "sample_fraction": float(m[3]) / 100, "probe_bits": int(m[2]),
+            "floor_bits": int(m[1]), "scope": "layer" if m[4] else "global",
+            "entropy_grid": "minmax" if m[5] else "symmetric"}),
     nominal_bits=lambda p: p["floor_bits"] + p["probe_bits"] / 2,
     unbiased=lambda p: True,
     granularity=lambda p: _per(p["scope"]),
