@@ -125,6 +125,18 @@ def test_the_layer_plan_and_ddp_segments_keep_every_tensors_size() -> None:
     assert [(s.ranges, s.sizes) for s in segs] == [(((0, 17),), (5, 2, 7, 3))]  # merged ranges
 
 
+def test_the_ddp_hook_gives_each_segments_aggregator_its_tensors() -> None:
+    from qbench.ddp.scheme_hook import SchemeHookState
+    from tests.threadcomm import _Shared
+
+    q = {"name": "topk"}
+    state = SchemeHookState(
+        scheme="reduce-broadcast", comm=ThreadComm(_Shared(1), 0, 1), seed=0, spec_for=lambda p: q
+    )
+    seg = segments([torch.zeros(5), torch.zeros(2), torch.zeros(7)], lambda p: q)[0]
+    assert state._aggregator(seg).tensors == (5, 2, 7)
+
+
 # -- the schemes ----------------------------------------------------------------------------------
 TENSORS = (50, 700, 13, 400)
 OFFSET = 1000
