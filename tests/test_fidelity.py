@@ -76,10 +76,15 @@ UNBIASED: dict[str, tuple[dict[str, Any], int]] = {
     "qsgd-tensor-4": ({"name": "qsgd", "bits": 4, "bucket_size": 96, "align": "tensor"}, 1 << 16),
     **{f"fixedpoint-{b}": ({"name": "fixedpoint", "bits": b}, 1 << 16) for b in (2, 4, 8, 16)},
     "fixedpoint-delta": ({"name": "fixedpoint", "bits": 8, "delta": 1 / 64}, 1 << 16),
-    # adaptive widths N in [c, c + M]: M = 1 pins them near 2, 4, 8 and 16 bits
+    # adaptive widths N = ceil(H) + c with M = 1: H in (0, 1] gives N = c + 1 (4, 8, 16 bits);
+    # positive data in the symmetric probe's upper bin gives H = 0, N = c = 2
+    "adaptive-2": (
+        {"name": "adaptive", "floor_bits": 2, "probe_bits": 1, "entropy_grid": "symmetric"},
+        1 << 13,
+    ),
     **{
-        f"adaptive-{c}": ({"name": "adaptive", "floor_bits": c, "probe_bits": 1}, 1 << 13)
-        for c in (2, 4, 8, 15)
+        f"adaptive-{c + 1}": ({"name": "adaptive", "floor_bits": c, "probe_bits": 1}, 1 << 13)
+        for c in (3, 7, 15)
     },
     "adaptive-symmetric-global": (
         {"name": "adaptive", "scope": "global", "entropy_grid": "symmetric"}, 1 << 13,
@@ -102,7 +107,11 @@ def test_unbiased_compressors_pass_a_z_test_at_every_width(case: str) -> None:
     x = _data(n)
     if spec["name"] == "fixedpoint" and "delta" in spec:
         x = x * (100 / 64)  # within the 8-bit range of delta 1/64 (+-127/64): nothing clipped
+    if case == "adaptive-2":
+        x = x.abs()
     pieces = [n // 3, n - n // 3] if c.granularity == "tensor" else None
+    if case in ("adaptive-2", "adaptive-4", "adaptive-8", "adaptive-16"):
+        assert set(widths(c.encode(x, pieces=pieces))) == {int(case.split("-")[1])}
     mean, var = _error_moments(c, x, pieces)
     if spec["name"] == "none":
         assert float(mean.abs().max()) == 0.0
