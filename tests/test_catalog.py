@@ -54,6 +54,20 @@ def test_payloads_have_the_catalogs_wire_bytes(spec: dict[str, Any]) -> None:
         assert payload.nbytes == checked.wire_bytes(n), n
 
 
+def test_granularity_of_every_default_and_scope() -> None:
+    got = {n: catalog.compressor(n).granularity for n in catalog.COMPRESSORS}
+    assert got == {
+        "none": "value", "fp16": "value", "bf16": "value", "qsgd": "bucket", "onebit": "bucket",
+        "fixedpoint": "tensor", "topk": "tensor", "adaptive": "tensor", "powersgd": "tensor",
+    }  # fmt: skip
+    assert catalog.compressor("topk:scope=global").granularity == "call"
+    assert catalog.compressor("qsgd:align=tensor").granularity == "tensor"
+    assert catalog.compressor("fixedpoint:delta=0.5").granularity == "value"
+    assert set(got.values()) <= set(catalog.GRANULARITIES)
+    with pytest.raises(UserError, match=r"with delta 0\.5 every value is rounded on its own"):
+        catalog.compressor({"name": "fixedpoint", "delta": 0.5, "scope": "global"})
+
+
 def test_wire_bytes_written_out_by_hand() -> None:
     q4 = catalog.compressor({"name": "qsgd", "bits": 4, "bucket_size": 512})
     assert q4.wire_bytes(1000) == 500 + 2 * 4  # 4 bits each, two buckets of one fp32 scale
@@ -161,6 +175,9 @@ QSGD4 = {"name": "qsgd", "bits": 4}
      ("gloo", "integer-allreduce", {"name": "onebit"}, 2, "needs compressor qsgd, got onebit"),
      ("gloo", "integer-allreduce", {"name": "qsgd", "bits": 1}, 2, "needs qsgd bits >= 2"),
      ("gloo", "integer-allreduce", {"name": "qsgd", "norm": "l2"}, 2, "use `norm: max`"),
+     ("gloo", "integer-allreduce", {"name": "qsgd", "align": "tensor"}, 2,
+      "use `align: contiguous`"),
+     ("gloo", "gossip", {"name": "topk", "error_feedback": False}, 4, None),
      ("gloo", "gossip", {"name": "topk"}, 4, "set `error_feedback: false` on topk"),
      ("gloo", "async-ps", QSGD4, 1, "world_size >= 2, got 1"),
      ("nccl", "async-ps", QSGD4, 2, "which nccl cannot"),
