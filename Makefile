@@ -13,9 +13,10 @@ DEMO_OUT ?= results/smoke
 
 venv: $(STAMP)
 
-$(STAMP): setup.cfg pyproject.toml
+# tests/plugin_example: a third-party plug-in (compressor + scheme by entry points) the tests use.
+$(STAMP): setup.cfg pyproject.toml tests/plugin_example/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --progress-bar off -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --progress-bar off -e '.[dev]' -e tests/plugin_example
 	touch $@
 
 # The main job on the embedded default scenario: CPU ranks, synthetic data.
@@ -55,21 +56,36 @@ cuda-coverage: venv
 
 # Every figure of the paper scenarios: each scenarios/paper/*.yaml is swept into results/<name>
 # (resuming: finished runs are kept) and reported; figures and the report page go to
-# figures/<name>/. A scenario with failed runs is still reported (and named at the end).
-# By default each scenario runs at seed 0 only (FIGURES_SET), which this 2-core machine
-# finishes in about half an hour; `make figures FULL=1` runs every seed the scenarios list
-# (3 for the accuracy scenarios: mean +/- std), and FIGURES_SET='--set backend=nccl ...'
-# moves the same scenarios to GPUs.
+# figures/<name>/. Before any run starts, every scenario's pre-flight (`qbench sweep --check`):
+# what `make data` can install is installed (where apt-get works as root), and whatever is still
+# missing stops the target with one line per prerequisite and its fix (exit 2), nothing run.
+# A scenario with failed runs is still reported; the target then exits 1, naming them.
+# By default each scenario runs at seed 0 only (FIGURES_SET); `make figures FULL=1` runs every
+# seed the scenarios list (3 for the accuracy scenarios: mean +/- std), FIGURES_SET='--set
+# backend=nccl ...' moves the same scenarios to GPUs, and QUICK=1 runs every configuration at
+# a tiny scale (`qbench sweep --quick`) into results/quick/ and figures/quick/.
 PAPER ?= $(sort $(wildcard scenarios/paper/*.yaml))
-FIGURES_SET ?= $(if $(FULL),,--set seed=0)
+FIGURES_SET ?= $(if $(FULL),,--set seed=0) $(if $(QUICK),--quick)
+FIGURES_RESULTS ?= results$(if $(QUICK),/quick)
+FIGURES_DIR ?= figures$(if $(QUICK),/quick)
+FIGURES_CHECK = for s in $(PAPER); do $(BIN)/qbench sweep $$s $(FIGURES_SET) \
+	  --out $(FIGURES_RESULTS)/$$(basename $$s .yaml) --check 2>&1 >/dev/null; done | sort -u
 figures: venv
-	@failed=""; for s in $(PAPER); do n=$$(basename $$s .yaml); \
-	  $(BIN)/qbench sweep $$s --out results/$$n $(FIGURES_SET) || failed="$$failed $$n"; \
-	  $(BIN)/qbench report results/$$n --format md > /dev/null && \
-	  mkdir -p figures/$$n && cp results/$$n/report/*.png results/$$n/report/*.pdf \
-	    results/$$n/report/index.* results/$$n/report/summary.md figures/$$n/; \
-	done; echo "figures: written to figures/"; \
-	if [ -n "$$failed" ]; then echo "figures: some runs failed in:$$failed (see results/<name>/report/summary.md)" >&2; fi
+	@missing=$$($(FIGURES_CHECK)); \
+	if echo "$$missing" | grep -q "make data"; then \
+	  $(MAKE) --no-print-directory data && missing=$$($(FIGURES_CHECK)); fi; \
+	if [ -n "$$missing" ]; then \
+	  echo "figures: nothing was run; this machine lacks what the scenarios need:" >&2; \
+	  echo "$$missing" | sed 's/^/  /' >&2; exit 2; fi
+	@failed=""; for s in $(PAPER); do n=$$(basename $$s .yaml); r=$(FIGURES_RESULTS)/$$n; \
+	  $(BIN)/qbench sweep $$s --out $$r $(FIGURES_SET) || failed="$$failed $$n"; \
+	  $(BIN)/qbench report $$r --format md > /dev/null && \
+	  mkdir -p $(FIGURES_DIR)/$$n && cp $$r/report/*.png $$r/report/*.pdf \
+	    $$r/report/index.* $$r/report/summary.md $(FIGURES_DIR)/$$n/; \
+	done; echo "figures: written to $(FIGURES_DIR)/"; \
+	if [ -n "$$failed" ]; then \
+	  echo "figures: runs failed in:$$failed (see $(FIGURES_RESULTS)/<name>/report/summary.md)" >&2; \
+	  exit 1; fi
 
 clean:
 	rm -rf kernels/build .mypy_cache .ruff_cache .pytest_cache
@@ -105,4 +121,23 @@ data:
 	else \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get install -y $(DATA_PACKAGES) || { apt-get update && apt-get install -y $(DATA_PACKAGES); }; \
+	fi
+
+# A real browser for the report page's test (tests/test_page_browser.py loads index.html in
+# headless Chromium, checks images and the console, and saves a screenshot): Debian's chromium.
+BROWSER_PACKAGES ?= chromium
+.PHONY: browser
+browser:
+	@if command -v chromium >/dev/null 2>&1; then \
+	  echo "browser: $$(command -v chromium) present"; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "browser: no apt-get here; install Chromium (or set QBENCH_BROWSER to a Chrome or" \
+	    "Chromium binary) for the report page's browser test" >&2; exit 1; \
+	elif [ "$$(id -u)" != 0 ]; then \
+	  echo "browser: installing packages needs root; run: sudo apt-get install -y $(BROWSER_PACKAGES)" >&2; \
+	  exit 1; \
+	else \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y --no-install-recommends $(BROWSER_PACKAGES) || \
+	    { apt-get update && apt-get install -y --no-install-recommends $(BROWSER_PACKAGES); }; \
 	fi

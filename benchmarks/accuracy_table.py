@@ -13,7 +13,7 @@ import sys
 
 import pandas as pd
 
-from qbench import accuracy, stats
+from qbench.report import accuracy, stats
 
 
 def table(root: str) -> str:

@@ -7,24 +7,26 @@ top-1 and the staleness of the updates.
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
 import pandas as pd
 
-from qbench.async_metrics import bits_until_loss
+from qbench.records.store import ResultStore
+from qbench.run.async_ps.metrics import bits_until_loss
 
 
 def main(root: str, threshold: float = 0.6, window: int = 100) -> None:
     print(f"| run | Mbit to loss < {threshold:g} | top-1 | updates | staleness mean / max |")
     print("|---|---|---|---|---|")
-    for run in sorted(p.parent for p in Path(root).glob("*/run.json")):
-        labels = json.loads((run / "run.json").read_text())["labels"]
-        it = pd.read_parquet(run / "iterations.parquet")
+    store = ResultStore(root)
+    for run_id in store.run_ids():
+        record = store.read_record(run_id)
+        assert record is not None  # run_ids() lists the runs that have a record
+        labels = record.labels
+        it = pd.read_parquet(store.iterations_path(run_id))
         server = it[it["rank"] == 0]
         reached = bits_until_loss(it, threshold, window=window).iloc[0]
-        epochs = run / "epochs.parquet"
+        epochs = store.epochs_path(run_id)
         top1 = pd.read_parquet(epochs)["top1"].iloc[-1] if epochs.exists() else float("nan")
         print(
             f"| {labels['scheme']} {labels['compressor']} | {reached['bits'] / 1e6:.1f} | "

@@ -29,8 +29,8 @@ PLAIN = REPO / "benchmarks" / "plain_ddp.py"
 
 def plain_loop(args: argparse.Namespace, work: Path) -> float:
     """Median iteration (s) of the plain DDP loop."""
-    from qbench import network
     from qbench.launch import local, shaped
+    from qbench.spec import network
 
     out = work / "plain.json"
     config = {"model": args.model, "batch_size": args.batch_size, "warmup": args.warmup,
@@ -52,7 +52,7 @@ def plain_loop(args: argparse.Namespace, work: Path) -> float:
 
 def qbench_run(args: argparse.Namespace, work: Path, repeat: int) -> float:
     """Median iteration (s) of a one-run qbench sweep with scheme ddp, compressor none."""
-    from qbench import stats
+    from qbench.report import stats
 
     net = f"{{bandwidth: {args.bandwidth}}}" if args.bandwidth else "unshaped"
     scenario = work / "ddp.yaml"

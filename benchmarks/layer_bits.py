@@ -9,23 +9,26 @@ compressed layers (bits weighted by element count) and over the whole model.
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
 import pandas as pd
 
+from qbench.records.store import ResultStore
+
 
 def main(root: str) -> None:
-    for run in sorted(p.parent for p in Path(root).glob("*/telemetry.parquet")):
-        labels = json.loads((run / "run.json").read_text())["labels"]
-        warmup = int(json.loads((run / "spec.json").read_text()).get("warmup", 0))
-        t = pd.read_parquet(run / "telemetry.parquet")
+    store = ResultStore(root)
+    for run_id in store.run_ids():
+        path, record = store.merged_path(run_id, "telemetry"), store.read_record(run_id)
+        if not path.exists() or record is None:
+            continue  # swept without telemetry
+        labels, warmup = record.labels, int(record.spec.get("warmup", 0))
+        t = pd.read_parquet(path)
         t = t[t["iteration"] >= warmup]
         per = t.groupby(["layer", "compressor"], sort=False).agg(
             numel=("numel", "first"), bits=("bits_per_value", "mean"), err=("rel_error", "mean")
         )
-        print(f"\n{labels['scheme']} {labels['compressor']} ({run.name})\n")
+        print(f"\n{labels['scheme']} {labels['compressor']} ({run_id})\n")
         print("| layer | values | compressor | bits/value | rel. error |")
         print("|---|---|---|---|---|")
         for (layer, comp), r in per.iterrows():

@@ -18,11 +18,12 @@ import sys
 
 import torch
 
-from qbench import layers, models
+from qbench import models
 from qbench.aggregate.base import cut, split_ranges
 from qbench.catalog import specs
 from qbench.compress import Compressor, from_spec
 from qbench.data import real
+from qbench.spec import layers
 
 STEPS = 8
 

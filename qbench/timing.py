@@ -1,4 +1,4 @@
-"""One synchronisation policy for the timed loop.
+"""One synchronisation policy for the timed loop (phase timer).
 
 Breakdown mode: before reading the clock at a phase boundary we wait for the device
 (``torch.cuda.synchronize``) so each phase owns exactly the work it launched. On CPU the clock

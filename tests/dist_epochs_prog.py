@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from qbench import comm, epochs
+from qbench import comm
+from qbench.run import epochs
 
 
 def main() -> None:

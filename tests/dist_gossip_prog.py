@@ -20,8 +20,8 @@ import torch
 
 from qbench import aggregate, comm
 from qbench.compress import from_spec
+from qbench.run.worker import Run
 from qbench.timing import PhaseTimer
-from qbench.worker import Run
 
 NUMEL = 1_003
 SLICES = (slice(0, 600), slice(600, NUMEL))  # two scheme instances, like two layer groups

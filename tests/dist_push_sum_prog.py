@@ -23,8 +23,8 @@ from qbench import aggregate, comm
 from qbench.aggregate.directed import Mixing
 from qbench.aggregate.push_sum import PushSum
 from qbench.compress import from_spec
+from qbench.run.worker import Run
 from qbench.timing import PhaseTimer
-from qbench.worker import Run
 
 NUMEL = 1_003
 SLICES = (slice(0, 600), slice(600, NUMEL))  # two scheme instances, like two layer groups

@@ -19,14 +19,18 @@ import pandas as pd
 import pytest
 import torch
 
-from qbench import aggregate, async_ps, scenario
-from qbench.async_metrics import bits_until_loss
-from qbench.async_protocol import GradientCodec, Push, Reply, may_hand_out
+from qbench import aggregate
 from qbench.comm.base import Comm
 from qbench.compress import from_spec
 from qbench.errors import UserError
-from qbench.matrix import expand
-from qbench.worker import Run
+from qbench.run import async_ps
+from qbench.run.async_ps import AsyncParts
+from qbench.run.async_ps.metrics import bits_until_loss
+from qbench.run.async_ps.protocol import GradientCodec, Push, Reply, may_hand_out
+from qbench.run.training import Training
+from qbench.run.worker import async_parts
+from qbench.spec import scenario
+from qbench.spec.matrix import expand
 
 QSGD8 = {"name": "qsgd", "bits": 8}
 
@@ -236,23 +240,27 @@ def _spec(scheme: str, comp: str = "{name: qsgd, bits: 8}", world: int = 4, extr
     return expand(scenario.loads(text)).runs[0]
 
 
-def _on_threads(spec: Any, delay: str = "") -> list[Run]:
+def _rank(spec: Any, cm: Comm) -> tuple[Training, AsyncParts]:
+    """One rank as qbench.run.worker sets it up: the shared training set-up and the parts of it
+    the parameter server uses (they share the model, buffers and row lists)."""
+    t = Training(spec, cm, shard=async_ps.shard(cm.rank, spec.world_size))
+    return t, async_parts(t)
+
+
+def _on_threads(spec: Any, delay: str = "") -> list[tuple[Training, AsyncParts]]:
     boxes: list[queue.Queue[Any]] = [queue.Queue() for _ in range(spec.world_size)]
-    runs: list[Run] = []
-    for rank in range(spec.world_size):
-        cm = Threads(rank, spec.world_size, boxes)
-        runs.append(Run(spec, cm, shard=async_ps.shard(rank, spec.world_size)))
+    runs = [_rank(spec, Threads(rank, spec.world_size, boxes)) for rank in range(spec.world_size)]
     errors: list[BaseException] = []
 
-    def go(r: Run) -> None:
+    def go(parts: AsyncParts) -> None:
         try:
-            async_ps.run(r)
+            async_ps.run(parts)
         except BaseException as e:  # reported below, naming the rank
             errors.append(e)
 
     os.environ["QBENCH_ASYNC_DELAY"] = delay
     try:
-        threads = [threading.Thread(target=go, args=(r,)) for r in runs]
+        threads = [threading.Thread(target=go, args=(parts,)) for _, parts in runs]
         for t in threads:
             t.start()
         for t in threads:
@@ -263,8 +271,8 @@ def _on_threads(spec: Any, delay: str = "") -> list[Run]:
     return runs
 
 
-def _frames(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    frame = pd.concat([r.frame() for r in runs], ignore_index=True)
+def _frames(runs: list[tuple[Training, AsyncParts]]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    frame = pd.concat([t.frame() for t, _ in runs], ignore_index=True)
     return frame[frame["rank"] == 0], frame[frame["rank"] > 0]
 
 
@@ -293,7 +301,7 @@ def test_threads_learn_within_the_staleness_bound(scheme: str) -> None:
 def test_accuracy_mode_evaluates_the_server_model_each_epoch() -> None:
     spec = _spec("{name: async-ps, staleness: 4}", comp="none", world=3, extra="epochs: 2\n")
     runs = _on_threads(spec)
-    ep = pd.DataFrame(runs[0].epoch_rows)
+    ep = pd.DataFrame(runs[0][0].epoch_rows)
     steps = (1437 // 2) // 32  # each of 2 workers holds half of digits' 1437 training samples
     assert list(ep["epoch"]) == [1, 2] and list(ep["iteration"]) == [2 * steps, 4 * steps]
     assert ep["top1"].iloc[-1] > 0.8 and (ep["grad_norm"] > 0).all()
@@ -310,9 +318,9 @@ def test_a_slow_worker_does_not_stall_the_others() -> None:
 
 def test_refuses_settings_it_does_not_implement() -> None:
     spec = _spec("{name: async-ps}", world=2, extra="telemetry: true\n")
-    run = Run(spec, Threads(0, 2, [queue.Queue(), queue.Queue()]), shard=(0, 1))
+    _, parts = _rank(spec, Threads(0, 2, [queue.Queue(), queue.Queue()]))
     with pytest.raises(UserError, match="telemetry"):
-        async_ps.run(run)
+        async_ps.run(parts)
 
 
 @pytest.mark.parametrize("extra", ["compute: bf16\n", "compute: int8\nweights: {bits: 8}\n"])
@@ -325,7 +333,7 @@ def test_low_precision_compute_and_weights_learn(extra: str) -> None:
     assert len(server) == 90
     assert server["loss"].tail(20).mean() < 0.7 * server["loss"].head(10).mean()
     if spec.weight_bits:
-        params, sizes = runs[0].params, runs[0].sizes
+        params, sizes = runs[0][1].params, runs[0][1].sizes
         for t in params.split(sizes):  # per-tensor scale s = max|w| / (2^(N-1) - 1)
             step = t.abs().max() / (2 ** (spec.weight_bits - 1) - 1)
             levels = t / step
@@ -355,6 +363,24 @@ def test_bits_until_loss() -> None:
     assert bits_until_loss(frame, 0.61, window=2).set_index("run_id").at["a", "update"] == 4
     with pytest.raises(ValueError, match="window"):
         bits_until_loss(frame, 0.5, window=0)
+
+
+def _loaded(imports: str, prefixes: tuple[str, ...]) -> list[str]:
+    found = f"sorted(m for m in sys.modules if m.startswith({prefixes!r}))"
+    code = f"import sys, {imports}; print(*{found})"
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    ).stdout.split()
+
+
+def test_the_package_stands_alone_and_its_metric_needs_no_torch() -> None:
+    """The server and workers read a rank through AsyncParts, never through qbench.run.worker;
+    reports read the metric, so it and the package load no torch."""
+    assert (
+        _loaded("qbench.run.async_ps.server, qbench.run.async_ps.worker", ("qbench.run.worker",))
+        == []
+    )
+    assert _loaded("qbench.run.async_ps.metrics", ("torch",)) == []
 
 
 # -- real ranks ----------------------------------------------------------------------------------

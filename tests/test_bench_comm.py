@@ -236,7 +236,7 @@ def test_plan_skips_with_reasons_and_adds_the_baseline() -> None:
 def test_bench_worker_replaces_the_training_worker_in_torchrun_argv() -> None:
     argv = comm._local_argv("gloo", Path("/tmp/c.json"), 4)
     assert argv[-3:] == ["-m", comm.WORKER_MODULE, "/tmp/c.json"]
-    assert "qbench.worker" not in argv and "4" in argv
+    assert "qbench.run.worker" not in argv and "4" in argv
 
 
 def test_document_is_strict_json_with_schema(tmp_path: Path) -> None:

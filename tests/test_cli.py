@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from qbench.records import ITERATION_COLUMNS
+from qbench.records.schema import ITERATION_COLUMNS
 
 
 def qbench(

@@ -10,9 +10,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from qbench import compare, report
 from qbench.errors import UserError
-from qbench.store import ResultStore
+from qbench.records.store import ResultStore
+from qbench.report import compare
+from qbench.report import comparison as report
 from tests.test_report import add_run, labels, rows_for
 
 

@@ -15,11 +15,11 @@ import pytest
 from click.testing import CliRunner
 
 from qbench import costmodel as cm
-from qbench.cost_cli import cost as cost_cli
+from qbench.cli.cost import cost as cost_cli
 from qbench.costmodel import Config, CostModel
 from qbench.errors import UserError
-from qbench.records import RunRecord, iterations_frame
-from qbench.store import ResultStore
+from qbench.records.schema import RunRecord, iterations_frame
+from qbench.records.store import ResultStore
 from tests import costmodel_reference as ref
 
 QSGD = "qsgd-4b-b512"

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from qbench.cost_cli import cost as cost_cli
+from qbench.cli.cost import cost as cost_cli
 from qbench.costmodel import (
     BucketProfile,
     CodecFit,
@@ -34,8 +34,8 @@ from qbench.costmodel import (
     validate_runs,
 )
 from qbench.errors import UserError
-from qbench.records import RunRecord, buckets_frame, iterations_frame
-from qbench.store import ResultStore
+from qbench.records.schema import RunRecord, buckets_frame, iterations_frame
+from qbench.records.store import ResultStore
 from tests import costmodel_reference as ref
 from tests.test_costmodel import ALPHA, BETA_1GBIT, CODEC, comm_doc, synthetic_rows
 

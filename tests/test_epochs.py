@@ -13,9 +13,10 @@ import pandas as pd
 import pytest
 import torch
 
-from qbench import epochs, scenario
 from qbench.errors import UserError
-from qbench.matrix import expand
+from qbench.run import epochs
+from qbench.spec import scenario
+from qbench.spec.matrix import expand
 from tests.distributed import here, launch
 
 BASE = "name: acc\nmodel: logreg\ndataset: digits\nworld_size: 2\n"

@@ -16,10 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from qbench import aggregate, catalog, layers, models, precision
+from qbench import aggregate, catalog, models
 from qbench.aggregate.directed import Mixing
 from qbench.compress import Compressor, from_spec
 from qbench.compress.adaptive import widths
+from qbench.run import precision
+from qbench.spec import layers
 from qbench.timing import PhaseTimer
 from tests.threadcomm import ThreadComm, run_ranks
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from qbench import layers, matrix, scenario
 from qbench.errors import UserError
+from qbench.spec import layers, matrix, scenario
 
 QSGD = {"name": "qsgd", "bits": 4}
 

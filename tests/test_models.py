@@ -328,7 +328,7 @@ def test_disk_cache_roundtrip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
 
 
 def test_console_lists_the_zoo(capsys: pytest.CaptureFixture[str]) -> None:
-    from qbench import console
+    from qbench.cli import console
 
     console.models()
     text = capsys.readouterr().out

@@ -19,7 +19,7 @@ import pytest
 from qbench.errors import UserError
 from qbench.launch import local, netns, nsexec, shaped
 from qbench.launch import procs as run
-from qbench.matrix import RunSpec
+from qbench.spec.matrix import RunSpec
 from tests.distributed import here, launch
 
 PREFIX = "qbtest"

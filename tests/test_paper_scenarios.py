@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from qbench import matrix, scenario
+from qbench.spec import matrix, scenario
 
 ROOT = Path(__file__).resolve().parents[1] / "scenarios"
 SHIPPED = sorted(ROOT.rglob("*.yaml"))

@@ -17,10 +17,10 @@ import torch
 
 from qbench import aggregate, catalog
 from qbench.aggregate.base import cut, split_ranges
-from qbench.async_protocol import GradientCodec
 from qbench.compress import Compressor, from_spec
 from qbench.ddp.scheme_hook import segments
-from qbench.layers import LayerPolicy, plan
+from qbench.run.async_ps.protocol import GradientCodec
+from qbench.spec.layers import LayerPolicy, plan
 from qbench.timing import PhaseTimer
 from tests.threadcomm import ThreadComm, run_ranks
 

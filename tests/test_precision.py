@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from qbench import precision
+from qbench.run import precision
 
 
 def _train(compute: str, steps: int = 60) -> tuple[float, float]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from qbench import machine
+from qbench.launch import machine
 
 
 class _NVMLError(Exception):

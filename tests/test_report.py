@@ -15,11 +15,12 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from qbench import report, stats
 from qbench.errors import UserError
-from qbench.plots import compressor_color
-from qbench.records import RunRecord, iterations_frame
-from qbench.store import ResultStore
+from qbench.records.schema import RunRecord, iterations_frame
+from qbench.records.store import ResultStore
+from qbench.report import stats
+from qbench.report import tables as report
+from qbench.report.plots import compressor_color
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = {"mlp": (0.010, 1_000_000), "cnn": (0.040, 4_000_000)}  # compute s, numel
@@ -211,7 +212,8 @@ def test_write_report_files(written: report.ReportPaths) -> None:
     md = written.summary_md.read_text()
     assert "## Failed runs" in md and "| mlp-failed | failed | 1 | RuntimeError: NCCL" in md
     assert "Traceback" not in md  # first line of the error only
-    assert "qsgd-4b-b512 (simulated)" in md
+    assert "QSGD 4-bit, bucket 512 (simulated)" in md  # names for people; CSV keeps labels
+    assert "qsgd-4b-b512 (simulated)" in set(frame["compressor"])
     names = sorted(p.name for p in written.figures)
     assert names == ["breakdown.pdf", "breakdown.png", "scalability.pdf", "scalability.png"]
     assert all(p.stat().st_size > 1024 for p in written.figures) and not written.notes
@@ -222,7 +224,8 @@ def test_render_formats(written: report.ReportPaths, fmt: str) -> None:
     out = io.StringIO()
     report.render(written.summary, fmt, out)
     text = out.getvalue()
-    assert fmt == "table" or ("qsgd-4b-b512" in text and "mlp-failed" in text)
+    label = "QSGD 4-bit, bucket 512" if fmt == "md" else "qsgd-4b-b512"  # csv, json: labels
+    assert fmt == "table" or (label in text and "mlp-failed" in text)
     if fmt == "json":
         assert len(json.loads(text)) == len(written.summary)
     if fmt == "table":
@@ -242,7 +245,7 @@ def test_single_run_gets_figures(tmp_path: Path) -> None:
     add_run(store, "one", labels("cnn", "1bit-b64", 2), rows_for("one", "cnn", "1bit-b64", 2))
     out = io.StringIO()
     paths = report.write_report(tmp_path, fmt="table", out=out)
-    assert len(paths.figures) == 4 and "1bit-b64" in out.getvalue()
+    assert len(paths.figures) == 4 and "1-bit SGD, bucket 64" in out.getvalue()
 
 
 def test_missing_or_empty_dir_is_a_user_error(tmp_path: Path) -> None:
@@ -263,7 +266,7 @@ def test_report_does_not_import_torch() -> None:
 
 
 def test_iterations_written_before_later_columns_still_load(tmp_path: Path) -> None:
-    from qbench.records import LATER_ITERATION_COLUMNS
+    from qbench.records.schema import LATER_ITERATION_COLUMNS
 
     store = ResultStore(tmp_path)
     rows = rows_for("old", "mlp", "fp32", 1)

@@ -2,7 +2,7 @@
 redoes only what is missing, and the results equal an uninterrupted sweep's.
 
 Also the two guards behind it: launched jobs die with the driver (qbench.launch.procs), and one
-results directory takes one sweep at a time (qbench.lock).
+results directory takes one sweep at a time (qbench.records.lock).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 
 from qbench.errors import UserError
-from qbench.lock import LOCK_FILE, sweep_lock
+from qbench.records.lock import LOCK_FILE, sweep_lock
 
 # ---- the sweep every kill test runs: 4 quick runs, w1 before w2 -----------------------------
 
@@ -138,7 +138,7 @@ def _workers(driver: subprocess.Popen[str]) -> dict[int, str]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if "qbench.worker" in cmd and "torch.distributed.run" not in cmd:
+        if "qbench.run.worker" in cmd and "torch.distributed.run" not in cmd:
             out[pid] = cmd
     return out
 
@@ -369,7 +369,7 @@ def test_job_started_normally_still_runs_to_completion(tmp_path: Path) -> None:
 HOLDER = textwrap.dedent("""\
     import sys, time
     from pathlib import Path
-    from qbench.lock import sweep_lock
+    from qbench.records.lock import sweep_lock
     with sweep_lock(Path(sys.argv[1])):
         print("held", flush=True)
         time.sleep(60)

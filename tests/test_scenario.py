@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from qbench import matrix, scenario
 from qbench.errors import UserError
+from qbench.spec import matrix, scenario
 
 BASE = "name: t\nmodel: mlp\n"
 
@@ -122,10 +122,13 @@ def test_expand_rejects_unknown_names(extra: str, needle: str) -> None:
 def test_embedded_default_expands() -> None:
     from importlib import resources
 
-    text = resources.files("qbench").joinpath("default.yaml").read_text()
+    text = resources.files("qbench.spec").joinpath("default.yaml").read_text()
     m = matrix.expand(scenario.loads(text))
-    assert len(m.runs) == 2 * 2 * 2 * 5
-    assert not m.excluded
+    flat = 2 * 2 * 2 * 5  # models x world sizes x backends x compressors
+    ddp = 2 * 2  # models x world sizes: DDP fp32 on gloo
+    assert len(m.runs) == flat + ddp
+    assert {r.backend for r in m.runs if r.scheme == "ddp"} == {"gloo"}
+    assert any("mpi has no DDP" in e.reason for e in m.excluded)  # said, never silently dropped
 
 
 def test_set_overrides_top_level_keys() -> None:

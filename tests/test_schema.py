@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from qbench import matrix, scenario, sweep
 from qbench.errors import UserError
-from qbench.records import RunRecord
-from qbench.store import ResultStore
+from qbench.launch import sweep
+from qbench.records.schema import RunRecord
+from qbench.records.store import ResultStore
+from qbench.spec import matrix, scenario
 
 BASE = "name: t\nmodel: mlp\nworld_size: 2\n"
 

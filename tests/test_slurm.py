@@ -3,6 +3,7 @@ single-node cluster started by tests/slurm_cluster.py (slow, marked slurm)."""
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import os
@@ -16,12 +17,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from qbench import matrix, scenario
 from qbench.errors import UserError
 from qbench.launch import slurm
-from qbench.launch.slurm import SlurmOptions
-from qbench.matrix import RunSpec
-from qbench.store import atomic_write_json
+from qbench.launch.slurm import SlurmOptions, jobs, options, runs
+from qbench.records.store import atomic_write_json
+from qbench.spec import matrix, scenario
+from qbench.spec.matrix import RunSpec
 from tests.slurm_cluster import slurm_cluster  # noqa: F401 (the fixture, used by name)
 
 # ---------------------------------------------------------------------------------------------
@@ -157,12 +158,12 @@ def test_array_range_and_time_limit() -> None:
 
 
 def test_srun_argv_inside_an_allocation() -> None:
-    argv = slurm.srun_argv(["python", "-m", "qbench.worker", "s.json"], 4, OPTS, nodes=2)
+    argv = slurm.srun_argv(["python", "-m", "qbench.run.worker", "s.json"], 4, OPTS, nodes=2)
     assert argv[:3] == ["srun", "--ntasks", "4"]
     assert "--kill-on-bad-exit=1" in argv and "--mpi=none" in argv
     assert _pairs(argv)["--nodes"] == "2" and _pairs(argv)["--cpus-per-task"] == "2"
     assert "--partition" not in argv and "--time" not in argv  # the allocation has them
-    assert argv[-5:] == ["--cpu-bind=cores", "python", "-m", "qbench.worker", "s.json"]
+    assert argv[-5:] == ["--cpu-bind=cores", "python", "-m", "qbench.run.worker", "s.json"]
 
 
 def test_srun_argv_allocating() -> None:
@@ -177,7 +178,7 @@ def test_srun_argv_allocating() -> None:
 def test_launch_argv_per_backend() -> None:
     gloo = slurm.launch_argv("gloo", "/r/spec.json", 2, SlurmOptions(), python="py")
     assert gloo[0] == "srun" and "--mpi=none" in gloo
-    assert gloo[-4:] == ["py", "-m", "qbench.worker", "/r/spec.json"]
+    assert gloo[-4:] == ["py", "-m", "qbench.run.worker", "/r/spec.json"]
     mpi = slurm.launch_argv(
         "mpi", "/r/spec.json", 2, SlurmOptions(), python="py", mpirun="/v/mpirun"
     )
@@ -288,6 +289,26 @@ def test_apply_worker_env_only_for_srun_tasks() -> None:
     assert not slurm.apply_worker_env(local) and local == {}
 
 
+def test_a_rank_loads_only_the_env_adapter() -> None:
+    """Every rank imports qbench.run.worker: of the Slurm launcher it must load the env://
+    adapter only, never the options, the builders, the checks or the job state machine."""
+    code = "import sys, qbench.run.worker; print(*sorted(m for m in sys.modules if 'slurm' in m))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    ).stdout.split()
+    assert out == ["qbench.launch.slurm", "qbench.launch.slurm.env"]
+
+
+def test_the_package_names_are_its_modules_own() -> None:
+    """Each name the package offers is loaded, on first use, from the module that defines it."""
+    for name in slurm.__all__:
+        module = importlib.import_module(f"qbench.launch.slurm.{slurm._HOME[name]}")
+        assert getattr(slurm, name) is getattr(module, name), name
+    assert slurm.run is runs.run and SlurmOptions is options.SlurmOptions
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        slurm.nope  # noqa: B018 (the lookup is the test)
+
+
 HOSTLISTS = ["localhost", "node1,node2", "gpu[07-09,11],cpu1", "n[001-004]", "rack[1-2]-n[3-4]",
              "a[5],b[1-3]"]  # fmt: skip
 
@@ -328,9 +349,7 @@ def test_mode_and_submit_env() -> None:
     assert slurm.resolve_mode("auto", {"SLURM_JOB_ID": "3"}) == "srun"
     assert slurm.resolve_mode("auto", {}) == "sbatch"
     assert slurm.resolve_mode("sbatch", {"SLURM_JOB_ID": "3"}) == "sbatch"
-    env = slurm._submit_env(
-        {"SLURM_JOB_ID": "3", "SLURM_CONF": "/c", "SBATCH_X": "1", "PATH": "/b"}
-    )
+    env = jobs._submit_env({"SLURM_JOB_ID": "3", "SLURM_CONF": "/c", "SBATCH_X": "1", "PATH": "/b"})
     assert env == {"SLURM_CONF": "/c", "PATH": "/b"}
 
 
@@ -435,7 +454,7 @@ DRIVER = """
 import json, sys
 from pathlib import Path
 from qbench.launch import slurm
-from qbench.matrix import RunSpec
+from qbench.spec.matrix import RunSpec
 run_dir = Path(sys.argv[1])
 spec = RunSpec.from_dict(json.loads((run_dir / "spec.json").read_text()))
 opts = slurm.SlurmOptions.parse({})
@@ -521,7 +540,7 @@ SIGTERM_DRIVER = """
 import json, sys
 from pathlib import Path
 from qbench.launch import slurm
-from qbench.matrix import RunSpec
+from qbench.spec.matrix import RunSpec
 run_dir = Path(sys.argv[1])
 spec = RunSpec.from_dict(json.loads((run_dir / "spec.json").read_text()))
 try:

@@ -10,7 +10,7 @@ import torch
 
 from qbench import timing
 from qbench.compress import from_spec
-from qbench.telemetry import TELEMETRY_COLUMNS, Telemetry
+from qbench.run.telemetry import TELEMETRY_COLUMNS, Telemetry
 from qbench.timing import PhaseTimer
 
 

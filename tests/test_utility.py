@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from qbench import plots_utility
+from qbench.report import plots_utility
 
 # samples/s per (network, scheme, compressor): DDP fp32 is 100 everywhere; QSGD flat is 50 on
 # loopback, 100 at 1 Gbit/s and 200 at 100 Mbit/s, so it crosses 1x at exactly 1 Gbit/s.

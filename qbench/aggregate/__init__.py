@@ -1,4 +1,4 @@
-"""Aggregation schemes by name (one file each)."""
+"""Aggregation schemes (torch), one file each: turn K gradients into their mean."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import Any
 from qbench import catalog
 from qbench.aggregate.allgather import AllGather
 from qbench.aggregate.allreduce import AllReduce
-from qbench.aggregate.async_ps import AsyncPS
 from qbench.aggregate.base import Aggregator, split_ranges
 from qbench.aggregate.gossip import Gossip
 from qbench.aggregate.integer_allreduce import IntegerAllReduce
@@ -16,9 +15,11 @@ from qbench.aggregate.parameter_server import ParameterServer
 from qbench.aggregate.push_sum import PushSum
 from qbench.aggregate.reduce_broadcast import ReduceBroadcast
 from qbench.aggregate.simulated_lowprec import SimulatedLowPrec
+from qbench.catalog import importpath
 from qbench.catalog.schemes import BACKWARD, DDP_OPTIONS
 from qbench.comm import Comm
 from qbench.compress import Compressor
+from qbench.errors import UserError
 
 SCHEMES: dict[str, type[Aggregator]] = {
     s.name: s
@@ -31,11 +32,21 @@ SCHEMES: dict[str, type[Aggregator]] = {
         IntegerAllReduce,
         ParameterServer,
         PushSum,
-        AsyncPS,
     )
 }
 
-__all__ = ["SCHEMES", "Aggregator", "build", "check_params", "split_ranges"]
+__all__ = ["SCHEMES", "Aggregator", "build", "check_params", "register", "split_ranges"]
+
+
+def register(aggregator: type[Aggregator]) -> None:
+    """Make a scheme's aggregator buildable by name; its facts must be in the catalog already
+    (``qbench.catalog.register_scheme``)."""
+    if aggregator.name not in catalog.SCHEMES:
+        raise UserError(
+            f"scheme {aggregator.name!r} has no catalog entry; register it first with "
+            "qbench.catalog.register_scheme"
+        )
+    SCHEMES[aggregator.name] = aggregator
 
 
 def check_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -59,7 +70,24 @@ def build(
     aggregator of one bucket."""
     checked = check_params(name, params or {})
     kwargs = {k: v for k, v in checked.items() if k not in _DDP_KEYS}
-    return SCHEMES[name](comm, compressor, numel, offset, tensors=tensors, **kwargs)
+    return _aggregator(name)(comm, compressor, numel, offset, tensors=tensors, **kwargs)
+
+
+def _aggregator(name: str) -> type[Aggregator]:
+    """The aggregator of scheme ``name``: registered, or imported from its catalog entry's
+    ``aggregator`` path the first time (a plug-in's) and registered then."""
+    if name not in SCHEMES:
+        entry = catalog.SCHEMES[name]
+        if not entry.aggregator:
+            raise UserError(f"scheme {name} runs its own training loop; it has no aggregator")
+        cls = importpath.resolve(entry.aggregator, f"scheme {name}: aggregator")
+        if not (isinstance(cls, type) and issubclass(cls, Aggregator)) or cls.name != name:
+            raise UserError(
+                f"scheme {name}: aggregator {entry.aggregator!r} must be a "
+                f"qbench.aggregate.Aggregator subclass whose name is {name!r}"
+            )
+        register(cls)
+    return SCHEMES[name]
 
 
 _DDP_KEYS = frozenset({BACKWARD.name, *(p.name for p in DDP_OPTIONS)})

@@ -1,4 +1,4 @@
-"""Micro-benchmarks of single pieces (compression kernels, later collectives), apart from runs.
+"""Micro-benchmarks of single pieces (kernels, collectives), apart from sweeps.
 
 Each benchmark is a pure measuring module returning rows (``kernels.py``), a renderer that
 prints them for people (``render.py``) and a versioned JSON document written atomically.
@@ -21,7 +21,7 @@ def kernels_command(
 ) -> None:
     """``qbench bench kernels``: measure, print the tables, optionally write the JSON."""
     from qbench.bench import kernels, render
-    from qbench.store import atomic_write_json
+    from qbench.records.store import atomic_write_json
 
     result = kernels.measure(
         specs or None,

@@ -31,16 +31,32 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from qbench import catalog, network
+from qbench import catalog
+from qbench.bench.comm_results import (  # noqa: F401  # the bench's public numbers
+    TARGETS,
+    CommRow,
+    Speedup,
+    Target,
+    TargetResult,
+    algbw,
+    busbw,
+    crossover,
+    crossovers,
+    ideal_speedup,
+    over_ranks,
+    speedups,
+    summarize,
+    targets,
+)
 from qbench.catalog import rules, specs
-from qbench.comm.formulas import busbw_factor
 from qbench.errors import UserError
 from qbench.launch import local
-from qbench.store import strict_json
+from qbench.records.store import STDERR_LOG, STDOUT_LOG, strict_json
+from qbench.spec import network
 
 SCHEMA = "qbench.bench.comm/1"
 WORKER_MODULE = "qbench.bench.comm_worker"
@@ -60,7 +76,6 @@ SYNC_MODES = ("barrier", "stream")
 """How timed calls start (``Settings.sync``)."""
 MAX_GAP_MS = 10_000.0
 POLL_S = 0.2
-_PHASES = ("encode", "comm", "decode")
 COPIES_PER_RANK = 10  # gradient, work copy, float64 mean and error, payloads: peak per rank
 _COMBO = ("backend", "world_size", "network", "scheme", "compressor")
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
@@ -200,205 +215,6 @@ def plan(
     return combos, notes
 
 
-# -- rows (pure maths) ---------------------------------------------------------------------------
-def algbw(nbytes: float, seconds: float) -> float:
-    """GB/s (1e9) of ``nbytes`` moved in ``seconds``."""
-    return nbytes / seconds / 1e9
-
-
-def busbw(nbytes: float, seconds: float, world_size: int) -> float:
-    """nccl-tests bus bandwidth of an allreduce of ``nbytes``."""
-    return algbw(nbytes, seconds) * busbw_factor("allreduce", world_size)
-
-
-def ideal_speedup(bits_per_value: float) -> float:
-    """Bytes-only speedup over fp32 allreduce for a scheme sending ``bits_per_value``; e.g.
-    qsgd 4-bit, bucket 512: 32 / (4 + 32 / 512) = 7.88."""
-    return 32.0 / bits_per_value
-
-
-def over_ranks(rank_samples: Sequence[Sequence[float]]) -> list[float]:
-    """Per call, the max over ranks (the slowest rank sets the iteration time)."""
-    return [max(call) for call in zip(*rank_samples, strict=True)]
-
-
-@dataclass(frozen=True, kw_only=True)
-class CommRow:
-    backend: str
-    world_size: int
-    network: str
-    scheme: str
-    compressor: str
-    bytes: int
-    """fp32 gradient size."""
-    time_s: float
-    """Median over timed repeats of the max over ranks."""
-    algbw_GBps: float
-    busbw_GBps: float
-    """fp32-equivalent: algbw * 2 (K-1) / K."""
-    wire_bytes: int
-    """Bytes the busiest rank put on the wire in one call (median over repeats)."""
-    wire_busbw_GBps: float
-    payload_bytes: int
-    """This rank's encoded gradient (``Aggregator.payload_bytes``)."""
-    bits_per_value: float
-    rel_error: float
-    """||result - exact mean|| / ||exact mean||, max over ranks (separate, untimed pass)."""
-    t_encode_s: float
-    t_comm_s: float
-    t_decode_s: float
-    """Phase medians of the max over ranks (NaN for overlapped schemes)."""
-    simulated: bool
-    """simulated-lowprec: the result is NOT the mean (rel_error large by design)."""
-    samples: list[float] = field(default_factory=list)
-    warmup_samples: list[float] = field(default_factory=list)
-    rank_samples: list[list[float]] = field(default_factory=list)
-    """Every call (warm-up first) of every rank, seconds."""
-
-    @property
-    def where(self) -> tuple[str, int, str]:
-        return self.backend, self.world_size, self.network
-
-    @property
-    def is_baseline(self) -> bool:
-        return self.scheme == "allreduce" and self.compressor == "fp32"
-
-
-def summarize(raw: dict[str, Any], network_label: str) -> CommRow:
-    """A worker's raw record -> one row."""
-    warm, k = raw["warmup"], raw["world_size"]
-    per_call = over_ranks(raw["rank_samples"])
-    samples = per_call[warm:]
-    t = max(statistics.median(samples), 1e-9)
-    wire = int(statistics.median(over_ranks(raw["rank_bytes"])[warm:]))
-    phase = {p: statistics.median(over_ranks(raw["rank_phases"][p])[warm:]) for p in _PHASES}
-    if raw["overlapped"]:  # phases interleave: only the call time is real
-        phase = dict.fromkeys(_PHASES, math.nan)
-    s = raw["bytes"]
-    return CommRow(
-        backend=raw["backend"], world_size=k, network=network_label, scheme=raw["scheme"],
-        compressor=raw["compressor"], bytes=s, time_s=t, algbw_GBps=algbw(s, t),
-        busbw_GBps=busbw(s, t, k), wire_bytes=wire, wire_busbw_GBps=algbw(wire, t),
-        payload_bytes=raw["payload_bytes"], bits_per_value=8 * raw["payload_bytes"] / (s // 4),
-        rel_error=raw["rel_error"], t_encode_s=phase["encode"], t_comm_s=phase["comm"],
-        t_decode_s=phase["decode"], simulated=raw["scheme"].startswith("simulated-lowprec"),
-        samples=samples, warmup_samples=per_call[:warm], rank_samples=raw["rank_samples"],
-    )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Speedup:
-    backend: str
-    world_size: int
-    network: str
-    scheme: str
-    compressor: str
-    bytes: int
-    speedup: float
-    """time(fp32 allreduce) / time(this)."""
-
-    @property
-    def combo(self) -> tuple[str, int, str, str, str]:
-        return self.backend, self.world_size, self.network, self.scheme, self.compressor
-
-
-def speedups(rows: Sequence[CommRow]) -> list[Speedup]:
-    """Every non-baseline row against fp32 allreduce of the same backend, K, network, size."""
-    base = {(*r.where, r.bytes): r.time_s for r in rows if r.is_baseline}
-    return [
-        Speedup(*r.where, r.scheme, r.compressor, r.bytes, base[(*r.where, r.bytes)] / r.time_s)
-        for r in rows
-        if not r.is_baseline and (*r.where, r.bytes) in base
-    ]
-
-
-def crossover(points: Sequence[tuple[int, float]]) -> int | None:
-    """Smallest size from which the speedup is > 1 at that and every larger size; None when
-    compression does not pay even at the largest size."""
-    found = None
-    for size, s in sorted(points, reverse=True):
-        if s <= 1:
-            break
-        found = size
-    return found
-
-
-def crossovers(ups: Sequence[Speedup]) -> dict[tuple[str, int, str, str, str], int | None]:
-    """Crossover size per (backend, world size, network, scheme, compressor)."""
-    groups: dict[tuple[str, int, str, str, str], list[tuple[int, float]]] = {}
-    for u in ups:
-        groups.setdefault(u.combo, []).append((u.bytes, u.speedup))
-    return {k: crossover(v) for k, v in groups.items()}
-
-
-# -- targets -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Target:
-    """From the issue: over an emulated link, reach a fraction of the bytes-only speedup."""
-
-    scheme: str
-    compressor: str
-    network: str = "1gbit"
-    world_size: int = 2
-    bytes: int = 64 * 2**20
-    min_fraction: float = 0.8
-
-    def matches(self, scheme: str, compressor: str) -> bool:
-        """The scheme with any parameters (e.g. ``reduce-broadcast+overlap4``) counts."""
-        return compressor == self.compressor and scheme.split("+")[0] == self.scheme
-
-    def describe(self) -> str:
-        return (
-            f"{self.scheme} {self.compressor} at {self.bytes // 2**20} MiB, {self.world_size} "
-            f"ranks, {self.network}: >= {self.min_fraction:.0%} of ideal"
-        )
-
-
-TARGETS = (Target("reduce-broadcast", "qsgd-4b-b512"), Target("integer-allreduce", "qsgd-4b-b512"))
-
-
-@dataclass(frozen=True)
-class TargetResult:
-    target: Target
-    backend: str
-    scheme: str
-    """The scheme label measured (the target's scheme, possibly with parameters)."""
-    bits_per_value: float
-    ideal: float
-    measured: float
-    comm_only: float
-    """Speedup of the comm phase alone (encode/decode left out), for the diagnosis."""
-    crossover: int | None
-
-    @property
-    def fraction(self) -> float:
-        return self.measured / self.ideal
-
-    @property
-    def passed(self) -> bool:
-        return self.fraction >= self.target.min_fraction
-
-
-def targets(rows: Sequence[CommRow]) -> list[TargetResult]:
-    """Targets whose rows (and fp32 baseline) were measured, per backend."""
-    found = []
-    cross = crossovers(speedups(rows))
-    for t in TARGETS:
-        place = (t.network, t.world_size, t.bytes)
-        at = {(r.backend, r.scheme, r.compressor): r for r in rows
-              if (r.network, r.world_size, r.bytes) == place}  # fmt: skip
-        for (backend, scheme, comp), r in at.items():
-            base = at.get((backend, "allreduce", "fp32"))
-            if not t.matches(scheme, comp) or base is None:
-                continue
-            found.append(TargetResult(
-                t, backend, scheme, r.bits_per_value, ideal_speedup(r.bits_per_value),
-                base.time_s / r.time_s, base.t_comm_s / r.t_comm_s,
-                cross.get((*r.where, scheme, comp)),
-            ))  # fmt: skip
-    return found
-
-
 # -- measuring -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CommResult:
@@ -477,7 +293,7 @@ def _launch(
     if status == "ok":
         shutil.rmtree(workdir, ignore_errors=True)
         return got, None
-    last = (workdir / "stderr.log").read_text(errors="replace").strip().splitlines()[-1:]
+    last = (workdir / STDERR_LOG).read_text(errors="replace").strip().splitlines()[-1:]
     return got, f"{backend} w{k}: {status} (exit {code}) {''.join(last)!r}; logs in {workdir}"
 
 
@@ -493,7 +309,7 @@ def _run_local(
     argv: list[str], workdir: Path, report: Callable[[], None]
 ) -> tuple[str, int | None]:
     deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-    with open(workdir / "stdout.log", "wb") as out, open(workdir / "stderr.log", "wb") as err:
+    with open(workdir / STDOUT_LOG, "wb") as out, open(workdir / STDERR_LOG, "wb") as err:
         # Own process group, so a timeout or Ctrl-C kills the launcher and every rank together.
         proc = subprocess.Popen(
             argv, stdout=out, stderr=err, env=local.worker_env(), start_new_session=True
@@ -535,7 +351,7 @@ def _report_new(path: Path, seen: list[int], on_progress: Callable[[str], None])
 # -- output --------------------------------------------------------------------------------------
 def to_document(result: CommResult) -> dict[str, Any]:
     """The JSON document for ``--json``: schema, provenance, settings, rows and summaries."""
-    from qbench import machine
+    from qbench.launch import machine
 
     ups = speedups(result.rows)
     doc = {
@@ -567,7 +383,7 @@ def to_document(result: CommResult) -> dict[str, Any]:
 def command(s: Settings, json_path: Path | None) -> None:
     """``qbench bench comm``: measure, print the tables, optionally write the JSON."""
     from qbench.bench import render_comm
-    from qbench.store import atomic_write_json
+    from qbench.records.store import atomic_write_json
 
     result = measure(s, lambda what: render_comm.err.print(what, highlight=False, markup=False))
     render_comm.show(result)

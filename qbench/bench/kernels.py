@@ -340,7 +340,7 @@ def _measure_all(
 
 def to_document(result: KernelResult) -> dict[str, Any]:
     """The JSON document for ``--json``: schema, provenance, settings, rows and targets."""
-    from qbench import machine
+    from qbench.launch import machine
 
     return {
         "schema": SCHEMA,

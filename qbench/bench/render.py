@@ -9,7 +9,7 @@ from rich.table import Table
 
 from qbench.bench.kernels import KernelResult, KernelRow, TargetResult
 
-# Wide when writing to a file or CI log, as in qbench.console.
+# Wide when writing to a file or CI log, as in qbench.cli.console.
 out = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 

@@ -10,6 +10,11 @@ declares ``tensor``; the schemes then hand it the tensor boundaries of every ran
 (``pieces``), it encodes each piece on its own and the per-piece payloads travel one after the
 other as one message, so message counts do not grow and ``wire_bytes(params, n, pieces)``
 counts every per-piece header (docs/precision-and-layers.md).
+
+Why one module: it is the table of every built-in compressor, one fact in one place; the
+entries are read side by side (their labels and ``unlabel`` patterns must not overlap, and the
+wire helpers and ``scope`` parameter are shared between entries), and splitting it per
+compressor would scatter the table the planner and the reports rely on.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from fractions import Fraction
 from typing import Any
 
 from qbench.catalog.params import Param, at_least, between, fraction, positive_finite
+from qbench.catalog.plugins import Registry
 
 Params = dict[str, Any]
 WireBuffer = tuple[str, str, int]
@@ -61,6 +67,10 @@ class CompressorEntry:
     compressor's (tables and bench files name compressors by label; tests round-trip both)."""
     granularity: Callable[[Params], str] = lambda p: "value"
     """What one scale, width or budget covers: one of GRANULARITIES."""
+    display: Callable[[Params, bool], str] | None = None
+    """Its name for people in figures, tables and pages ("QSGD 4-bit, bucket 512"); with
+    ``brief``, parameters left at their default are left out ("QSGD 4-bit"). None: the
+    label."""
 
     def wire_bytes(
         self, params: Params, numel: int, pieces: Sequence[int] | None = None
@@ -124,6 +134,11 @@ def topk_k(ratio: float, numel: int) -> int:
     return max(1, math.ceil(Fraction(repr(float(ratio))) * numel))
 
 
+def _named(name: str, *details: tuple[str, bool]) -> str:
+    """``NAME, detail, ...`` keeping the details whose flag is true (display names)."""
+    return ", ".join([name, *(text for text, keep in details if keep)])
+
+
 def _match(pattern: str, text: str, params: Callable[[re.Match[str]], Params]) -> Params | None:
     m = re.fullmatch(pattern, text)
     return params(m) if m else None
@@ -142,12 +157,18 @@ def _per(scope: str) -> str:
     return "tensor" if scope == "layer" else "call"
 
 
+def _scope_name(scope: str) -> str:
+    """``scope`` in a display name."""
+    return "per layer" if scope == "layer" else "global"
+
+
 # -- entries ------------------------------------------------------------------------------------
 def _cast(name: str, dtype: str, bits: float, summary: str, codec: str) -> CompressorEntry:
     return CompressorEntry(
         name, summary, "000 (16-bit baselines)" if bits == 16 else "", codec,
         label=lambda p: "fp32" if name == "none" else name,
         unlabel=lambda text: {} if text == ("fp32" if name == "none" else name) else None,
+        display=lambda p, brief: "fp32" if name == "none" else name,
         nominal_bits=lambda p: bits,
         wire=lambda p, n: [("values", dtype, n)],
         summable=True,
@@ -192,6 +213,11 @@ QSGD = CompressorEntry(
         "bits": int(m[1]), "bucket_size": int(m[2]), "norm": "l2" if m[3] else "max",
         "layout": "sign" if m[4] else "intervals",
         "align": "tensor" if m[5] else "contiguous"}),
+    display=lambda p, brief: _named(
+        f"QSGD {p['bits']}-bit",
+        (f"bucket {p['bucket_size']}", not brief or p["bucket_size"] != 512),
+        ("l2 norm", p["norm"] == "l2"), ("sign layout", p["layout"] == "sign"),
+        ("buckets per tensor", p["align"] == "tensor")),
     nominal_bits=lambda p: float(p["bits"]),
     wire=lambda p, n: [
         ("levels", "uint8", qsgd_levels_nbytes(n, p["bits"])),
@@ -240,6 +266,10 @@ ONEBIT = CompressorEntry(
     unlabel=lambda text: _match(r"1bit-(?:b(\d+)|(col))(-noef)?", text, lambda m: {
         "bucket_size": int(m[1]) if m[1] else 64, "error_feedback": not m[3],
         "columns": bool(m[2])}),
+    display=lambda p, brief: _named(
+        "1-bit SGD", ("per column", p["columns"]),
+        (f"bucket {p['bucket_size']}", not p["columns"] and (not brief or p["bucket_size"] != 64)),
+        ("no error feedback", not p["error_feedback"])),
     nominal_bits=lambda p: 1.0,
     wire=lambda p, n: [
         ("signs", "uint8", packed_nbytes(n, 1)),
@@ -279,6 +309,10 @@ FIXEDPOINT = CompressorEntry(
         "bits": int(m[1]), "delta": float(m[2]) if m[2] else "auto",
         # a fixed delta has no scope (every value on its own): the default reads back
         "scope": "layer" if m[3] or m[2] else "global"}),
+    display=lambda p, brief: _named(
+        f"fixed point {p['bits']}-bit",
+        (f"step {p['delta']:g}" if p["delta"] != "auto" else "", p["delta"] != "auto"),
+        (_scope_name(p["scope"]), p["delta"] == "auto" and (not brief or p["scope"] != "layer"))),
     nominal_bits=lambda p: float(p["bits"]),
     wire=lambda p, n: [_fixed_levels(n, p["bits"])]
     + ([("exponent", "int16", 1)] if p["delta"] == "auto" else []),
@@ -305,6 +339,10 @@ TOPK = CompressorEntry(
     unlabel=lambda text: _match(r"topk-(.+?)%(-layer)?(-noef)?", text, lambda m: {
         "ratio": float(m[1]) / 100, "error_feedback": not m[3],
         "scope": "layer" if m[2] else "global"}),
+    display=lambda p, brief: _named(
+        f"top-k {p['ratio'] * 100:g} %",
+        (_scope_name(p["scope"]), not brief or p["scope"] != "layer"),
+        ("no error feedback", not p["error_feedback"])),
     nominal_bits=lambda p: 64.0 * p["ratio"],
     wire=lambda p, n: [("values", "float32", topk_k(p["ratio"], n)),
                        ("indices", "int32", topk_k(p["ratio"], n))],
@@ -339,6 +377,12 @@ ADAPTIVE = CompressorEntry(
             "sample_fraction": float(m[3]) / 100, "probe_bits": int(m[2]),
             "floor_bits": int(m[1]), "scope": "layer" if m[4] else "global",
             "entropy_grid": "minmax" if m[5] else "symmetric"}),
+    display=lambda p, brief: _named(
+        f"entropy-adaptive {p['floor_bits']}-{p['floor_bits'] + p['probe_bits']} bit",
+        (f"{p['sample_fraction'] * 100:g} % sampled",
+         not brief or p["sample_fraction"] != 0.03),
+        (_scope_name(p["scope"]), not brief or p["scope"] != "layer"),
+        ("symmetric grid", p["entropy_grid"] == "symmetric")),
     nominal_bits=lambda p: p["floor_bits"] + p["probe_bits"] / 2,
     unbiased=lambda p: True,
     granularity=lambda p: _per(p["scope"]),
@@ -366,6 +410,9 @@ POWERSGD = CompressorEntry(
     + ("" if p["error_feedback"] else "-noef"),
     unlabel=lambda text: _match(r"powersgd-r(\d+)(-cold)?(-noef)?", text, lambda m: {
         "rank": int(m[1]), "warm_start": not m[2], "error_feedback": not m[3]}),
+    display=lambda p, brief: _named(
+        f"PowerSGD rank {p['rank']}", ("cold start", not p["warm_start"]),
+        ("no error feedback", not p["error_feedback"])),
     nominal_bits=lambda p: None,
     error_feedback=lambda p: bool(p["error_feedback"]),
     hook_only=True,
@@ -378,6 +425,7 @@ POWERSGD = CompressorEntry(
     ),
 )  # fmt: skip
 
-COMPRESSORS: dict[str, CompressorEntry] = {
+COMPRESSORS: Registry[CompressorEntry] = Registry({
     e.name: e for e in (NONE, QSGD, ONEBIT, FP16, BF16, FIXEDPOINT, TOPK, ADAPTIVE, POWERSGD)
-}
+})  # fmt: skip
+"""Every compressor by name; plug-ins (``qbench.catalog.plugins``) join on first read."""

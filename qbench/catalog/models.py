@@ -7,14 +7,13 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from qbench.catalog import synthetic_layout as synthetic
 from qbench.catalog.model_params import Param, count, fraction, human, number
-from qbench.errors import UserError, choice_error
+from qbench.errors import UserError, choice_error, did_you_mean
 
 Params = dict[str, Any]
 
@@ -133,6 +132,13 @@ MODELS: dict[str, ModelEntry] = {
 }  # fmt: skip
 
 
+def register(e: ModelEntry) -> None:
+    """Add a model's facts to the zoo; its builder registers with ``qbench.models.register``."""
+    if e.name in MODELS:
+        raise UserError(f"model {e.name!r} is already registered; pick another name")
+    MODELS[e.name] = e
+
+
 def names() -> list[str]:
     """Model names, in zoo order."""
     return list(MODELS)
@@ -165,8 +171,7 @@ def check_params(name: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
         return {}
     for key in given:
         if key not in e.params:
-            close = difflib.get_close_matches(str(key), list(e.params), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hint = did_you_mean(key, e.params)
             raise UserError(
                 f"model {name}: unknown parameter {key!r}{hint}; valid: {', '.join(e.params)}"
             )

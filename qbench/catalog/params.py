@@ -9,13 +9,12 @@ got 12; e.g. `bits: 4```). An unknown key suggests the nearest valid one.
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from qbench.errors import UserError
+from qbench.errors import UserError, did_you_mean
 
 Rule = Callable[[Any], bool]
 
@@ -105,8 +104,7 @@ def unknown(owner: str, key: object, valid: list[str]) -> UserError:
     """The error for a parameter ``owner`` does not take, with the nearest valid name."""
     if not valid:
         return UserError(f"{owner} takes no parameters, got {key!r}")
-    close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.6)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    hint = did_you_mean(key, valid)
     return UserError(f"{owner}: unknown parameter {key!r}{hint}; valid: {', '.join(valid)}")
 
 

@@ -1,4 +1,4 @@
-"""Backends by name.
+"""Collectives behind one small interface (gloo, nccl, mpi4py), bytes counted.
 
 Importing the package imports no torch: the byte counts (``qbench.comm.formulas``) are read by
 torch-free code such as the cost model; ``Comm`` (``qbench.comm.base``) loads on first use.

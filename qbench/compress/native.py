@@ -15,6 +15,9 @@ that cannot be built falls back silently to torch; :func:`why_unavailable` says 
 The backend is ``auto`` (compiled when possible), ``torch`` (always the reference) or
 ``native`` (compiled or an error): :func:`set_backend`, the :func:`backend` context manager, or
 the environment variable ``QBENCH_COMPRESS_BACKEND``.
+
+Why one module: the ctypes signatures, the build flags and ABI_VERSION must change together
+with ``kernels/cpu/qbench_cpu.c``; split apart they drift.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import ctypes
 import hashlib
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,13 +37,14 @@ from typing import Protocol
 
 import torch
 
+from qbench.catalog import toolchain
 from qbench.compress import rng
 from qbench.compress._buckets import levels_nbytes, num_buckets
 from qbench.compress.base import Key
 from qbench.errors import UserError
 
 BACKENDS = ("auto", "torch", "native")
-ENV_BACKEND = "QBENCH_COMPRESS_BACKEND"
+ENV_BACKEND = toolchain.BACKEND_ENV
 ENV_CACHE = "QBENCH_CACHE"
 ENV_KERNELS = "QBENCH_KERNELS"
 
@@ -206,11 +209,10 @@ def cache_dir() -> Path:
 
 
 def _compiler() -> str:
-    for name in [os.environ.get("CC", ""), "cc", "gcc", "clang"]:
-        path = shutil.which(name) if name else None
-        if path:
-            return path
-    raise RuntimeError("no C compiler found ($CC, cc, gcc or clang)")
+    found = toolchain.find_c_compiler()
+    if found is None:
+        raise RuntimeError(f"no C compiler found ($CC, {', '.join(toolchain.C_COMPILERS)})")
+    return found
 
 
 def _cpu_signature() -> str:

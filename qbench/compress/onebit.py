@@ -29,7 +29,7 @@ class OneBit(Compressor):
     name: ClassVar[str] = "onebit"
     # Parameters (documented and validated in qbench.catalog.compressors). ``columns``: CNTK's
     # column is its first, contiguous dimension, which is the LAST dimension of a torch
-    # (row-major) tensor; ``qbench.layers.plan`` sets ``bucket_size`` per tensor to that length
+    # (row-major) tensor; ``qbench.spec.layers.plan`` sets ``bucket_size`` per tensor to that length
     # (3 for a 3x3 conv), reproducing the artefact of tiny columns that barely compress.
     bucket_size: int
     error_feedback: bool

@@ -1,8 +1,10 @@
-"""Calibrated cost model: fit alpha-beta, codec and compute parameters, predict iteration times.
+"""Calibrated cost model: fit on measurements, predict iteration times.
+
+Fits alpha-beta, codec and compute parameters and DDP bucket profiles.
 
 Pure numpy / pandas over the files qbench writes (``qbench bench comm --json``, ``qbench bench
 kernels --json``, sweep results directories); never torch, a launcher or a process. The
-command line is ``qbench cost fit | predict | crossover | validate`` (``qbench.cost_cli``);
+command line is ``qbench cost fit | predict | crossover | validate`` (``qbench.cli.cost``);
 docs/costmodel.md gives the overview. Each module's docstring carries its formulas:
 
 * ``schemes``: the schemes and compressor labels the model knows;

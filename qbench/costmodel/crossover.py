@@ -15,12 +15,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from qbench import network
 from qbench.costmodel.config import Config
 from qbench.costmodel.model import CostModel
 from qbench.costmodel.predict import predict
 from qbench.costmodel.schemes import DDP, FP32, Scheme
 from qbench.errors import UserError
+from qbench.spec import network
 
 LOW_BPS, HIGH_BPS = 10e6, 400e9
 """The range searched: 10 Mbit/s .. 400 Gbit/s."""

@@ -10,7 +10,7 @@ beta = seconds per byte on one rank's link; byte counts as in ``qbench.comm.form
                              t = 2 (K-1) alpha + 2 (K-1) / K * P * beta   (P: full payload)
 
 **Emulated links** (``network: {bandwidth: ...}``, tc tbf): the token bucket holds 2 ms of
-traffic (``qbench.network.tbf_burst_bytes``), so a call that starts on a full bucket gets up to
+traffic (``qbench.spec.network.tbf_burst_bytes``), so a call that starts on a full bucket gets up to
 that much transfer time free. On shaped links each collective call is therefore charged
 ``max(0, wire_call * beta - credit)``, the credit (0 <= credit <= the burst time) being fitted
 with alpha and beta (``qbench.costmodel.lsq``); unshaped links have none. Predictions for real
@@ -40,7 +40,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from qbench import network as network_mod
 from qbench.comm.formulas import busbw_factor, ring_allreduce_bytes
 from qbench.costmodel.schemes import (
     FP32,
@@ -51,6 +50,7 @@ from qbench.costmodel.schemes import (
     qsgd_params,
 )
 from qbench.errors import UserError
+from qbench.spec import network as network_mod
 
 FALLBACK = {
     "allreduce-fp16": "allreduce",

@@ -1,6 +1,7 @@
 """Reading the model's inputs: ``qbench bench comm --json`` and ``qbench bench kernels --json``
 documents, and sweep results directories (``run_table``: one row per ok run, medians over its
-measured iterations with ``qbench.stats``' conventions). Files only: nothing is measured here.
+measured iterations with ``qbench.report.stats``' conventions). Files only: nothing is measured
+here.
 """
 
 from __future__ import annotations
@@ -110,9 +111,9 @@ RUN_PARTS = ("t_compute", "t_encode", "t_comm", "t_decode", "t_step")
 
 def run_table(root: Path | str) -> pd.DataFrame:
     """One row per ok run of a results directory: labels and medians over measured iterations
-    (``qbench.stats`` conventions: iteration = max over ranks, parts = means over ranks), and
+    (``qbench.report.stats`` conventions: iteration = max over ranks, parts = means over ranks), and
     ``source``, the directory, where a run's other files are."""
-    from qbench import stats
+    from qbench.report import stats
 
     results = stats.load(root)
     runs = results.runs[results.runs["status"] == "ok"]

@@ -16,7 +16,7 @@ from typing import Any
 from qbench.costmodel.formulas import bandwidth_bps, burst_s, comm_time, scale_beta
 from qbench.costmodel.inputs import read_json
 from qbench.errors import UserError
-from qbench.store import atomic_write_json, strict_json
+from qbench.records.store import atomic_write_json, strict_json
 
 SCHEMA = "qbench.costmodel/1"
 

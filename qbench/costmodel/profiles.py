@@ -26,7 +26,7 @@ from qbench.costmodel.model import BucketProfile
 from qbench.costmodel.points import run_host_cores
 from qbench.costmodel.schemes import DDP, FP32, POWERSGD, Scheme
 from qbench.errors import UserError
-from qbench.store import ResultStore
+from qbench.records.store import ResultStore
 
 Key = tuple[str, int, str, int, float]
 """(workload, batch size, device, world size, bucket cap in MB)."""

@@ -33,8 +33,11 @@ SCHEMES = (
     DDP,
 )
 PIPELINED = ("reduce-broadcast", "integer-allreduce")
-BACKWARD_SCHEMES = tuple(n for n, e in catalog.SCHEMES.items() if e.per_bucket)
-"""Flat schemes that can also run per DDP bucket during backward (``+backward``)."""
+BACKWARD_SCHEMES = tuple(
+    n for n in SCHEMES if n in catalog.SCHEMES and catalog.SCHEMES[n].per_bucket
+)
+"""Flat schemes the model knows that can also run per DDP bucket during backward
+(``+backward``; a plug-in's are not modelled)."""
 BACKWARD, FLAT = "backward", "none"
 """The two ``overlap`` labels of runs: buckets during backward, or one gradient after it."""
 FP32 = "fp32"
@@ -87,7 +90,7 @@ class Scheme:
 
     @property
     def label(self) -> str:
-        """As runs record it (``qbench.matrix.scheme_label``)."""
+        """As runs record it (``qbench.spec.matrix.scheme_label``)."""
         backward = "+backward" if self.backward and self.name != DDP else ""
         cap = f"+bucket_cap_mb{self.bucket_cap_mb}" if self.bucket_cap_mb is not None else ""
         return self.name + backward + cap + (f"+overlap{self.overlap}" if self.overlap > 1 else "")

@@ -6,17 +6,16 @@ its usual published constants), and int64 labels. ``conform`` then reshapes samp
 model takes (flat vectors, other sizes, more channels), so any dataset can feed any model of
 the zoo that takes images or flat vectors.
 
-Where the files live (``default_root``): ``$QBENCH_DATA/<name>`` when that variable is set; else
-Debian's ``/usr/share/datasets/fashion-mnist`` (package ``dataset-fashion-mnist``) for
-fashion-mnist and ``~/.cache/qbench/data/<name>`` for the others. ``digits`` is scikit-learn's
-bundled 8x8 set and needs no files, which is what makes it the dataset of fast tests.
+Where the files live, which ones are read and how to install them are facts of
+``qbench.catalog.datasets`` (``default_root``, ``IDX_FILES``, ``FIXES``), which the sweep's
+pre-flight checks too. ``digits`` is scikit-learn's bundled 8x8 set and needs no files, which is
+what makes it the dataset of fast tests.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.nn import functional as F
 
+from qbench.catalog import datasets as facts
 from qbench.catalog.datasets import REAL_DATASETS
 from qbench.data.idx import IMAGES_MAGIC, LABELS_MAGIC, read_idx
 from qbench.errors import UserError, choice_error
@@ -50,18 +50,6 @@ class Dataset:
     num_classes: int
 
 
-_IDX_FILES = {
-    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
-}
-_DEBIAN_ROOTS = {"fashion-mnist": Path("/usr/share/datasets/fashion-mnist")}
-_FIXES = {
-    "fashion-mnist": "install Debian's dataset-fashion-mnist (apt-get install "
-    "dataset-fashion-mnist, or make data)",
-    "mnist": "copy the four MNIST IDX files there",
-    "cifar10": "unpack cifar-10-python.tar.gz there (it holds cifar-10-batches-py/)",
-    "imagenet": "put an ImageFolder tree there (train/<class>/*.JPEG and val/<class>/*.JPEG)",
-}
 _IMAGENET_MEAN, _IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 _PAD_LIMIT = 4 / 3  # pad (not resize) images that fill at least 3/4 of each target side
 
@@ -69,12 +57,7 @@ _PAD_LIMIT = 4 / 3  # pad (not resize) images that fill at least 3/4 of each tar
 def default_root(name: str) -> Path:
     """The directory ``load(name)`` reads when given no root (see the module docstring)."""
     _check_name(name)
-    env = os.environ.get("QBENCH_DATA")
-    if env:
-        return Path(env).expanduser() / name
-    if name in _DEBIAN_ROOTS:
-        return _DEBIAN_ROOTS[name]
-    return Path.home() / ".cache" / "qbench" / "data" / name
+    return facts.default_root(name)
 
 
 def load(name: str, root: str | Path | None = None) -> Dataset:
@@ -109,10 +92,7 @@ def _check_name(name: str) -> None:
 
 def _missing(name: str, what: str, root: Path) -> UserError:
     """The one-line error for absent files: what, where, and how to fix it."""
-    return UserError(
-        f"dataset {name}: no {what} in {root}; {_FIXES[name]}, or set QBENCH_DATA=/path "
-        f"containing {name}/ with them"
-    )
+    return UserError(f"dataset {name}: no {what} in {root}; {facts.fix(name)}")
 
 
 def _normalized(name: str, train: Split, test: Split, classes: int) -> Dataset:
@@ -163,17 +143,17 @@ def _digits_arrays() -> tuple[Any, Any]:
 def _idx_dataset(name: str, root: Path) -> Dataset:
     """MNIST-format IDX files: plain or ``.gz``; bad files are a UserError naming the file."""
     splits = {}
-    for split, (images_stem, labels_stem) in _IDX_FILES.items():
+    for split, (images_stem, labels_stem) in facts.IDX_FILES.items():
         images, labels = _find_idx(name, root, images_stem), _find_idx(name, root, labels_stem)
         try:
             x = read_idx(images, magic=IMAGES_MAGIC)
             y = read_idx(labels, magic=LABELS_MAGIC)
         except ValueError as e:
-            raise UserError(f"dataset {name}: {e}; replace the file ({_FIXES[name]})") from e
+            raise UserError(f"dataset {name}: {e}; replace the file ({facts.FIXES[name]})") from e
         if len(x) != len(y):
             raise UserError(
                 f"dataset {name}: {images.name} has {len(x)} images but {labels.name} has "
-                f"{len(y)} labels; replace the files ({_FIXES[name]})"
+                f"{len(y)} labels; replace the files ({facts.FIXES[name]})"
             )
         splits[split] = Split(
             torch.from_numpy(x).unsqueeze(1).float() / 255.0, torch.from_numpy(y).long()
@@ -184,10 +164,10 @@ def _idx_dataset(name: str, root: Path) -> Dataset:
 
 def _find_idx(name: str, root: Path, stem: str) -> Path:
     """``root/stem`` or ``root/stem.gz``, whichever exists (plain first)."""
-    for candidate in (root / stem, root / f"{stem}.gz"):
-        if candidate.is_file():
-            return candidate
-    raise _missing(name, f"{stem}[.gz]", root)
+    found = facts.find_idx(root, stem)
+    if found is None:
+        raise _missing(name, f"{stem}[.gz]", root)
+    return found
 
 
 def _cifar10(root: Path) -> Dataset:
@@ -203,7 +183,7 @@ def _cifar10(root: Path) -> Dataset:
         except RuntimeError as e:  # torchvision's "Dataset not found or corrupted."
             raise UserError(
                 f"dataset cifar10: {root / 'cifar-10-batches-py'} is incomplete or corrupted "
-                f"({e}); {_FIXES['cifar10']} again"
+                f"({e}); {facts.FIXES['cifar10']} again"
             ) from e
         x = torch.from_numpy(ds.data).permute(0, 3, 1, 2).float() / 255.0
         splits.append(Split(x.contiguous(), torch.as_tensor(ds.targets, dtype=torch.int64)))
@@ -231,7 +211,7 @@ def _imagenet(root: Path) -> Dataset:
         try:
             folders.append(datasets.ImageFolder(str(root / split), transform=tf))
         except FileNotFoundError as e:  # no class folders, or no images in them
-            raise UserError(f"dataset imagenet: {e}; {_FIXES['imagenet']}") from e
+            raise UserError(f"dataset imagenet: {e}; {facts.FIXES['imagenet']}") from e
     train, val = folders
     if train.classes != val.classes:
         raise UserError(

@@ -11,13 +11,12 @@ bucket back into the gradients. So payloads, wire bytes, error feedback and unbi
 flat scheme's, per bucket.
 
 Segments: the tensors of a bucket that share a compressor under the layer policy (seed 002
-sends small tensors in fp32, ``qbench.layers``) are exchanged together, gathered into one vector
-when they are not adjacent; each segment keeps its own aggregator, and with it its own
-error-feedback residuals, for as long as DDP keeps the bucket
-(DDP rebuilds its buckets once, after the first iteration, in gradient-ready order; the
-aggregators are then built anew for the new buckets). A segment keeps the size of each of its
-tensors, so per-tensor compressors (top-k, adaptive, ...) encode every tensor on its own, as the
-flat schemes do.
+sends small tensors in fp32, ``qbench.spec.layers``) are exchanged together, gathered into one
+vector when they are not adjacent; each segment keeps its own aggregator, and with it its own
+error-feedback residuals, for as long as DDP keeps the bucket (DDP rebuilds its buckets once,
+after the first iteration, in gradient-ready order; the aggregators are then built anew for
+the new buckets). A segment keeps the size of each of its tensors, so per-tensor compressors
+(top-k, adaptive, ...) encode every tensor on its own, as the flat schemes do.
 
 Random draws are keyed by the bucket's offset in the hand-over order, so no two buckets of a
 step share draws.

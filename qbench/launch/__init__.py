@@ -1,1 +1,1 @@
-"""Launchers: turn a RunSpec into processes."""
+"""From the run matrix to processes: the sweep driver, torchrun / mpirun, Slurm, links."""

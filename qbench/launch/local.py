@@ -14,7 +14,7 @@ from pathlib import Path
 
 from qbench.errors import UserError
 
-WORKER = ["-m", "qbench.worker"]
+WORKER = ["-m", "qbench.run.worker"]
 
 
 def torchrun_argv(spec_path: Path, world_size: int, python: str = sys.executable) -> list[str]:

@@ -25,12 +25,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from qbench import network
 from qbench.errors import UserError
+from qbench.launch import procs
+from qbench.spec import network
 
 SUBNET = "10.213.1"
 HUB_HOST = 254
@@ -279,7 +279,7 @@ def shaped_network(
     cleanup_stale(prefix)
     stem = f"{prefix}-{os.getpid()}-{next(_seq)}"
     net = ShapedNetwork(stem=stem, world_size=world_size, tbf=tbf_for(bandwidth_bits_per_s))
-    with _sigterm_as_interrupt():
+    with procs.sigterm_as_interrupt():
         try:
             _build(net)
             yield net
@@ -296,20 +296,3 @@ def _build(net: ShapedNetwork) -> None:
                 f"network.bandwidth could not build the emulated network: {e}; it needs "
                 "CAP_NET_ADMIN and the veth, bridge and tbf kernel modules, or remove `network:`"
             ) from e
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    main = threading.current_thread() is threading.main_thread()
-    if not main or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
-        return
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt

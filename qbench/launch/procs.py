@@ -15,11 +15,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO
+
+from qbench.records.store import STDERR_LOG, STDOUT_LOG
 
 POLL_S = 0.05
 GRACE_S = 10.0  # for launchers to stop their ranks after SIGTERM
@@ -30,7 +33,7 @@ Job = tuple[list[str], dict[str, str]]  # argv, environment
 
 def run_jobs(jobs: list[Job], run_dir: Path, timeout: float) -> tuple[str, int | None]:
     """Start ``jobs`` in one process group, logs in run_dir; status ok / failed / timeout."""
-    with open(run_dir / "stdout.log", "wb") as out, open(run_dir / "stderr.log", "wb") as err:
+    with open(run_dir / STDOUT_LOG, "wb") as out, open(run_dir / STDERR_LOG, "wb") as err:
         procs: list[subprocess.Popen[bytes]] = []
         try:
             start(jobs, procs, out, err)
@@ -121,3 +124,28 @@ def kill_group(procs: list[subprocess.Popen[bytes]]) -> None:
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+@contextmanager
+def sigterm_as_interrupt(*, replace: bool = False) -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt inside the block, so the caller's clean-up (cancel the
+    Slurm jobs, delete the network namespaces, mark the runs interrupted) runs as on Ctrl-C.
+
+    By default only where SIGTERM has no handler yet and in the main thread (the only one that
+    may set one): the sweep driver installs its own with ``replace``, and it stays in charge
+    around the launchers it calls. The previous handler is restored when the block ends.
+    """
+    if not replace:
+        main = threading.current_thread() is threading.main_thread()
+        if not main or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            yield
+            return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -1,6 +1,6 @@
 """Launch one run's ranks over emulated links (see :mod:`qbench.launch.netns`).
 
-gloo: every rank is ``ip netns exec <rank ns> python -m qbench.worker SPEC`` with the env://
+gloo: every rank is ``ip netns exec <rank ns> python -m qbench.run.worker SPEC`` with the env://
 variables torchrun would set, rank 0's address as MASTER_ADDR, and GLOO_SOCKET_IFNAME naming the
 shaped interface, all in one process group: the first rank to fail (or the timeout) kills them all.
 
@@ -18,10 +18,10 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from qbench import network
 from qbench.errors import UserError
 from qbench.launch import local, netns, procs
-from qbench.matrix import RunSpec
+from qbench.spec import network
+from qbench.spec.matrix import RunSpec
 
 MASTER_PORT = 29500  # rank 0's own namespace: nothing else listens there
 POLL_S = 0.05

@@ -1,5 +1,4 @@
-"""Workload registry: models by name, built (torch) from the zoo's facts in
-``qbench.catalog.models`` (names, input shape/dtype, class count, parameters).
+"""The model zoo (torch), built from the facts in ``qbench.catalog.models``.
 
 ``qbench models`` lists the zoo. Most models take no parameters; ``lstm`` and ``synthetic`` do
 (``check_params`` validates them; ``{}`` means the defaults). The API other modules use::
@@ -7,6 +6,7 @@
     check_params(name, params) -> dict       # validated, normalised, defaults filled in
     info(name, params=None) -> ModelInfo     # input shape/dtype/classes for these parameters
     build(name, params=None) -> nn.Module
+    from_factory(label, spec) -> (ModelInfo, nn.Module)   # a user's model by import path
     parameter_count(name, params=None) -> int
     flops_per_sample(name, params=None) -> float   # forward FLOPs of one sample (2 per MAC)
 
@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from qbench.catalog import models as zoo
-from qbench.models import cache, imagenet, small, synthetic
+from qbench.models import cache, imagenet, small, synthetic, workload
 from qbench.models.lstm import LSTMLanguageModel
 
 
@@ -48,6 +48,9 @@ class ModelInfo:
     """The seed paper(s) the workload comes from, e.g. "002"."""
     params: Mapping[str, Any] = field(default_factory=dict, hash=False)
     """The resolved model parameters (``check_params``); empty for models without any."""
+    batch: workload.Batch | None = field(default=None, compare=False)
+    """A factory's own batch function (``qbench.models.workload``); None: qbench's synthetic
+    data of ``input_shape``."""
 
 
 Params = dict[str, Any]
@@ -76,6 +79,14 @@ _BUILDERS: dict[str, Callable[[Params], nn.Module]] = {
     "cnn": _fixed(small.cnn), "synthetic": _synthetic_build,
 }  # fmt: skip
 assert set(_BUILDERS) == set(zoo.MODELS), "every zoo entry has a builder"
+
+
+def register(name: str, builder: Callable[[Params], nn.Module]) -> None:
+    """Make a zoo model buildable; its facts must be in the catalog already
+    (``qbench.catalog.models.register``)."""
+    zoo.entry(name)  # UserError listing the registered names
+    _BUILDERS[name] = builder
+
 
 CONVEX = zoo.CONVEX
 names = zoo.names
@@ -161,5 +172,20 @@ def flops_per_sample(name: str, params: Mapping[str, Any] | None = None) -> floa
     return _flops(name, _key(name, params))
 
 
+def from_factory(label: str, spec: Mapping[str, Any]) -> tuple[ModelInfo, nn.Module]:
+    """A user's model by import path (``model: {factory: ...}``), called once: its facts as a
+    ``ModelInfo`` (``build`` calls the factory again) and the model it returned. Facts it
+    leaves open are empty: ``input_shape`` ``()``, ``num_classes`` 0."""
+    made = workload.make(spec)
+    info = ModelInfo(
+        name=label, build=lambda: workload.make(spec).model, input_shape=made.input_shape or (),
+        num_classes=made.num_classes or 0, description=spec["factory"],
+        input_dtype=made.input_dtype, vocab_size=made.vocab_size, params=spec.get("params", {}),
+        batch=made.batch,
+    )  # fmt: skip
+    return info, made.model
+
+
+Workload = workload.Workload
 MODELS: dict[str, ModelInfo] = {name: get(name) for name in zoo.MODELS}
 """Every model with its default parameters, in zoo order."""

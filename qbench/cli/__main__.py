@@ -1,0 +1,5 @@
+"""``python -m qbench.cli ...``: the same as the ``qbench`` command."""
+
+from qbench.cli import main
+
+main()

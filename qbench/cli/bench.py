@@ -1,0 +1,138 @@
+"""``qbench bench kernels | comm``: micro-benchmarks apart from sweeps (qbench.bench)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from qbench.cli.tools import ListCommand
+
+
+@click.group()
+def bench() -> None:
+    """Micro-benchmarks of single pieces (compression kernels, ...), apart from sweeps."""
+
+
+@bench.command(cls=ListCommand)
+@click.option(
+    "--compressor",
+    "specs",
+    multiple=True,
+    metavar="SPEC",
+    help="NAME[:KEY=VALUE,...], e.g. qsgd:bits=4,bucket_size=512 (repeatable) [the default "
+    "families that are registered].",
+)
+@click.option(
+    "--sizes",
+    multiple=True,
+    type=int,  # the range is checked (and explained) by qbench.bench.kernels
+    default=(16, 20, 24),
+    show_default=True,
+    help="log2 of the element counts, e.g. --sizes 16 20 24 26.",
+)
+@click.option(
+    "--repeats",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Timed calls per op (median reported), after one warm-up.",
+)
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="torch intra-op threads (1 = like one CPU rank).",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "torch", "native"]),
+    default="auto",
+    show_default=True,
+    help="Compressor code path: compiled kernels when built (auto), the torch reference, or "
+    "compiled only (native).",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    help="Also write the rows and provenance to this JSON file.",
+)
+def kernels(
+    specs: tuple[str, ...], sizes: tuple[int, ...], repeats: int, device: str, threads: int,
+    backend: str, json_path: str | None,
+) -> None:  # fmt: skip
+    """Encode/decode time of each compressor against a plain copy of the same tensor."""
+    from qbench.bench import kernels_command
+
+    path = Path(json_path) if json_path else None
+    kernels_command(specs, sizes, repeats, device, threads, backend, path)
+
+
+@bench.command(cls=ListCommand)
+@click.option(
+    "--backend", "backends", multiple=True, type=click.Choice(["gloo", "mpi", "nccl"]),
+    help="Backends, e.g. --backend gloo mpi [gloo].",
+)  # fmt: skip
+@click.option(
+    "--world-size", "world_sizes", multiple=True, type=int,
+    help="Ranks per launch, e.g. --world-size 2 4 [2].",
+)  # fmt: skip
+@click.option(
+    "--scheme", "schemes", multiple=True, metavar="SPEC",
+    help="NAME[:KEY=VALUE,...], e.g. reduce-broadcast:overlap=4 [every registered scheme "
+    "with a mean result; fp32 allreduce is always added as the baseline].",
+)  # fmt: skip
+@click.option(
+    "--compressor", "compressors", multiple=True, metavar="SPEC",
+    help="NAME[:KEY=VALUE,...], e.g. qsgd:bits=4,bucket_size=512 [none, fp16, qsgd 4-bit b512].",
+)  # fmt: skip
+@click.option("--min-bytes", default="8", show_default=True, help="Smallest fp32 gradient.")
+@click.option(
+    "--max-bytes", default="64M", show_default=True,
+    help="Largest fp32 gradient (always measured), e.g. 256M.",
+)  # fmt: skip
+@click.option(
+    "--step-factor", type=int, default=4, show_default=True, help="Size multiplier per step."
+)
+@click.option(
+    "--repeats", type=int, default=5, show_default=True,
+    help="Timed calls per size (median of the max over ranks).",
+)  # fmt: skip
+@click.option("--warmup", type=int, default=2, show_default=True, help="Untimed calls first.")
+@click.option(
+    "--bandwidth", metavar="RATE",
+    help="Emulate links of this rate, one network namespace per rank (root), e.g. 1gbit.",
+)  # fmt: skip
+@click.option(
+    "--sync", type=click.Choice(["barrier", "stream"]), default="barrier", show_default=True,
+    help="barrier: before every timed call; stream: calls back to back as in a training loop "
+    "(with --gap-ms: what ranks sharing cores see).",
+)  # fmt: skip
+@click.option(
+    "--gap-ms", type=float, default=0.0, show_default=True,
+    help="Busy milliseconds before every call, like a training step's compute (the link idles; "
+    "an emulated link's token bucket refills), e.g. --sync stream --gap-ms 10.",
+)  # fmt: skip
+@click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False),
+    help="Also write the rows, speedups and provenance to this JSON file.",
+)  # fmt: skip
+def comm(
+    backends: tuple[str, ...], world_sizes: tuple[int, ...], schemes: tuple[str, ...],
+    compressors: tuple[str, ...], min_bytes: str, max_bytes: str, step_factor: int,
+    repeats: int, warmup: int, bandwidth: str | None, sync: str, gap_ms: float,
+    json_path: str | None,
+) -> None:  # fmt: skip
+    """nccl-tests style size sweep of gradient aggregation: time, algbw/busbw, wire bytes,
+    relative error, speedup over fp32 allreduce."""
+    from qbench.bench import comm as bench_comm
+
+    s = bench_comm.settings(
+        backends=backends, world_sizes=world_sizes, schemes=schemes, compressors=compressors,
+        min_bytes=min_bytes, max_bytes=max_bytes, step_factor=step_factor, repeats=repeats,
+        warmup=warmup, bandwidth=bandwidth, sync=sync, gap_ms=gap_ms,
+    )  # fmt: skip
+    bench_comm.command(s, Path(json_path) if json_path else None)

@@ -1,0 +1,150 @@
+"""``qbench cost predict`` and ``crossover`` options -> the configurations to predict.
+
+Compressor specs are read by the catalog for their labels and wire bits (no torch).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+from qbench import catalog
+from qbench.catalog import specs
+from qbench.costmodel.config import Config
+from qbench.costmodel.model import CostModel, compute_fits
+from qbench.costmodel.schemes import (
+    BACKWARD,
+    BACKWARD_SCHEMES,
+    DDP,
+    FP32,
+    PROJECTED,
+    Scheme,
+    incompatibility,
+    is_torch_hook,
+)
+from qbench.errors import UserError
+
+DEFAULT_SCHEMES = ("allreduce", "reduce-broadcast", "integer-allreduce", PROJECTED)
+
+
+DEFAULT_COMPRESSORS = ("qsgd:bits=4,bucket_size=512",)
+
+
+DEFAULT_NUMEL = 2**24
+"""A 64 MiB fp32 gradient (bench comm's default largest size) when no size or workload is given."""
+
+
+def build_configs(
+    m: CostModel, *, schemes: Sequence[str] = (), compressors: Sequence[str] = (),
+    backends: Sequence[str] = (), world_sizes: Sequence[int] = (),
+    bandwidths: Sequence[str] = (), numels: Sequence[str] = (), workload: str | None = None,
+    batch_size: int | None = None, compute_s: float | None = None, step_s: float | None = None,
+    fp32_numel: str = "0", host_cores: int | None = None, tbf_burst: bool = True,
+    overlap: str | None = None,
+) -> tuple[list[Config], list[str]]:  # fmt: skip
+    """Every combination of the options (fp32 allreduce first); notes say what was skipped.
+    ``overlap``: ``backward`` runs every scheme that can per DDP bucket, ``none`` none."""
+    for k in world_sizes:
+        if k < 1:
+            raise UserError(f"--world-size must be >= 1, got {k}; e.g. `--world-size 2 4 8`")
+    if host_cores is not None and host_cores < 1:
+        raise UserError(f"--host-cores must be >= 1, got {host_cores}")
+    for name, v in (("--compute-s", compute_s), ("--step-s", step_s)):
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            raise UserError(f"{name} must be seconds >= 0, got {v}")
+    scheme_list = [Scheme.parse(s) for s in schemes or DEFAULT_SCHEMES]
+    comps = [compressor_info(c, m) for c in (compressors or DEFAULT_COMPRESSORS)]
+    nets = [_network(b) for b in bandwidths] or m.networks
+    backs = list(backends) or m.backends
+    if not nets or not backs:
+        raise UserError("the model has no fitted collectives; fit it with `--comm FILE.json`")
+    unknown = [b for b in backs if b not in m.backends]
+    if unknown:
+        raise UserError(
+            f"backend {unknown[0]!r} not in the model; fitted: {', '.join(m.backends) or 'none'}"
+        )
+    sizes: list[int | None] = [count(n, "--model-numel") for n in numels]
+    if not sizes:
+        sizes = [None] if workload and compute_fits(m, workload) else [DEFAULT_NUMEL]
+    f32 = count(fp32_numel, "--fp32-numel", minimum=0)
+    combos: list[tuple[Scheme, tuple[str, float | None]]] = [(Scheme("allreduce"), (FP32, 32.0))]
+    notes: list[str] = []
+    for s, c in itertools.product(scheme_list, comps):
+        got = _scheme_for(s, c[0], overlap, notes)
+        if got is None or (got == Scheme("allreduce") and c[0] == FP32):
+            continue
+        why = incompatibility(got, c[0])
+        if why:
+            notes.append(f"skipped {got.label} {c[0]}: {why}")
+        elif (got, c) not in combos:
+            combos.append((got, c))
+    configs = []
+    for back, net, k, n, (s, (label, bits)) in itertools.product(
+        backs, nets, world_sizes or (2,), sizes, combos
+    ):
+        configs.append(Config(
+            scheme=s.label, compressor=label, bits_per_value=bits, backend=back, network=net,
+            world_size=k, numel=n, fp32_numel=f32 if label != FP32 else 0,
+            workload=workload, batch_size=batch_size, compute_s=compute_s, step_s=step_s,
+            host_cores=host_cores, tbf_burst=tbf_burst,
+        ))  # fmt: skip
+    return configs, list(dict.fromkeys(notes))
+
+
+def _scheme_for(s: Scheme, compressor: str, overlap: str | None, notes: list[str]) -> Scheme | None:
+    """The scheme under ``--overlap`` (None, with a note, where it cannot run per bucket); ``ddp``
+    with a qbench compressor is reduce-broadcast per bucket, as in scenarios."""
+    if overlap == BACKWARD and not s.backward and s.name not in BACKWARD_SCHEMES:
+        notes.append(f"skipped {s.label}: only {', '.join(BACKWARD_SCHEMES)} run per bucket")
+        return None
+    s = s.per_bucket(overlap)
+    if s.name == DDP and not is_torch_hook(compressor):
+        rb = Scheme("reduce-broadcast", backward=True, bucket_cap_mb=s.bucket_cap_mb)
+        notes.append(f"ddp runs {compressor} as {rb.label} (qbench's hook), as scenarios do")
+        return rb
+    return s
+
+
+def compressor_info(spec: str, m: CostModel) -> tuple[str, float | None]:
+    """(label, wire bits per value) of a compressor spec, from the catalog; None bits for
+    PowerSGD, whose DDP payloads the model measured per bucket."""
+    c = catalog.compressor(specs.parse_cli(spec))  # UserError naming a bad name or value
+    n = 2**20
+    wire = c.wire_bytes(n)
+    if wire is not None:
+        return c.label, 8 * wire / n
+    if c.label in m.compressors:
+        return c.label, m.compressors[c.label]
+    if c.entry.hook_only:
+        return c.label, None
+    raise UserError(
+        f"{c.label}: payload size depends on the data and the model has no measurement of it; "
+        "fit with bench data that includes it"
+    )
+
+
+def _network(text: str) -> str:
+    t = text.strip().lower().replace(" ", "")
+    if t == "unshaped":
+        return t
+    from qbench.spec import network
+
+    try:
+        network.bits_per_s(t)
+    except UserError:
+        raise UserError(
+            f"--bandwidth must be a rate in kbit/mbit/gbit or `unshaped`, got {text!r}; "
+            "e.g. `--bandwidth 1gbit 10gbit`"
+        ) from None
+    return t
+
+
+def count(text: str, option: str, minimum: int = 1) -> int:
+    """``61M``, ``2.5e6``, ``500k``, ``25_000_000`` -> int (UserError otherwise)."""
+    from qbench.catalog import model_params as params
+
+    try:
+        return params.count(minimum)(str(text))
+    except ValueError as e:
+        raise UserError(f"{option} must be {e}, got {text!r}") from None

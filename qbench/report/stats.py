@@ -1,0 +1,357 @@
+"""Summaries of a results directory: pure pandas over ``run.json``, ``iterations.parquet`` and,
+in accuracy mode, ``epochs.parquet``.
+
+Reads files only: never torch, the worker or a launcher. Conventions:
+
+* warm-up rows stay on disk and are dropped here;
+* an iteration lasts as long as its slowest rank (max over ranks); the parts of the time
+  breakdown, byte counts and loss are means over ranks;
+* a run whose files cannot be read gets status ``unreadable`` and the reason in ``error``;
+  it never stops the others from being summarized.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from qbench.records.schema import (
+    EPOCH_COLUMNS,
+    ITERATION_COLUMNS,
+    LATER_ITERATION_COLUMNS,
+    RunRecord,
+    epochs_frame,
+    iterations_frame,
+)
+from qbench.records.store import ResultStore
+from qbench.report import accuracy, intervals, speedups
+
+UNREADABLE = "unreadable"
+PROFILED = "profiled"
+"""Status of an ok run traced by the profiler: its times are real but slowed, so it is
+measured and shown, never compared (no speedups, no baseline, no speed figure)."""
+SIMULATED_SUFFIX = " (simulated)"
+PARTS = ("t_compute", "t_encode", "t_comm", "t_decode", "t_step")
+LABELS = (
+    *("model", "dataset", "backend", "scheme", "compressor", "compressor_name", "bits"),
+    *("world_size", "batch_size", "global_batch", "simulated", "network", "numel", "seed"),
+    *("repeat", "skew", "target_accuracy", "nodes", "price_per_hour", "gflops_per_sample"),
+    *("compute", "norm", "weight_bits", "overlap", "profiled"),
+)
+RUN_COLUMNS = ("run_id", "status", "error", "exit_code", "git_commit", *LABELS)
+_INT_COLUMNS = (
+    *("exit_code", "world_size", "batch_size", "global_batch", "numel", "seed", "repeat"),
+    "nodes",
+)
+_RANK_MEANS = (*PARTS, "bytes_sent", "payload_bytes", "grad_bytes", "loss")
+_METRICS = (
+    *("t_iteration_median", "t_iteration_p95", *PARTS, "bytes_per_iteration"),
+    *("_grad_bytes", "_payload_bytes"),
+)
+ASYNC_SCHEME = "async-ps"
+RATIOS = speedups.RATIOS
+# seed 002 section 5.4: dollars, from the scenario's price of one machine hour (NaN without one)
+MONEY_COLUMNS = ("cost_per_iteration", "cost_per_epoch", "cost_to_target")
+SUMMARY_COLUMNS = (
+    *("run_id", "model", "dataset", "backend", "scheme", "compressor", "world_size", "network"),
+    *("precision", "status", "iterations", "samples_per_s", "t_iteration_median"),
+    *("t_iteration_p95", *PARTS, "bytes_per_iteration", "compression_ratio", "bits_per_value"),
+    *("speedup_vs_fp32", "baseline", "speedup_vs_flat_fp32", "overlap", "scalability"),
+    *(*accuracy.RUN_METRICS, *MONEY_COLUMNS),
+    # 95 % intervals of the ratios, per configuration (qbench.report.intervals)
+    *(f"{r}_{p}" for r in RATIOS for p in intervals._PARTS),
+    # not in the headline list, but needed by figures, failure tables and CSV readers
+    *("compressor_name", "bits", "simulated", "global_batch", "repeat", "skew", "exit_code"),
+    *("batch_size", "numel", "gflops_per_sample", "nodes", "price_per_hour", "target_accuracy"),
+    *("profiled", "git_commit", "error"),
+)
+
+
+@dataclass
+class Results:
+    """Everything read from a results directory.
+
+    runs: one row per run (``RUN_COLUMNS`` first, then any other labels).
+    iterations: the raw rows (``ITERATION_COLUMNS``) of every run with a readable parquet.
+    """
+
+    runs: pd.DataFrame
+    iterations: pd.DataFrame
+    epochs: pd.DataFrame = field(default_factory=lambda: epochs_frame([]))
+    """Accuracy-mode rows (``EPOCH_COLUMNS``) of the runs that have them."""
+
+
+# -- loading ---------------------------------------------------------------------------------
+def load(root: Path | str) -> Results:
+    """Read every ``<root>/<run_id>/run.json`` (and its parquet); never raises on bad files."""
+    store = ResultStore(root)
+    rows: list[dict[str, Any]] = []
+    frames: list[pd.DataFrame] = []
+    epoch_frames: list[pd.DataFrame] = []
+    for run_id in store.run_ids():
+        row, frame = _load_run(store, run_id)
+        rows.append(row)
+        if frame is not None:
+            frames.append(frame)
+        epochs = _read_epochs(store.epochs_path(run_id), run_id)
+        if epochs is not None:
+            epoch_frames.append(epochs)
+    iterations = pd.concat(frames, ignore_index=True) if frames else iterations_frame([])
+    epochs_all = pd.concat(epoch_frames, ignore_index=True) if epoch_frames else epochs_frame([])
+    return Results(runs=_runs_frame(rows), iterations=iterations, epochs=epochs_all)
+
+
+def _read_epochs(path: Path, run_id: str) -> pd.DataFrame | None:
+    """A run's epoch rows, or None (iteration mode, or an unreadable file: the run's accuracy
+    columns then stay empty rather than failing the report)."""
+    if not path.exists():
+        return None
+    try:
+        frame = pd.read_parquet(path)
+        frame = frame[list(EPOCH_COLUMNS)].astype(EPOCH_COLUMNS)
+    except Exception:  # pyarrow raises many types; a partial file must not stop the report
+        return None
+    frame["run_id"] = pd.Series(run_id, index=frame.index, dtype="string")
+    return frame
+
+
+def _load_run(store: ResultStore, run_id: str) -> tuple[dict[str, Any], pd.DataFrame | None]:
+    try:
+        row = _record_row(run_id, _read_record(store, run_id))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        return _unreadable(run_id, f"run.json: {_reason(exc)}"), None
+    path = store.iterations_path(run_id)
+    if not path.exists():
+        if row["status"] == "ok":
+            row.update(status=UNREADABLE, error="status ok but iterations.parquet is missing")
+        return row, None
+    try:
+        return row, _read_iterations(path, run_id)
+    except Exception as exc:  # pyarrow raises many types (ArrowInvalid, OSError, ...)
+        if row["status"] == "ok":  # a failed run's partial parquet is not worth a status
+            row.update(status=UNREADABLE, error=f"iterations.parquet: {_reason(exc)}")
+        return row, None
+
+
+def _read_record(store: ResultStore, run_id: str) -> RunRecord:
+    record = store.read_record(run_id)
+    if record is None:
+        raise OSError("run.json disappeared while reading")
+    if not isinstance(record.labels, dict) or not isinstance(record.status, str):
+        raise ValueError("labels must be an object and status a string")
+    return record
+
+
+def _record_row(run_id: str, record: RunRecord) -> dict[str, Any]:
+    fixed: dict[str, Any] = {"run_id": run_id, "status": record.status}
+    fixed.update(error=record.error, exit_code=record.exit_code)
+    cores = record.machine.get("cores") if isinstance(record.machine, dict) else None
+    # cores of the host that ran it (per node): the cost model scales CPU time by ranks / cores
+    fixed["host_cores"] = cores if isinstance(cores, int) and cores > 0 else None
+    fixed["git_commit"] = record.git_commit  # provenance: the report page names the commits
+    spec = record.spec if isinstance(record.spec, dict) else {}
+    # profile: true (qbench.run.profile): measured, but slowed, so never compared
+    fixed["profiled"] = bool(record.labels.get("profiled") or spec.get("profile"))
+    return {**{k: v for k, v in record.labels.items() if k not in fixed}, **fixed}
+
+
+def _unreadable(run_id: str, reason: str) -> dict[str, Any]:
+    return {"run_id": run_id, "status": UNREADABLE, "error": reason}
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else 'no message'}"
+
+
+def _read_iterations(path: Path, run_id: str) -> pd.DataFrame:
+    frame = pd.read_parquet(path)
+    for column in LATER_ITERATION_COLUMNS:  # files written before these columns existed
+        if column not in frame.columns:
+            frame[column] = math.nan
+    missing = [c for c in ITERATION_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ValueError(f"missing columns {', '.join(missing)}")
+    frame = frame[list(ITERATION_COLUMNS)].astype(ITERATION_COLUMNS)
+    frame["run_id"] = pd.Series(run_id, index=frame.index, dtype="string")  # directory wins
+    return frame
+
+
+def _runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    runs = pd.DataFrame(rows)
+    for column in RUN_COLUMNS:
+        if column not in runs.columns:
+            runs[column] = None
+    extra = [c for c in runs.columns if c not in RUN_COLUMNS]
+    runs = runs[[*RUN_COLUMNS, *extra]].copy()
+    for column in _INT_COLUMNS:
+        runs[column] = _as_int(runs[column])
+    runs["bits"] = pd.to_numeric(runs["bits"], errors="coerce")
+    runs["skew"] = pd.to_numeric(runs["skew"], errors="coerce").fillna(0.0)  # older runs: IID
+    runs["precision"] = _precision(runs)
+    runs["simulated"] = runs["simulated"].map(_truthy).astype(bool)
+    runs["profiled"] = runs["profiled"].map(_truthy).astype(bool)
+    runs["nodes"] = runs["nodes"].fillna(1)  # run.json from before multi-node: one host
+    for column in ("price_per_hour", "gflops_per_sample", "target_accuracy"):
+        runs[column] = pd.to_numeric(runs[column], errors="coerce")
+    return runs
+
+
+def _precision(runs: pd.DataFrame) -> pd.Series:
+    """Compute precision, normalisation and weight quantization as one label: ``fp32``,
+    ``int8``, ``bf16+range-evonorm``, ``fp32+w8`` (fp32 for runs recorded before the axis)."""
+    compute = runs["compute"].fillna("fp32").astype(str)
+    norm = runs["norm"].fillna("batchnorm").astype(str)
+    bits = pd.to_numeric(runs["weight_bits"], errors="coerce").fillna(0).astype(int)
+    labels = [
+        c + ("" if n == "batchnorm" else f"+{n}") + (f"+w{b}" if b else "")
+        for c, n, b in zip(compute, norm, bits, strict=True)
+    ]
+    return pd.Series(labels, index=runs.index, dtype=object)
+
+
+def _as_int(values: pd.Series) -> pd.Series:
+    numbers = pd.to_numeric(values, errors="coerce")
+    whole = numbers.dropna()
+    return numbers.astype("Int64") if (whole == whole.round()).all() else numbers
+
+
+def _truthy(value: Any) -> bool:
+    if isinstance(value, bool | int):
+        return bool(value)
+    return isinstance(value, str) and value.strip().lower() in ("true", "yes", "1")
+
+
+# -- summarizing -----------------------------------------------------------------------------
+def per_iteration(iterations: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run_id, iteration) of measured iterations: max over ranks for the
+    iteration time (the slowest rank defines it), means over ranks for everything else."""
+    measured = iterations[~iterations["warmup"].astype(bool)]
+    spec: dict[str, tuple[str, str]] = {"ranks": ("rank", "nunique")}
+    spec["t_iteration"] = ("t_iteration", "max")
+    spec.update({c: (c, "mean") for c in _RANK_MEANS})
+    return measured.groupby(["run_id", "iteration"], as_index=False, sort=True).agg(**spec)
+
+
+def summarize(results: Results) -> pd.DataFrame:
+    """One row per run (``SUMMARY_COLUMNS``); runs that are not ok keep NaN metrics."""
+    iterations = results.iterations
+    is_async = iterations["run_id"].isin(_async_runs(results.runs))
+    per_it = per_iteration(iterations[~is_async])
+    metrics = _run_metrics(per_it)
+    if is_async.any():
+        metrics = pd.concat([metrics, _async_metrics(iterations[is_async])], ignore_index=True)
+    else:
+        metrics["_samples_per_s"] = math.nan
+    table = results.runs.merge(metrics, "left", "run_id")
+    table["iterations"] = table["iterations"].fillna(0).astype("Int64")
+    table.loc[table["status"] != "ok", [*_METRICS, "_samples_per_s"]] = math.nan
+    table.loc[table["profiled"] & (table["status"] == "ok"), "status"] = PROFILED
+    table["compressor"] = _display_compressor(table)
+    per_update = table["_samples_per_s"].astype(float) * table["batch_size"].astype(float)
+    table["samples_per_s"] = per_update.fillna(_global_batch(table) / table["t_iteration_median"])
+    table["compression_ratio"] = table["_grad_bytes"] / table["_payload_bytes"].where(
+        table["_payload_bytes"] > 0
+    )
+    table["bits_per_value"] = 32 / table["compression_ratio"]  # what was actually sent
+    table["overlap"] = table["overlap"].fillna("none")  # runs recorded before DDP: flat
+    table = speedups.add(table, per_it, _global_batch(table))
+    targets = pd.to_numeric(table.set_index("run_id")["target_accuracy"], errors="coerce")
+    table = table.merge(accuracy.run_metrics(results.epochs, targets), "left", "run_id")
+    table = _add_money(table, results.epochs)
+    return _sorted(table)[list(SUMMARY_COLUMNS)].reset_index(drop=True)
+
+
+def throughputs(results: Results, summary: pd.DataFrame) -> intervals.Throughputs:
+    """Per-iteration samples/s of every lock-step run (async-ps rows are events, not
+    iterations), for intervals of ratios the summary has no column for."""
+    is_async = results.iterations["run_id"].isin(_async_runs(results.runs))
+    batch = pd.Series(_global_batch(summary).to_numpy(), index=summary["run_id"].astype(str))
+    return intervals.Throughputs(per_iteration(results.iterations[~is_async]), batch)
+
+
+def _run_metrics(per_it: pd.DataFrame) -> pd.DataFrame:
+    spec: dict[str, tuple[str, Any]] = {"iterations": ("iteration", "nunique")}
+    spec["t_iteration_median"] = ("t_iteration", "median")
+    spec["t_iteration_p95"] = ("t_iteration", lambda s: s.quantile(0.95))
+    spec.update({p: (p, "median") for p in PARTS})
+    spec["bytes_per_iteration"] = ("bytes_sent", "median")
+    spec["_grad_bytes"] = ("grad_bytes", "median")
+    spec["_payload_bytes"] = ("payload_bytes", "median")
+    return per_it.groupby("run_id", as_index=False).agg(**spec)
+
+
+def _async_runs(runs: pd.DataFrame) -> pd.Series:
+    """run_ids of asynchronous parameter-server runs (seed 003), whose rows are not iterations."""
+    scheme = runs["scheme"].astype(str) if "scheme" in runs else pd.Series([], dtype=str)
+    return runs.loc[scheme.str.startswith(ASYNC_SCHEME), "run_id"]
+
+
+def _async_metrics(iterations: pd.DataFrame) -> pd.DataFrame:
+    """``_run_metrics`` for async-ps, where rows are events, not lock-step iterations: rank 0
+    writes one row per model update it applies, each worker one per push-pull round, and row i
+    of one rank has nothing to do with row i of another. So: ``iterations`` counts the server's
+    updates and samples/s is updates x per-worker batch over the server's busy time; the
+    iteration time and its breakdown are a worker's round (median over all workers' rounds);
+    bytes per iteration are one update's traffic both ways, a worker's push up plus the server's
+    reply down; compression is the pushed gradient's."""
+    columns = ["run_id", "iterations", *_METRICS, "_samples_per_s"]
+    measured = iterations[~iterations["warmup"].astype(bool)]
+    server, workers = measured[measured["rank"] == 0], measured[measured["rank"] != 0]
+    if server.empty or workers.empty:
+        return pd.DataFrame(columns=columns)
+    up = workers.groupby("run_id").agg(
+        t_iteration_median=("t_iteration", "median"),
+        t_iteration_p95=("t_iteration", lambda s: s.quantile(0.95)),
+        **{p: (p, "median") for p in PARTS},
+        _up=("bytes_sent", "median"),
+        _grad_bytes=("grad_bytes", "median"),
+        _payload_bytes=("payload_bytes", "median"),
+    )
+    down = server.groupby("run_id").agg(
+        iterations=("iteration", "nunique"), _busy=("t_iteration", "sum"),
+        _down=("bytes_sent", "mean"),
+    )  # fmt: skip
+    out = up.join(down, how="inner")
+    out["bytes_per_iteration"] = out["_up"] + out["_down"]
+    # updates/s; summarize multiplies by the per-worker batch (each update is one worker's batch)
+    out["_samples_per_s"] = out["iterations"] / out["_busy"].where(out["_busy"] > 0)
+    return out.reset_index()[columns]
+
+
+def _display_compressor(table: pd.DataFrame) -> pd.Series:
+    label = table["compressor"].fillna(table["compressor_name"]).astype(object)
+    simulated = table["simulated"] & label.notna()
+    return label.where(~simulated, label.astype(str) + SIMULATED_SUFFIX)
+
+
+def _global_batch(table: pd.DataFrame) -> pd.Series:
+    fallback = table["batch_size"] * table["world_size"]
+    return table["global_batch"].fillna(fallback).astype(float)
+
+
+def _add_money(table: pd.DataFrame, epochs: pd.DataFrame) -> pd.DataFrame:
+    """Dollar columns (seed 002 section 5.4): price of one machine hour x machines (``nodes``)
+    x seconds / 3600. An epoch costs the mean epoch, the last cumulative ``train_time_s`` over
+    the epochs done (evaluation is not training, so it is not billed). NaN without a price:
+    0 would read as "free"."""
+    per_second = table["price_per_hour"] * table["nodes"].astype(float) / 3600
+    last = epochs.sort_values(["run_id", "epoch"]).groupby("run_id")["train_time_s"].last()
+    trained = table["run_id"].map(last).astype(float)
+    epochs_done = table["epochs_done"].astype(float)
+    return table.assign(
+        cost_per_iteration=per_second * table["t_iteration_median"],
+        cost_per_epoch=per_second * trained / epochs_done.where(epochs_done > 0),
+        cost_to_target=per_second * table["time_to_target_s"].astype(float),
+    )
+
+
+def _sorted(table: pd.DataFrame) -> pd.DataFrame:
+    keys = ["model", "dataset", "backend", "network", "precision", "scheme", "world_size", "bits"]
+    keys += ["compressor", "run_id"]
+    ascending = [k != "bits" for k in keys]  # fp32 (32 bits) first, then fewer bits
+    return table.sort_values(keys, ascending=ascending, na_position="last", kind="stable")

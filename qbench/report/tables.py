@@ -1,0 +1,306 @@
+"""Report of a results directory: summary tables (CSV, markdown), figures, terminal output.
+
+Reads files only (through ``qbench.report.stats``); never imports torch, the worker or a launcher.
+Everything it writes goes to ``DIR/report/``. Units shown to people: ms, MB (10^6 bytes), x.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from qbench.errors import UserError, choice_error
+from qbench.records.store import (
+    ACCURACY_CSV,
+    SUMMARY_CSV,
+    SUMMARY_MD,
+    ResultStore,
+    atomic_write_bytes,
+)
+from qbench.report import (
+    accuracy,
+    intervals,
+    names,
+    page_cells,
+    plots,
+    plots_accuracy,
+    plots_study,
+    plots_utility,
+    stats,
+)
+from qbench.report import page as report_page
+
+FORMATS = ("table", "csv", "md", "json")
+_LABEL_COLUMNS = ("model", "dataset", "backend", "scheme", "network")
+_NA = "-"
+_PIPE_WIDTH = 220
+
+
+@dataclass(frozen=True)
+class ReportPaths:
+    """What ``write_report`` wrote. notes: why something was skipped, for stderr."""
+
+    summary_csv: Path
+    summary_md: Path
+    figures: tuple[Path, ...]
+    notes: tuple[str, ...]
+    summary: pd.DataFrame = field(repr=False, compare=False)
+    page: Path | None = None  # report/index.html (index.md beside it): the study's questions
+
+
+def write_report(
+    root: Path | str, fmt: str | None = "table", out: TextIO | None = None
+) -> ReportPaths:
+    """Summarize ``root``, write ``root/report/{summary.csv,summary.md,*.png,*.pdf}``, then
+    render the summary to ``out`` (stdout) in ``fmt`` (None: print nothing).
+
+    Raises UserError when ``fmt`` is unknown or ``root`` holds no runs.
+    """
+    if fmt is not None and fmt not in FORMATS:
+        raise choice_error("report format", fmt, FORMATS)
+    results = _load(root)
+    summary = stats.summarize(results)
+    acc = accuracy.table(summary)
+    report_dir = ResultStore(root).report_dir()
+    csv_path, md_path = report_dir / SUMMARY_CSV, report_dir / SUMMARY_MD
+    atomic_write_bytes(csv_path, summary.to_csv(index=False).encode())
+    atomic_write_bytes(md_path, markdown_report(summary, str(root), acc).encode())
+    figures, notes = plots.write_figures(summary, report_dir)
+    if not acc.empty:
+        atomic_write_bytes(report_dir / ACCURACY_CSV, acc.to_csv(index=False).encode())
+        fig = plots_accuracy.accuracy_figure(summary, results.epochs)
+        if fig is not None:
+            figures += plots.save_all(fig, report_dir / "accuracy")
+    study = plots_study.write_study_figures(summary, report_dir)
+    figures, notes = figures + study[0], notes + study[1]
+    figures += plots_utility.write_utility_figure(summary, report_dir)
+    through = stats.throughputs(results, summary)
+    page = report_page.write_page(report_dir, summary, acc, figures, through)
+    if fmt is not None:
+        render(summary, fmt, out)
+    return ReportPaths(csv_path, md_path, tuple(figures), tuple(notes), summary, page)
+
+
+def load_summary(root: Path | str) -> pd.DataFrame:
+    """``stats.summarize(stats.load(root))``, or a one-line UserError when there are no runs."""
+    return stats.summarize(_load(root))
+
+
+def _load(root: Path | str) -> stats.Results:
+    fix = f"run `qbench sweep SCENARIO.yaml --out {root}` first"
+    if Path(root).exists() and not Path(root).is_dir():
+        raise UserError(f"results directory {root} is a file, not a directory; give the --out "
+                        "directory of a sweep")  # fmt: skip
+    if not Path(root).is_dir():
+        raise UserError(f"results directory {root} does not exist; {fix}")
+    results = stats.load(root)
+    if results.runs.empty:
+        raise UserError(f"no runs found in {root} (no */run.json); {fix}")
+    return results
+
+
+def render(summary: pd.DataFrame, fmt: str = "table", out: TextIO | None = None) -> None:
+    """Print the summary to ``out`` (default stdout) as a rich table, CSV, markdown or JSON."""
+    renderers: dict[str, Callable[[pd.DataFrame, TextIO], object]] = {
+        "table": _print_table,
+        "csv": lambda s, o: o.write(s.to_csv(index=False)),
+        "md": lambda s, o: o.write(_markdown_table(s, _MD_COLUMNS) + "\n"),
+        "json": lambda s, o: o.write(s.to_json(orient="records", indent=2) + "\n"),
+    }
+    if fmt not in renderers:
+        raise choice_error("report format", fmt, FORMATS)
+    renderers[fmt](summary, out if out is not None else sys.stdout)
+
+
+# -- formatting ------------------------------------------------------------------------------
+def _missing(value: Any) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+
+
+def _text(value: Any) -> str:
+    return _NA if _missing(value) else str(value)
+
+
+def _num(scale: float, digits: int, suffix: str = "") -> Callable[[Any], str]:
+    def fmt(value: Any) -> str:
+        return _NA if _missing(value) else f"{float(value) * scale:,.{digits}f}{suffix}"
+
+    return fmt
+
+
+_MS, _X = _num(1e3, 2), _num(1.0, 2, "x")
+
+
+def ratio_text(row: Any, prefix: str) -> str:
+    """A ratio with its 95 % interval and samples per side: ``1.21x (1.17-1.24; 5/5 it)``;
+    ``~`` marks one whose interval includes 1 (within noise); ``-`` when there is none."""
+    value = row.get(prefix)
+    if _missing(value):
+        return _NA
+    found = intervals.of_row(row, prefix)
+    return _X(value) if found is None else page_cells.interval_text(found)
+
+
+def for_people(summary: pd.DataFrame) -> pd.DataFrame:
+    """The summary as tables show it: schemes and compressors by their display names
+    (:mod:`qbench.report.names`), each ratio with its interval (``ratio_text``)."""
+    shown = summary.copy()
+    for column, name in (("scheme", names.scheme), ("baseline", names.scheme),
+                         ("compressor", names.compressor)):  # fmt: skip
+        shown[column] = [v if _missing(v) else name(v) for v in summary[column]]
+    records = summary.to_dict("records")
+    for prefix in stats.RATIOS:
+        shown[prefix] = [ratio_text(r, prefix) for r in records]
+    return shown
+
+
+# column -> (header, formatter); the markdown table shows all, the terminal table a subset
+_COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
+    "run_id": ("run", _text),
+    **{c: (c, _text) for c in _LABEL_COLUMNS[:4]},
+    "compressor": ("compressor", _text),
+    "world_size": ("ranks", _text),
+    "network": ("network", _text),
+    "precision": ("compute", _text),
+    "status": ("status", _text),
+    "iterations": ("iters", _text),
+    "samples_per_s": ("samples/s", _num(1.0, 1)),
+    "t_iteration_median": ("iter ms", _MS),
+    "t_iteration_p95": ("p95 ms", _MS),
+    "t_compute": ("compute ms", _MS),
+    "t_encode": ("encode ms", _MS),
+    "t_comm": ("comm ms", _MS),
+    "t_decode": ("decode ms", _MS),
+    "t_step": ("step ms", _MS),
+    "bytes_per_iteration": ("MB/iter", _num(1e-6, 3)),
+    "compression_ratio": ("ratio", _num(1.0, 1, "x")),
+    "speedup_vs_fp32": ("vs fp32 (95% CI; samples)", _text),
+    "baseline": ("fp32 baseline", _text),
+    "speedup_vs_flat_fp32": ("vs flat fp32 (95% CI; samples)", _text),
+    "scalability": ("scale (95% CI; samples)", _text),
+    **{c: report_page.DISPLAY[c] for c in stats.MONEY_COLUMNS},  # shown when a price is set
+}
+_MD_COLUMNS = tuple(c for c in _COLUMNS if c not in stats.MONEY_COLUMNS)
+_TERMINAL_COLUMNS = (  # the breakdown's other parts: summary.md, summary.csv, breakdown.png
+    *(*_LABEL_COLUMNS, "compressor", "world_size", "status", "samples_per_s"),
+    *("t_iteration_median", "t_comm", "bytes_per_iteration", "compression_ratio"),
+    *("speedup_vs_fp32", "baseline", "scalability"),
+)
+
+_FINE = ("ok", stats.PROFILED)  # a profiled run finished: measured, only not compared
+_TEXTUAL = (*_LABEL_COLUMNS, "compressor", "status", "baseline")
+
+
+def _cells(summary: pd.DataFrame, columns: tuple[str, ...]) -> list[list[str]]:
+    summary = for_people(summary)
+    formatters = [_COLUMNS[c][1] for c in columns]
+    rows = summary[list(columns)].itertuples(index=False, name=None)
+    return [[f(v) for f, v in zip(formatters, row, strict=True)] for row in rows]
+
+
+def _markdown_table(frame: pd.DataFrame, columns: tuple[str, ...]) -> str:
+    header = [_COLUMNS[c][0] for c in columns]
+    return report_page.markdown_table(header, _cells(frame, columns))
+
+
+def _failed_rows(summary: pd.DataFrame) -> list[list[str]]:
+    """run, status, exit code and first line of the error of every run that is not ok."""
+    rows = []
+    for row in summary[~summary["status"].isin(_FINE)].itertuples(index=False):
+        error = _text(row.error).strip().splitlines() or [_NA]
+        rows.append([str(row.run_id), str(row.status), _text(row.exit_code), error[0]])
+    return rows
+
+
+def _failed_runs(summary: pd.DataFrame) -> str:
+    rows = _failed_rows(summary)
+    if not rows:
+        return "None."
+    return report_page.markdown_table(["run", "status", "exit code", "error"], rows)
+
+
+def markdown_report(summary: pd.DataFrame, title: str, acc: pd.DataFrame | None = None) -> str:
+    """The whole ``summary.md``: counts, the summary table and the failed-runs table."""
+    counts = summary["status"].value_counts()
+    status = ", ".join(f"{n} {s}" for s, n in counts.items())
+    parts = [f"# qbench report: {title}", f"{len(summary)} runs: {status}."]
+    parts.append("Times are medians over measured iterations (warm-up dropped); an iteration")
+    parts[-1] += " lasts as long as its slowest rank. `(simulated)`: speed-only simulation."
+    parts[-1] += (
+        " `vs fp32` is the speedup over the fastest fp32 configuration of the same model, ranks,"
+        " backend and network (`fp32 baseline` names it: `ddp` is PyTorch DDP, bucketed"
+        " allreduce overlapped with backward); `vs flat fp32` is over fp32 aggregated after"
+        " backward, the seeds' baseline. Runs with `+backward` or `ddp` communicate during"
+        " backward: their `comm` is the exposed part only."
+    )
+    money = tuple(c for c in stats.MONEY_COLUMNS if c in summary and summary[c].notna().any())
+    parts += ["## Summary", _markdown_table(summary, _MD_COLUMNS + money)]
+    if acc is not None and not acc.empty:
+        parts += ["## Accuracy", _ACC_NOTE, _plain_markdown(_acc_display(acc), _ACC_COLUMNS)]
+    parts += ["## Failed runs", _failed_runs(summary)]
+    return "\n\n".join(parts) + "\n"
+
+
+def _print_table(summary: pd.DataFrame, out: TextIO) -> None:
+    constant = [c for c in _LABEL_COLUMNS if summary[c].nunique(dropna=False) == 1]
+    columns = tuple(c for c in _TERMINAL_COLUMNS if c not in constant)
+    people = for_people(summary.iloc[:1])
+    caption = " · ".join(f"{c}={_text(people[c].iloc[0])}" for c in constant)
+    table = Table(title="qbench summary", caption=caption or None, header_style="bold")
+    for column in columns:
+        textual = column in _TEXTUAL  # text may fold; numbers never wrap
+        table.add_column(_COLUMNS[column][0], justify="left" if textual else "right",
+                         no_wrap=not textual, overflow="fold")  # fmt: skip
+    for cells, status in zip(_cells(summary, columns), summary["status"], strict=True):
+        table.add_row(*cells, style=None if status in _FINE else "red")
+    width = None if out.isatty() else _PIPE_WIDTH  # a file or pipe has no reason to squeeze
+    console = Console(file=out, width=width)
+    console.print(table)
+    failed = _failed_rows(summary)
+    if failed:
+        errors = Table("run", "status", "exit code", "error", title="Failed runs", style="red")
+        for row in failed:
+            errors.add_row(*row)
+        console.print(errors)
+
+
+_ACC_NOTE = (
+    "Final test top-1 of the model averaged over ranks, mean +/- std over seeds and repeats; "
+    "bits/value is what was actually sent (payload bytes x 8 / values); diff is to the fp32 "
+    "run of the same model, dataset, skew and compute precision (gossip and push-sum against "
+    "fp32 runs of themselves)."
+)
+_ACC_COLUMNS = (
+    "model", "dataset", "precision", "scheme", "compressor", "skew", "runs", "bits/value",
+    "top-1 %", "diff vs fp32 (pt)", "time to target (s)",
+)  # fmt: skip
+
+
+def _acc_display(acc: pd.DataFrame) -> pd.DataFrame:
+    out = acc.copy()
+    out["bits/value"] = out["bits_per_value"].map(lambda v: f"{v:.2f}")
+    out["top-1 %"] = [f"{100 * m:.2f} +/- {100 * s:.2f}" for m, s in zip(
+        out["top1_mean"], out["top1_std"], strict=True)]  # fmt: skip
+    out["diff vs fp32 (pt)"] = out["diff_vs_fp32"].map(
+        lambda v: _NA if pd.isna(v) else f"{100 * v:+.2f}"
+    )
+    out["time to target (s)"] = out["time_to_target_s"].map(
+        lambda v: _NA if pd.isna(v) else f"{v:.2f}"
+    )
+    out["skew"] = out["skew"].map(lambda v: f"{v:g}")
+    return out
+
+
+def _plain_markdown(frame: pd.DataFrame, columns: tuple[str, ...]) -> str:
+    """A markdown table of already formatted string columns."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in frame[list(columns)].values]
+    return "\n".join(lines)

@@ -1,0 +1,161 @@
+"""Messages and pure rules of the asynchronous parameter server (:mod:`qbench.run.async_ps`).
+
+Every message is a fixed-size float64 header (tag HEADER) followed, when its size is not zero,
+by one uint8 payload (tag PAYLOAD) whose size the header gives, so payloads of any size travel
+(adaptive compressors, top-k with quantized values). float64 holds every integer up to 2^53
+exactly, so versions, sizes and the loss share one header.
+
+* push, worker -> server: [worker, version the gradient was computed on, batch loss, size of
+  each layer group's wire...]; the payload is the groups' wires, concatenated.
+* reply, server -> worker: [model version, staleness of this worker's last update, version that
+  update produced, stop flag, payload size]; the payload is the (quantized) model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from qbench.comm import Comm
+from qbench.compress import Compressor, from_spec
+from qbench.compress.topk import TopK
+from qbench.run.async_ps import AsyncParts
+
+HEADER, PAYLOAD = 1, 2
+"""Message tags: a header and its payload never match each other's receive."""
+
+
+def send_message(cm: Comm, header: torch.Tensor, payload: torch.Tensor, dst: int) -> None:
+    """A header, then its payload unless empty (the receiver knows from the header)."""
+    cm.send(header, dst, tag=HEADER)
+    if payload.numel():
+        cm.send(payload.cpu(), dst, tag=PAYLOAD)
+
+
+def may_hand_out(version: int, pulled: Collection[int], tau: int) -> bool:
+    """Whether the server may give a waiting worker the current model (version ``version``)
+    now, given the versions ``pulled`` that the workers still computing received.
+
+    Staleness of an update = server version when applied - version its gradient was computed
+    on: the updates applied in between. The server cannot choose the order gradients arrive
+    in, so it keeps, for every gradient j in flight, the worst case bounded:
+    ``(version - pulled_j) + (other gradients in flight) <= tau``, since j's staleness grows
+    only when another gradient in flight lands first. Applying another update leaves that sum
+    unchanged (version + 1, one fewer in flight); handing out a model raises every sum by one
+    and adds a gradient whose sum is len(pulled). So a model goes out only while
+    ``version - min(pulled) + len(pulled) <= tau`` (nothing in flight: always), and no update
+    is ever applied with staleness > tau, whatever the arrival order. tau = 0 is serial SGD;
+    W equally fast workers run without waiting from about tau >= 2 (W - 1).
+    """
+    oldest = min(pulled, default=version)
+    return version - oldest + len(pulled) <= tau
+
+
+def update_budget(workers: int, per_worker: int) -> int:
+    """Updates the server applies in all: ``per_worker`` pushes per worker on average (fast
+    workers push more, slow ones less; the server stops everyone when the budget is spent)."""
+    return workers * per_worker
+
+
+@dataclass(frozen=True)
+class Push:
+    worker: int
+    version: int
+    loss: float
+    sizes: tuple[int, ...]
+
+    def to_tensor(self) -> torch.Tensor:
+        values = [self.worker, self.version, self.loss, *self.sizes]
+        return torch.tensor(values, dtype=torch.float64)
+
+    @classmethod
+    def from_tensor(cls, t: torch.Tensor) -> Push:
+        v = t.tolist()
+        return cls(int(v[0]), int(v[1]), v[2], tuple(int(s) for s in v[3:]))
+
+    @staticmethod
+    def header_len(groups: int) -> int:
+        return 3 + groups
+
+
+@dataclass(frozen=True)
+class Reply:
+    version: int
+    staleness: float = math.nan
+    applied_as: float = math.nan
+    stop: bool = False
+    size: int = 0
+
+    LEN = 5
+
+    def to_tensor(self) -> torch.Tensor:
+        values = [self.version, self.staleness, self.applied_as, float(self.stop), self.size]
+        return torch.tensor(values, dtype=torch.float64)
+
+    @classmethod
+    def from_tensor(cls, t: torch.Tensor) -> Reply:
+        v = t.tolist()
+        return cls(int(v[0]), v[1], v[2], bool(v[3]), int(v[4]))
+
+
+class GradientCodec:
+    """A flat gradient <-> one wire per layer group (the run's per-group compressors, each with
+    the sizes of the group's tensors, which per-tensor compressors encode separately).
+
+    ``ratio`` None: each group is encoded with its compressor (AsyLPG: quantized). ``ratio`` r:
+    Sparse-AsyLPG; each group keeps its top ceil(r n) values (error feedback: the rest is added
+    to the next gradient, per group, on the worker) and the kept values are then encoded with
+    the compressor; the wire is the int32 indices, then the encoded values.
+    """
+
+    def __init__(
+        self, groups: Sequence[tuple[slice, Compressor, Sequence[int]]], ratio: float | None
+    ) -> None:
+        self.groups = list(groups)
+        self.topk = TopK(ratio=ratio, error_feedback=True) if ratio is not None else None
+
+    def encode(self, grad: torch.Tensor, step: int, rank: int) -> list[torch.Tensor]:
+        wires = []
+        for i, (part, c, tensors) in enumerate(self.groups):
+            g, slot = grad[part], f"g{i}"
+            if self.topk is None:
+                payload = c.encode(
+                    g, step=step, rank=rank, offset=part.start, name=slot, pieces=tensors
+                )
+                wires.append(payload.to_wire())
+                continue
+            kept = self.topk.encode(g, name=slot).buffers
+            values = c.encode(kept["values"], step=step, rank=rank, offset=part.start, name=slot)
+            wires.append(torch.cat([kept["indices"].view(torch.uint8), values.to_wire()]))
+        return wires
+
+    def decode(self, wire: torch.Tensor, sizes: Sequence[int], out: torch.Tensor) -> None:
+        """Decode the concatenated group wires into ``out`` (overwritten)."""
+        out.zero_()
+        pos = 0
+        for (part, c, tensors), size in zip(self.groups, sizes, strict=True):
+            chunk, view = _aligned(wire[pos : pos + size]), out[part]
+            pos += size
+            if self.topk is None:
+                c.decode(c.from_wire(chunk, view.numel(), tensors), out=view)
+                continue
+            k = self.topk.k(view.numel())
+            indices = chunk[: 4 * k].view(torch.int32).long()
+            values = c.decode(c.from_wire(_aligned(chunk[4 * k :]), k))
+            view.index_add_(0, indices, values)
+
+
+def _aligned(chunk: torch.Tensor) -> torch.Tensor:
+    """A slice of a received byte buffer that any dtype view can read (8-byte aligned)."""
+    return chunk.clone() if chunk.storage_offset() % 8 else chunk
+
+
+def codecs(parts: AsyncParts) -> tuple[GradientCodec, Compressor]:
+    """The run's gradient codec (per layer group) and model quantizer (``down``)."""
+    scheme = parts.scheme
+    codec = GradientCodec(parts.groups, scheme.ratio if scheme.variant == "sparse" else None)
+    down = from_spec(scheme.down or "none", seed=parts.spec.seed)
+    return codec, down

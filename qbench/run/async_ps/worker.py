@@ -1,0 +1,78 @@
+"""An async-ps worker (ranks 1..K-1): pull the (quantized) model, compute a gradient on the
+next batch, encode it per layer group and push it, until the server says stop. Overview:
+:mod:`qbench.run.async_ps`."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+
+from qbench.comm import Comm
+from qbench.run import precision
+from qbench.run.async_ps import SERVER, AsyncParts
+from qbench.run.async_ps.protocol import HEADER, PAYLOAD, Push, Reply, codecs, send_message
+from qbench.timing import PhaseTimer
+
+
+def _delay(rank: int) -> float:
+    """QBENCH_ASYNC_DELAY=RANK:SECONDS makes that worker sleep this long per gradient (a slow
+    worker), to test that it does not stall the others. Testing only."""
+    got = os.environ.get("QBENCH_ASYNC_DELAY", "")
+    who, _, seconds = got.partition(":")
+    return float(seconds) if who and int(who) == rank else 0.0
+
+
+def work(r: AsyncParts) -> None:
+    cm, (codec, down) = r.comm, codecs(r)
+    head = torch.empty(Reply.LEN, dtype=torch.float64)
+    reply, model = _pull(cm, head, r.device)
+    delay, timer, it = _delay(cm.rank), PhaseTimer(r.device), 0
+    while not reply.stop:
+        x, y = r.data.batch(it)
+        cm.bytes_sent = 0
+        timer.start()
+        r.params.copy_(down.decode(down.from_wire(model, r.params.numel(), r.sizes)))
+        timer.mark("decode")
+        r.grads.zero_()
+        with precision.autocast(r.spec.compute, r.device):  # int8: the model is fake-quantized
+            loss = r.loss_fn(r.model(x), y)
+        (loss * r.scaler.scale if r.scaler.enabled else loss).backward()
+        if not r.scaler.unscale_(r.grads):
+            r.grads.zero_()  # fp16 overflow: push a zero gradient; the loss scale halves
+        value = float(loss.detach())  # travels in the push header
+        if delay:
+            time.sleep(delay)
+        timer.mark("compute")
+        wires = codec.encode(r.grads, step=it, rank=cm.rank)
+        payload = torch.cat(wires) if wires else torch.empty(0, dtype=torch.uint8)
+        timer.mark("encode")
+        push = Push(cm.rank, reply.version, value, tuple(w.numel() for w in wires))
+        send_message(cm, push.to_tensor(), payload, SERVER)
+        reply, model = _pull(cm, head, r.device)
+        timer.mark("comm")
+        r.rows.append(_row(r, it, timer, int(payload.numel()), value, reply))
+        it += 1
+
+
+def _pull(cm: Comm, head: torch.Tensor, device: torch.device) -> tuple[Reply, torch.Tensor]:
+    cm.recv(head, SERVER, tag=HEADER)
+    reply = Reply.from_tensor(head)
+    model = torch.empty(reply.size, dtype=torch.uint8)
+    if reply.size:
+        cm.recv(model, SERVER, tag=PAYLOAD)
+    return reply, model.to(device)
+
+
+def _row(
+    r: AsyncParts, it: int, timer: PhaseTimer, payload: int, loss: float, reply: Reply
+) -> dict[str, Any]:
+    return {
+        "run_id": r.spec.run_id, "rank": r.comm.rank, "iteration": it,
+        "warmup": it < r.spec.warmup, **{f"t_{k}": v for k, v in timer.totals.items()},
+        "t_iteration": timer.elapsed(), "bytes_sent": r.comm.bytes_sent,
+        "payload_bytes": payload, "grad_bytes": 4 * r.grads.numel(), "loss": loss,
+        "staleness": reply.staleness, "server_version": reply.applied_as,
+    }  # fmt: skip

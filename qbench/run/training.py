@@ -1,0 +1,159 @@
+"""What every rank's training loop shares, whatever aggregates its gradients.
+
+:class:`Training` builds the model (with its compute precision), the layer policy's groups, the
+data stream, the optimizer and the loss from a :class:`~qbench.spec.matrix.RunSpec`, and does the
+work outside the timed iteration: the learning-rate schedule and, in accuracy mode, the
+evaluation at the end of each epoch. Subclasses run the iteration itself: flat aggregation
+after backward (``qbench.run.worker.Run``) or DDP's buckets during backward
+(``qbench.run.ddp_loop.DDPRun``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from qbench import comm, data, models
+from qbench.records.schema import iterations_frame
+from qbench.run import epochs, precision, workload
+from qbench.spec import layers
+from qbench.spec.matrix import RunSpec
+
+
+def with_precision(model: nn.Module, spec: RunSpec) -> nn.Module:
+    """Swap in Range-EvoNorm and int8 fake-quantized layers before parameters are flattened."""
+    if spec.norm != "batchnorm":
+        precision.use_range_evonorm(model, spec.norm)
+    if spec.compute in precision.INT8:
+        precision.fake_quantize(model, scheme=precision.INT8[spec.compute])
+    return model
+
+
+def device_for(kind: str) -> torch.device:
+    """The run's device; a CUDA rank takes the GPU of its local rank (torchrun, mpirun, srun)."""
+    if kind != "cuda":
+        return torch.device("cpu")
+    for var in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"):
+        if var in os.environ:
+            torch.cuda.set_device(int(os.environ[var]) % max(torch.cuda.device_count(), 1))
+            break
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+class Training:
+    def __init__(self, spec: RunSpec, cm: comm.Comm, shard: tuple[int, int] | None = None) -> None:
+        """``shard``: (index, count) of this rank's training partition; default (rank, world
+        size). async-ps's server holds no partition of its own (qbench.run.async_ps.shard)."""
+        self.spec, self.comm = spec, cm
+        part, parts = shard or (cm.rank, cm.world_size)
+        self.device = device_for(spec.device_kind)
+        torch.manual_seed(spec.seed)  # same initial model on every rank
+        info, model = workload.model(spec)  # the zoo's or a factory's
+        self.model = with_precision(model, spec).to(self.device)
+        self.named = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        policy = layers.LayerPolicy(**spec.layers) if spec.layers else layers.LayerPolicy()
+        self.groups = layers.plan(
+            [(n, p.numel()) for n, p in self.named.items()],
+            spec.compressor,
+            policy,
+            column_length={n: p.shape[-1] if p.dim() else 1 for n, p in self.named.items()},
+        )
+        self.scaler = precision.LossScaler(enabled=spec.compute == "fp16")
+        self.epoch_data: epochs.EpochData | None = None
+        self.data: data.BatchSource | epochs.EpochBatches
+        if spec.data:  # a dataset factory: partitioned like the built-in datasets
+            self.epoch_data = workload.epoch_data(
+                spec, info, world_size=parts, rank=part, device=self.device
+            )
+            self.data = epochs.EpochBatches(self.epoch_data, spec.batch_size, spec.seed, part)
+        elif spec.dataset == "synthetic":
+            self.data = data.make(
+                spec.dataset, info, spec.batch_size, seed=spec.seed, rank=part,
+                device=self.device,
+            )  # fmt: skip
+        else:  # a real dataset: this rank's partition of the training split, per-epoch order
+            self.epoch_data = epochs.prepare(
+                spec.dataset, info.input_shape, world_size=parts, rank=part,
+                skew=spec.skew, seed=spec.seed, device=self.device,
+            )  # fmt: skip
+            self.data = epochs.EpochBatches(
+                self.epoch_data, spec.batch_size, spec.seed, part, spec.steps_per_epoch
+            )
+        self.opt = workload.optimizer(self.model.parameters(), spec)
+        self.epoch_rows: list[dict[str, Any]] = []
+        self.loss_fn = workload.loss(spec)
+        self.rows: list[dict[str, Any]] = []
+        self._losses: list[torch.Tensor] = []
+
+    def iteration(self, it: int, timer: Any) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the loop holds beyond the process (threads); default nothing."""
+        return None
+
+    @property
+    def total_iterations(self) -> int:
+        if self.spec.epochs and isinstance(self.data, epochs.EpochBatches):
+            return self.spec.epochs * self.data.steps
+        return self.spec.warmup + self.spec.iterations
+
+    def before(self, it: int) -> None:
+        """Outside the timed iteration: the epoch's learning rate."""
+        batches = self.data
+        if (
+            self.spec.epochs
+            and isinstance(batches, epochs.EpochBatches)
+            and it % batches.steps == 0
+        ):
+            lr = epochs.lr_at(self.spec.lr, self.spec.lr_schedule, it // batches.steps)
+            for group in self.opt.param_groups:
+                group["lr"] = lr
+
+    def after(self, it: int) -> None:
+        """Outside the timed iteration: evaluate when an epoch ends (accuracy mode)."""
+        if not self.spec.epochs or not isinstance(self.data, epochs.EpochBatches):
+            return
+        if (it + 1) % self.data.steps == 0:
+            self._end_epoch((it + 1) // self.data.steps, it + 1, self.data.steps)
+
+    def _end_epoch(self, epoch: int, done: int, steps: int) -> None:
+        assert self.epoch_data is not None
+        rows = self.rows[-steps:]
+        sums = torch.tensor(
+            [sum(r["t_iteration"] for r in rows), float(torch.stack(self._losses[-steps:]).sum())],
+            dtype=torch.float64, device=self.device,
+        )  # fmt: skip
+        slowest = sums[:1].clone()
+        epochs.quiet_allreduce(self.comm, slowest, op="max")
+        epochs.quiet_allreduce(self.comm, sums)
+        avg = epochs.averaged(self.model, self.comm)
+        scores = epochs.evaluate(
+            avg, self.epoch_data, self.comm, self.loss_fn if self.spec.loss else None
+        )
+        gn = float("nan")  # a full pass over the partition: only where it is the measure
+        if (
+            self.spec.model in models.CONVEX and not self.spec.workload
+        ):  # the same on every rank: all or none call
+            gn = epochs.gradient_norm(avg, self.epoch_data, self.comm, self.spec.weight_decay)
+        previous = self.epoch_rows[-1]["train_time_s"] if self.epoch_rows else 0.0
+        self.epoch_rows.append({
+            "run_id": self.spec.run_id, "epoch": epoch, "iteration": done,
+            "train_time_s": previous + float(slowest), "lr": self.opt.param_groups[0]["lr"],
+            "train_loss": float(sums[1]) / (steps * self.comm.world_size), **scores,
+            "grad_norm": gn,
+            "bytes_sent": sum(r["bytes_sent"] for r in self.rows),
+            "consensus_distance": rows[-1].get("consensus_distance", float("nan")),
+        })  # fmt: skip
+
+    def buckets_frame(self) -> Any:
+        """Per-bucket rows (records.BUCKET_COLUMNS) for loops that have buckets; else None."""
+        return None
+
+    def frame(self) -> Any:
+        for row, loss in zip(self.rows, self._losses, strict=False):
+            row["loss"] = float(loss)
+        return iterations_frame(self.rows)

@@ -1,0 +1,135 @@
+"""The package's shape, as docs/architecture.md describes it, checked so that it cannot drift.
+
+* Data flows one way: a module imports only packages of its own stage or earlier ones
+  (``STAGES``), function-level imports included.
+* The planner (catalog, spec) and the readers of results (report, cost model) never import
+  torch; ``qbench sweep --dry-run`` runs without it.
+* No module is over 400 lines without saying why at its top ("Why one module:").
+* README's layout section is the one ``layout()`` generates from the packages' docstrings.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "qbench"
+STAGES: dict[str, int] = {
+    # shared foundations
+    "errors": 0, "timing": 1, "catalog": 1,
+    # scenario -> run matrix (no torch)
+    "spec": 2,
+    # files on disk: written by launchers and ranks, read by reports
+    "records": 3,
+    # libraries a rank uses (torch)
+    "compress": 4, "comm": 4, "models": 4, "data": 5, "aggregate": 6, "ddp": 7,
+    # matrix -> processes; then one rank's side
+    "launch": 8, "run": 9,
+    # files -> answers
+    "report": 10, "costmodel": 11,
+    # tools, the command line and the Python API on top of it
+    "bench": 12, "cli": 13, "api": 14,
+}  # fmt: skip
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _stage(path: Path) -> str:
+    rel = path.relative_to(PKG)
+    return rel.parts[0].removesuffix(".py")
+
+
+def _qbench_imports(path: Path) -> set[str]:
+    """Top-level qbench packages a module imports, anywhere in it."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            parts = node.module.split(".")
+            if parts[0] == "qbench":
+                if len(parts) > 1:
+                    found.add(parts[1])
+                else:  # from qbench import x
+                    found.update(a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                parts = a.name.split(".")
+                if parts[0] == "qbench" and len(parts) > 1:
+                    found.add(parts[1])
+    return found
+
+
+def test_every_top_level_entry_has_a_stage() -> None:
+    entries = {p.name.removesuffix(".py") for p in PKG.iterdir() if p.suffix == ".py" or (
+        p.is_dir() and (p / "__init__.py").exists())} - {"__init__"}  # fmt: skip
+    assert entries == set(STAGES)
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PKG)))
+def test_imports_point_to_earlier_stages(path: Path) -> None:
+    if path.relative_to(PKG) == Path("__init__.py"):
+        return  # the public API may reach every stage
+    own = STAGES[_stage(path)]
+    later = {m for m in _qbench_imports(path) if m in STAGES and STAGES[m] > own}
+    assert not later, f"{path.relative_to(ROOT)} ({_stage(path)}) imports later stages {later}"
+
+
+def _loads_torch(code: str) -> bool:
+    out = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys; print('torch' in sys.modules)"],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+    )  # fmt: skip
+    return out.stdout.strip().splitlines()[-1] == "True"
+
+
+@pytest.mark.parametrize(
+    "modules",
+    ["qbench.catalog, qbench.catalog.rules, qbench.spec.matrix, qbench.spec.scenario",
+     "qbench.report.tables, qbench.report.stats, qbench.report.page, qbench.report.compare",
+     "qbench.costmodel, qbench.cli.cost", "qbench.launch.sweep, qbench.records.store"],
+)  # fmt: skip
+def test_planners_and_readers_do_not_import_torch(modules: str) -> None:
+    assert not _loads_torch(f"import {modules}")
+
+
+def test_dry_run_does_not_import_torch() -> None:
+    code = (
+        "import sys\nsys.argv = ['qbench', 'sweep', '--dry-run']\nfrom qbench.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass"
+    )
+    assert not _loads_torch(code)
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PKG)))
+def test_long_modules_say_why(path: Path) -> None:
+    lines = path.read_text().splitlines()
+    if len(lines) > 400:
+        assert any("Why one module:" in line for line in lines[:30]), (
+            f"{path.relative_to(ROOT)} has {len(lines)} lines: split it or say why at its top"
+        )
+
+
+def layout() -> str:
+    """README's layout: one line per top-level entry, in stage order, from its docstring."""
+    rows = []
+    for name in sorted(STAGES, key=lambda n: (STAGES[n], n)):
+        path = PKG / name / "__init__.py" if (PKG / name).is_dir() else PKG / f"{name}.py"
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        first = " ".join(doc.split("\n\n")[0].split()).split(". ")[0].rstrip(".")
+        shown = f"{name}/" if (PKG / name).is_dir() else f"{name}.py"
+        rows.append(f"  {shown:<12} {first}")
+    return "qbench/\n" + "\n".join(rows)
+
+
+def test_readme_layout_is_generated() -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Layout", 1)[1].split("```", 2)[1].strip("\n")
+    assert block == layout(), (
+        "README's layout is stale; paste tests.test_architecture.layout():\n" + layout()
+    )

@@ -1,0 +1,77 @@
+"""Every shipped scenario runs end to end at a tiny scale (``qbench sweep --quick``): each
+configuration starts, trains, is recorded and reported. A scenario that cannot run on a fresh
+machine (a dataset nobody installs, a key a change broke) fails here, in CI, instead of in a
+user's ``make figures``.
+
+What the machine lacks is allowed only where no install can fix it: GPUs (the GPU smoke
+scenarios on a CPU runner) and root (emulated links on a runner that is not root). Those runs
+are skipped with the reason (``--skip-unavailable``); anything else missing fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qbench.launch import preflight
+from qbench.spec import matrix, quick, scenario
+
+ROOT = Path(__file__).resolve().parents[1] / "scenarios"
+SHIPPED = sorted(ROOT.rglob("*.yaml"))
+TOLERATED = ("hardware", "privilege")  # no install fixes these on a CI runner
+
+
+def test_quick_keeps_every_configuration_at_the_first_seed() -> None:
+    """--quick: the same configurations, one seed and repeat, 1 epoch of 2 steps or 1 + 2."""
+    for path in SHIPPED:
+        full = matrix.expand(scenario.load(path))
+        sc = scenario.loads(quick.quick(path.read_text(), str(path)))
+        assert sc.repeats == 1 and sc.seed == scenario.load(path).seed[:1]
+        if sc.epochs:
+            assert (sc.epochs, sc.steps_per_epoch, sc.warmup) == (1, 2, 1)
+        else:
+            assert (sc.warmup, sc.iterations) == (1, 2)
+        small = matrix.expand(sc).runs
+
+        def config(r: matrix.RunSpec) -> tuple[str, ...]:
+            return (
+                r.model, r.dataset, r.backend, r.scheme_label, r.compressor_label,
+                str(r.world_size), str(r.network), r.compute, str(r.skew), str(r.weight_bits),
+            )  # fmt: skip
+
+        first = [r for r in full.runs if r.seed == sc.seed[0] and r.repeat == 0]
+        assert {config(r) for r in small} == {config(r) for r in first}, path.name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_shipped_scenario_runs_end_to_end(path: Path, tmp_path: Path) -> None:
+    sc = scenario.loads(quick.quick(path.read_text(), str(path)))
+    runs = matrix.expand(sc).runs
+    verdicts = preflight.check(runs, launcher=sc.launcher)
+    fixable = [m.line() for m in verdicts.missing() if m.kind not in TOLERATED]
+    assert not fixable, f"{path.name} cannot run on this machine: {fixable}"
+
+    out = tmp_path / "out"
+    argv = ["sweep", str(path), "--quick", "--skip-unavailable", "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "qbench.cli", *argv], capture_output=True, text=True, timeout=560
+    )  # fmt: skip
+    records = [json.loads(p.read_text()) for p in out.glob("*/run.json")]
+    bad = {r["run_id"]: r.get("error") for r in records if r["status"] not in ("ok", "skipped")}
+    assert proc.returncode == 0 and not bad, f"{bad or ''}\n{proc.stderr[-3000:]}"
+    assert len(records) == len(runs)
+    skipped = [r for r in records if r["status"] == "skipped"]
+    assert {r["run_id"] for r in skipped} == set(verdicts.unavailable())
+    if len(skipped) == len(records):
+        pytest.skip(f"{path.name}: every run needs {verdicts.tags(skipped[0]['run_id'])}")
+    report = subprocess.run(
+        [sys.executable, "-m", "qbench.cli", "report", str(out), "--format", "csv"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert (out / "report" / "summary.csv").is_file()
