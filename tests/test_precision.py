@@ -42,6 +42,12 @@ def _train(compute: str, steps: int = 60) -> tuple[float, float]:
     return losses[0], losses[-1]
 
 
+def test_the_planner_accepts_exactly_the_precisions_and_norms_the_worker_runs() -> None:
+    from qbench.spec import scenario  # the planner keeps its own copy: it imports no torch
+
+    assert scenario.COMPUTE == precision.COMPUTE and scenario.NORMS == precision.NORMS
+
+
 @pytest.mark.parametrize("compute", precision.COMPUTE)
 def test_every_compute_precision_trains(compute: str) -> None:
     first, last = _train(compute)

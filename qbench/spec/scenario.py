@@ -2,6 +2,10 @@
 
 Scalars or lists are accepted for every sweep axis; a list means "sweep over these".
 Errors are :class:`qbench.errors.UserError` with one line naming the key, the value and a fix.
+
+Why one module: the schema (the ``Scenario`` dataclass, a documented field per key) and the
+parser that fills it change together: the parser reads each key's type and default from the
+fields (``_AXES``, ``_SCALARS``); the checks that stand on their own are in ``checks``.
 """
 
 from __future__ import annotations
