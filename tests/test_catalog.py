@@ -63,6 +63,8 @@ def test_granularity_of_every_default_and_scope() -> None:
         "none": "value", "fp16": "value", "bf16": "value", "qsgd": "bucket", "onebit": "bucket",
         "fixedpoint": "tensor", "topk": "tensor", "adaptive": "tensor", "powersgd": "tensor",
     }  # fmt: skip
+    if "scaledsign" in catalog.COMPRESSORS:  # the plug-in example, installed by `make venv`
+        assert catalog.compressor("scaledsign").granularity == "bucket"
     assert catalog.compressor("topk:scope=global").granularity == "call"
     assert catalog.compressor("qsgd:align=tensor").granularity == "tensor"
     assert catalog.compressor("fixedpoint:delta=0.5").granularity == "value"
