@@ -34,7 +34,8 @@ def test_sweep_rejects_a_bad_mapping_with_the_clis_message(tmp_path: Path) -> No
     )
     with pytest.raises(UserError, match=r"^scenario file 'nope.yaml' not found"):
         qbench.sweep("nope.yaml")
-    with pytest.raises(UserError, match=r"^unknown compressor 'qsdg'"):
+    bad = r"^<dict>: compressor entry 1 `qsdg`: unknown compressor 'qsdg' \(did you mean 'qsgd'\?\)"
+    with pytest.raises(UserError, match=bad):
         qbench.sweep({"name": "x", "model": "mlp", "compressor": "qsdg"}, out=tmp_path / "r")
     assert not (tmp_path / "r").exists()  # nothing ran
 

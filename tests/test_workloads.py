@@ -143,7 +143,8 @@ def test_optimizers_take_the_scenario_keys_unless_they_set_their_own() -> None:
      ("model: mlp\ndataset: {factory: 'a:b', split: test}", "dataset factory: unknown key "
       "'split'"),
      ("model: mlp\ndataset: {name: digits}", "dataset must be str, got {'name': 'digits'}"),
-     ("model: mlp\noptimizer: adamm", "unknown optimizer 'adamm'; valid: adam, adamw, momentum"),
+     ("model: mlp\noptimizer: adamm",
+      "unknown optimizer 'adamm' (did you mean 'adam'?); valid: adam"),
      ("model: mlp\nmomentum: 0.5\noptimizer: adam", "optimizer adam has no momentum (it takes "
       "amsgrad, betas, eps, lr, weight_decay); remove the scenario's `momentum:`"),
      ("model: mlp\noptimizer: {name: adam, betas: [0.9]}", "optimizer adam: betas must be two "

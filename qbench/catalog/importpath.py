@@ -49,6 +49,27 @@ def resolve(path: str, what: str) -> Any:
     return obj
 
 
+def call(path: str, what: str, params: dict[str, Any]) -> Any:
+    """Resolve the factory ``path`` and call it with ``params``; UserError naming ``what`` and
+    the path when it is not a function or raises (the user's code may raise anything)."""
+    named = f"{what} {path!r}"
+    fn = resolve(path, what)
+    if not callable(fn):
+        raise UserError(f"{named} is a {type(fn).__name__}, not a function; point it at one")
+    try:
+        return fn(**params)
+    except Exception as e:
+        raise UserError(
+            f"{named} raised {type(e).__name__}: {first_line(e)}; check its params"
+        ) from e
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's message cut to one line of at most 300 characters, for one-line errors."""
+    text = str(e).splitlines()[0] if str(e) else ""
+    return text[:300]
+
+
 def _import(module_name: str, path: str, what: str) -> Any:
     cwd = os.getcwd()
     try:

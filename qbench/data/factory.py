@@ -34,13 +34,7 @@ def load(spec: Mapping[str, Any]) -> Splits:
     else, or when it or a sample fails."""
     path = spec["factory"]
     what = f"dataset factory {path!r}"
-    fn = importpath.resolve(path, "dataset factory")
-    if not callable(fn):
-        raise UserError(f"{what} is a {type(fn).__name__}, not a function; point it at one")
-    try:
-        out = fn(**spec.get("params", {}))
-    except Exception as e:
-        raise UserError(f"{what} raised {type(e).__name__}: {_first(e)}; check its params") from e
+    out = importpath.call(path, "dataset factory", spec.get("params", {}))
     splits = _splits(out)
     if splits is None:
         raise UserError(
@@ -79,7 +73,9 @@ def _check_sample(what: str, split: str, ds: Any) -> None:
     try:
         sample = ds[0]
     except Exception as e:
-        raise UserError(f"{what}: {split}[0] raised {type(e).__name__}: {_first(e)}") from e
+        raise UserError(
+            f"{what}: {split}[0] raised {type(e).__name__}: {importpath.first_line(e)}"
+        ) from e
     if not isinstance(sample, tuple | list) or len(sample) != 2:
         raise UserError(
             f"{what}: {split}[0] is {type(sample).__name__}; expected an (input, target) pair"
@@ -104,8 +100,3 @@ def take(ds: Any, indices: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, 
     xs = torch.stack([torch.as_tensor(x) for x, _ in pairs])
     ys = torch.stack([torch.as_tensor(y) for _, y in pairs])
     return xs, ys
-
-
-def _first(e: BaseException) -> str:
-    text = str(e).splitlines()[0] if str(e) else ""
-    return text[:300]

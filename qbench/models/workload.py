@@ -64,13 +64,7 @@ def make(spec: Mapping[str, Any]) -> Made:
     what was expected when it cannot be imported, raises or returns something else."""
     path = spec["factory"]
     what = f"model factory {path!r}"
-    fn = importpath.resolve(path, "model factory")
-    if not callable(fn):
-        raise UserError(f"{what} is a {type(fn).__name__}, not a function; point it at one")
-    try:
-        out = fn(**spec.get("params", {}))
-    except Exception as e:
-        raise UserError(f"{what} raised {type(e).__name__}: {_first(e)}; check its params") from e
+    out = importpath.call(path, "model factory", spec.get("params", {}))
     return _normalise(what, out, spec)
 
 
@@ -96,8 +90,3 @@ def _normalise(what: str, out: Any, spec: Mapping[str, Any]) -> Made:
         vocab_size=int(spec.get("vocab_size") or out.vocab_size or 0),
         batch=out.batch,
     )
-
-
-def _first(e: BaseException) -> str:
-    text = str(e).splitlines()[0] if str(e) else ""
-    return text[:300]

@@ -93,11 +93,7 @@ def _like(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def _loss_factory(spec: dict[str, Any]) -> Loss:
     what = f"loss factory {spec['factory']!r}"
-    make = importpath.resolve(spec["factory"], "loss factory")
-    try:
-        fn = make(**spec.get("params", {}))
-    except Exception as e:
-        raise UserError(f"{what} raised {type(e).__name__}: {_first(e)}; check its params") from e
+    fn = importpath.call(spec["factory"], "loss factory", spec.get("params", {}))
     if not callable(fn):
         raise UserError(
             f"{what} returned {type(fn).__name__}; expected a function (output, target) -> loss"
@@ -217,7 +213,8 @@ def _check(spec: RunSpec) -> None:
     except Exception as e:
         raise UserError(
             f"{who}: one forward pass and the loss on 2 samples of shape {tuple(x.shape[1:])} "
-            f"failed ({type(e).__name__}: {_first(e)}); check input_shape, num_classes and loss"
+            f"failed ({type(e).__name__}: {importpath.first_line(e)}); check input_shape, "
+            "num_classes and loss"
         ) from e
     if not isinstance(value, torch.Tensor) or value.numel() != 1 or not value.is_floating_point():
         raise UserError(
@@ -255,8 +252,3 @@ def _who(spec: RunSpec) -> str:
     if spec.data:
         return f"dataset factory {spec.data['factory']!r} with model {spec.model}"
     return f"loss factory {spec.loss['factory']!r} with model {spec.model}"
-
-
-def _first(e: BaseException) -> str:
-    text = str(e).splitlines()[0] if str(e) else ""
-    return text[:300]

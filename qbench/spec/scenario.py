@@ -3,9 +3,8 @@
 Scalars or lists are accepted for every sweep axis; a list means "sweep over these".
 Errors are :class:`qbench.errors.UserError` with one line naming the key, the value and a fix.
 
-Why one module: the schema (the ``Scenario`` dataclass, a documented field per key) and the
-parser that fills it change together: the parser reads each key's type and default from the
-fields (``_AXES``, ``_SCALARS``); the checks that stand on their own are in ``checks``.
+Why one module: the Scenario dataclass, its defaults and the parser that checks and fills each
+field are one schema; apart, a key's type and its check drift.
 """
 
 from __future__ import annotations
