@@ -8,8 +8,11 @@
 //   device the QB_F* intrinsics say so; C must be compiled with -ffp-contract=off (native.py
 //   does) and without -ffast-math;
 // - x / s is a true division: torch divides, and x * (1/s) can differ in the last bit;
-// - clamp-then-floor in float equals clamp-then-truncate (see qb_level_of), and truncation
-//   vectorises without SSE4.1 rounding.
+// - clamp-then-floor in float equals clamp-then-truncate (see qb_round_level), and truncation
+//   vectorises without SSE4.1 rounding;
+// - stochastic rounding is exact: floor(t) + [u < t - floor(t)], never floor(t + u), whose float32
+//   sum t + u rounds away the low bits of u once t is large (at 16 bits t reaches 65535, where
+//   the spacing of float32 is 2^-8, and the rounding is biased by a few thousandths of a level).
 #pragma once
 #include "qbench_rng.h"
 
@@ -49,31 +52,35 @@ QB_HD int qb_qsgd_zero_bucket(float scale, int32_t layout) {
   return layout == QB_LAYOUT_INTERVALS && !(scale > 0.0f);
 }
 
-// clamp(floor(v), 0, top) as the reference computes it, clamped in float first so that the
-// conversion only ever sees [0, top]: truncation then equals floor. v < 0 and NaN give 0 (torch's
-// NaN -> int cast packs to code 0 too), v > top gives top, also for v beyond the int32 range,
-// which the host's cast leaves undefined (x86 returns INT_MIN: code 0 instead of top, for a huge
-// value in a bucket whose scale is NaN under layout sign). The upper clamp is needed: with an l2
-// scale of values near the float32 underflow (x * x subnormal), |x| / s can exceed 1 by ~22%.
-QB_HD int32_t qb_level_of(float v, int32_t top) {
+// The level of v (position in level units) with an unbiased up-draw: v clamped to [0, top] in
+// float first, then low = floor(v) (truncation, since v >= 0) and low + 1 with probability
+// v - low, i.e. when u < v - low. v - low is exact (v and low are within a factor of two, or low
+// is 0), so the probability is the fraction itself, to the 2^-24 grid of u; v = top gives
+// fraction 0, so the level never exceeds top. v < 0 and NaN give 0 (torch's NaN -> int cast packs
+// to code 0 too), v > top gives top, also for v beyond the int32 range, which the host's cast
+// leaves undefined. The upper clamp is needed: with an l2 scale of values near the float32
+// underflow (x * x subnormal), |x| / s can exceed 1 by ~22%.
+QB_HD int32_t qb_round_level(float v, int32_t top, float u) {
   const float top_f = (float)top;
   v = v >= 0.0f ? v : 0.0f;
   v = v <= top_f ? v : top_f;
-  return QB_F2I_RZ(v);
+  const int32_t low = QB_F2I_RZ(v);
+  return low + (u < QB_FSUB(v, (float)low) ? 1 : 0);
 }
 
-// intervals: t = (x / s + 1) * (top / 2); level = clamp(floor(t + u), 0, top).
+// intervals: t = (x / s + 1) * (top / 2); level = clamp(t, 0, top) rounded up with probability
+// of its fraction.
 QB_HD int32_t qb_qsgd_level_intervals(float x, float s_div, float half_top, int32_t top, float u) {
   float ratio = QB_FDIV(x, s_div);
   float t = QB_FMUL(QB_FADD(ratio, 1.0f), half_top);
-  return qb_level_of(QB_FADD(t, u), top);
+  return qb_round_level(t, top, u);
 }
 
-// sign: level = clamp(floor(|x / s| * top + u), 0, top), with the sign (x / s < 0) in bit top+1.
+// sign: level = |x / s| * top rounded the same way, with the sign (x / s < 0) in bit top+1.
 QB_HD int32_t qb_qsgd_level_sign(float x, float s_div, float top_f, int32_t top, float u) {
   float ratio = QB_FDIV(x, s_div);
   float a = ratio < 0.0f ? -ratio : ratio;  // fabsf, spelled so it vectorises everywhere
-  int32_t level = qb_level_of(QB_FADD(QB_FMUL(a, top_f), u), top);
+  int32_t level = qb_round_level(QB_FMUL(a, top_f), top, u);
   return level | (ratio < 0.0f ? top + 1 : 0);
 }
 

@@ -60,9 +60,11 @@ def test_compressed_reduce_broadcast_matches_reference(
     for step in range(STEPS):
         for r in ranks:
             torch.testing.assert_close(r["results"][step], ref_steps[step], rtol=1e-5, atol=1e-6)
-    # Compressed traffic really is smaller than fp32's 2 (K-1)/K * 4 n bytes per step.
+    # Compressed traffic really is smaller than fp32's 2 (K-1)/K * 4 n bytes per step: at most
+    # about 10 bits per value (adaptive on Gaussian data: H near 3 bits, so N = 9 or 10, plus
+    # headers and Huffman tables), under 0.35 of fp32.
     fp32_bus = 2 * (world - 1) * 4 * NUMEL // world
-    assert ranks[0]["bytes_sent"] < 0.3 * fp32_bus * STEPS
+    assert ranks[0]["bytes_sent"] < 0.35 * fp32_bus * STEPS
 
 
 def _reference_steps(comp: dict, world: int, chunks: int = 1) -> list[torch.Tensor]:

@@ -134,10 +134,12 @@ def test_headers_round_trip() -> None:
     assert math.isnan(first.staleness) and not first.stop
 
 
-def _groups(specs: Sequence[dict[str, Any]], sizes: Sequence[int]) -> list[tuple[slice, Any]]:
+def _groups(
+    specs: Sequence[dict[str, Any]], sizes: Sequence[int]
+) -> list[tuple[slice, Any, tuple[int, ...]]]:
     out, pos = [], 0
     for spec, n in zip(specs, sizes, strict=True):
-        out.append((slice(pos, pos + n), from_spec(spec)))
+        out.append((slice(pos, pos + n), from_spec(spec), (n,)))
         pos += n
     return out
 

@@ -27,10 +27,12 @@ def tiny() -> KernelResult:
 
 
 # The labels of kernels.DEFAULT_SPECS, written out: none, fp16, bf16, qsgd bits/bucket 2/128,
-# 4/512, 8/512, 16/8192, onebit bucket 64, fixedpoint 8 bits, topk 1 %, adaptive defaults.
+# 4/512, 8/512, 16/8192, onebit bucket 64, fixedpoint 8 bits, topk 1 %, adaptive defaults (the
+# last three per tensor: one tensor here, so the same work as per call; adaptive's probe bins
+# over [min, max] as the paper's).
 DEFAULT_LABELS = (
     "fp32", "fp16", "bf16", "qsgd-2b-b128", "qsgd-4b-b512", "qsgd-8b-b512", "qsgd-16b-b8192",
-    "1bit-b64", "fixed-8b", "topk-1%", "adaptive-c6-m4-f3%",
+    "1bit-b64", "fixed-8b-layer", "topk-1%-layer", "adaptive-c6-m4-f3%-layer-minmax",
 )  # fmt: skip
 
 

@@ -54,6 +54,25 @@ def test_payloads_have_the_catalogs_wire_bytes(spec: dict[str, Any]) -> None:
         assert payload.nbytes == checked.wire_bytes(n), n
 
 
+def test_granularity_of_every_default_and_scope() -> None:
+    # the built-in ones (installed plug-ins join catalog.COMPRESSORS too)
+    built_in = ("none", "fp16", "bf16", "qsgd", "onebit", "fixedpoint", "topk", "adaptive",
+                "powersgd")  # fmt: skip
+    got = {n: catalog.compressor(n).granularity for n in built_in}
+    assert got == {
+        "none": "value", "fp16": "value", "bf16": "value", "qsgd": "bucket", "onebit": "bucket",
+        "fixedpoint": "tensor", "topk": "tensor", "adaptive": "tensor", "powersgd": "tensor",
+    }  # fmt: skip
+    if "scaledsign" in catalog.COMPRESSORS:  # the plug-in example, installed by `make venv`
+        assert catalog.compressor("scaledsign").granularity == "bucket"
+    assert catalog.compressor("topk:scope=global").granularity == "call"
+    assert catalog.compressor("qsgd:align=tensor").granularity == "tensor"
+    assert catalog.compressor("fixedpoint:delta=0.5").granularity == "value"
+    assert set(got.values()) <= set(catalog.GRANULARITIES)
+    with pytest.raises(UserError, match=r"with delta 0\.5 every value is rounded on its own"):
+        catalog.compressor({"name": "fixedpoint", "delta": 0.5, "scope": "global"})
+
+
 def test_wire_bytes_written_out_by_hand() -> None:
     q4 = catalog.compressor({"name": "qsgd", "bits": 4, "bucket_size": 512})
     assert q4.wire_bytes(1000) == 500 + 2 * 4  # 4 bits each, two buckets of one fp32 scale
@@ -69,9 +88,14 @@ def test_wire_bytes_written_out_by_hand() -> None:
     ("spec", "label"),
     [("none", "fp32"), ("fp16", "fp16"), ("qsgd", "qsgd-4b-b512"),
      ("qsgd:bits=2,norm=l2,layout=sign", "qsgd-2b-b512-l2-sign"), ("onebit", "1bit-b64"),
-     ("onebit:columns=true,error_feedback=false", "1bit-col-noef"), ("fixedpoint", "fixed-8b"),
-     ("fixedpoint:delta=0.25", "fixed-8b-d0.25"), ("topk", "topk-1%"),
-     ("adaptive", "adaptive-c6-m4-f3%"), ("powersgd:rank=2", "powersgd-r2")],
+     ("onebit:columns=true,error_feedback=false", "1bit-col-noef"),
+     ("fixedpoint:scope=global", "fixed-8b"), ("fixedpoint", "fixed-8b-layer"),
+     ("fixedpoint:delta=0.25", "fixed-8b-d0.25"), ("topk:scope=global", "topk-1%"),
+     ("topk", "topk-1%-layer"),
+     ("adaptive:scope=global,entropy_grid=symmetric", "adaptive-c6-m4-f3%"),
+     ("adaptive", "adaptive-c6-m4-f3%-layer-minmax"),
+     ("adaptive:entropy_grid=symmetric", "adaptive-c6-m4-f3%-layer"),
+     ("qsgd:align=tensor", "qsgd-4b-b512-tensor"), ("powersgd:rank=2", "powersgd-r2")],
 )  # fmt: skip
 def test_labels_are_stable(spec: str, label: str) -> None:
     assert catalog.compressor_label(spec) == label  # run ids contain them: never change one
@@ -81,8 +105,10 @@ def test_labels_are_stable(spec: str, label: str) -> None:
     "spec",
     ["none", "fp16", "bf16", "qsgd:bits=16,bucket_size=7", "qsgd:bits=2,norm=l2,layout=sign",
      "onebit:bucket_size=32,error_feedback=false", "onebit:columns=true",
-     "fixedpoint:bits=12,delta=0.0625", "fixedpoint:bits=3", "topk:ratio=0.005",
-     "topk:error_feedback=false", "adaptive:sample_fraction=0.1,probe_bits=3,floor_bits=2",
+     "fixedpoint:bits=12,delta=0.0625", "fixedpoint:bits=3", "fixedpoint:scope=global",
+     "topk:ratio=0.005", "topk:error_feedback=false", "topk:scope=global,error_feedback=false",
+     "adaptive:sample_fraction=0.1,probe_bits=3,floor_bits=2", "adaptive:scope=global",
+     "qsgd:bits=3,align=tensor,layout=sign,norm=l2",
      "powersgd:rank=4,warm_start=false"],
 )  # fmt: skip
 def test_labels_read_back_to_their_compressor(spec: str) -> None:
@@ -154,6 +180,9 @@ QSGD4 = {"name": "qsgd", "bits": 4}
      ("gloo", "integer-allreduce", {"name": "onebit"}, 2, "needs compressor qsgd, got onebit"),
      ("gloo", "integer-allreduce", {"name": "qsgd", "bits": 1}, 2, "needs qsgd bits >= 2"),
      ("gloo", "integer-allreduce", {"name": "qsgd", "norm": "l2"}, 2, "use `norm: max`"),
+     ("gloo", "integer-allreduce", {"name": "qsgd", "align": "tensor"}, 2,
+      "use `align: contiguous`"),
+     ("gloo", "gossip", {"name": "topk", "error_feedback": False}, 4, None),
      ("gloo", "gossip", {"name": "topk"}, 4, "set `error_feedback: false` on topk"),
      ("gloo", "async-ps", QSGD4, 1, "world_size >= 2, got 1"),
      ("nccl", "async-ps", QSGD4, 2, "which nccl cannot"),

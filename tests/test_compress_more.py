@@ -216,7 +216,9 @@ def test_fixedpoint_codes_are_twos_complement() -> None:
 
 def test_fixedpoint_auto_exponent() -> None:
     c = build("fixedpoint", bits=8)
-    assert c.label == "fixed-8b" and c.nominal_bits == 8.0
+    # per tensor by default (the label says so: run ids of the per-call default stay apart)
+    assert c.label == "fixed-8b-layer" and c.nominal_bits == 8.0
+    assert build("fixedpoint", bits=8, scope="global").label == "fixed-8b"
     cases = [(1.0, -6), (127 * 2.0**-7, -7), (127 * 2.0**-7 * 1.0001, -6), (0.0, 0)]
     for top, exponent in cases:
         payload = c.encode(torch.tensor([top, -top / 3, 0.0]))
@@ -271,8 +273,9 @@ def test_topk_without_error_feedback_and_labels() -> None:
     c = build("topk", ratio=0.001, error_feedback=False)
     c.encode(_grad(50), name="w")
     assert c.state == {}
-    assert (c.label, c.nominal_bits) == ("topk-0.1%-noef", pytest.approx(0.064))
-    assert build("topk").label == "topk-1%"
+    assert (c.label, c.nominal_bits) == ("topk-0.1%-layer-noef", pytest.approx(0.064))
+    assert build("topk").label == "topk-1%-layer"
+    assert build("topk", scope="global").label == "topk-1%"  # the label of the old default
 
 
 # -- Huffman ----------------------------------------------------------------------------------
@@ -381,7 +384,8 @@ def test_adaptive_width_within_floor_and_ceiling(floor_bits: int, probe_bits: in
 def test_adaptive_defaults_follow_the_paper() -> None:
     c = build("adaptive")
     assert (c.sample_fraction, c.probe_bits, c.floor_bits) == (0.03, 4, 6)
-    assert (c.label, c.nominal_bits, c.stateful) == ("adaptive-c6-m4-f3%", 8.0, False)
+    assert (c.label, c.nominal_bits, c.stateful) == ("adaptive-c6-m4-f3%-layer-minmax", 8.0, False)
+    assert c.granularity == "tensor"  # section 3.4: N = H + c per layer
 
 
 def test_adaptive_bits_per_value_on_a_gaussian(record_property: pytest.RecordProperty) -> None:

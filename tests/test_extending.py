@@ -68,7 +68,8 @@ class ToyMean(Aggregator):
 
     def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
         c = self.compressor
-        out = c.decode(c.encode(grad, step=step, rank=self.comm.rank, offset=self.offset))
+        rank, pieces = self.comm.rank, self.pieces()  # per-tensor compressors: each tensor
+        out = c.decode(c.encode(grad, step=step, rank=rank, offset=self.offset, pieces=pieces))
         timer.mark("encode")
         self.comm.allreduce_(out)
         timer.mark("comm")

@@ -16,10 +16,24 @@ COMPRESSORS = {  # label -> (full name, brief name)
     "qsgd-2b-b128-l2": ("QSGD 2-bit, bucket 128, l2 norm", "QSGD 2-bit, bucket 128, l2 norm"),
     "1bit-b64": ("1-bit SGD, bucket 64", "1-bit SGD"),
     "1bit-col-noef": ("1-bit SGD, per column, no error feedback",) * 2,
-    "fixed-8b": ("fixed point 8-bit", "fixed point 8-bit"),
+    "qsgd-4b-b512-tensor": (
+        "QSGD 4-bit, bucket 512, buckets per tensor",
+        "QSGD 4-bit, buckets per tensor",
+    ),
+    # scope: layer is the default; labels from before it read back as global (what ran)
+    "fixed-8b-layer": ("fixed point 8-bit, per layer", "fixed point 8-bit"),
+    "fixed-8b": ("fixed point 8-bit, global",) * 2,
     "fixed-6b-d0.01": ("fixed point 6-bit, step 0.01",) * 2,
-    "topk-1%": ("top-k 1 %", "top-k 1 %"),
-    "adaptive-c6-m4-f3%": ("entropy-adaptive 6-10 bit, 3 % sampled", "entropy-adaptive 6-10 bit"),
+    "topk-1%-layer": ("top-k 1 %, per layer", "top-k 1 %"),
+    "topk-1%": ("top-k 1 %, global",) * 2,
+    "adaptive-c6-m4-f3%-layer-minmax": (
+        "entropy-adaptive 6-10 bit, 3 % sampled, per layer",
+        "entropy-adaptive 6-10 bit",
+    ),
+    "adaptive-c6-m4-f3%": (
+        "entropy-adaptive 6-10 bit, 3 % sampled, global, symmetric grid",
+        "entropy-adaptive 6-10 bit, global, symmetric grid",
+    ),
     "powersgd-r2": ("PowerSGD rank 2", "PowerSGD rank 2"),
 }
 SCHEMES = {  # label -> name, as run.json stores labels (catalog.scheme_label)

@@ -18,8 +18,8 @@ def _train(compute: str, steps: int = 60) -> tuple[float, float]:
     x = torch.randn(256, 20)
     y = (x @ torch.randn(20, 4)).argmax(1)
     model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 4))
-    if compute == "int8":
-        precision.fake_quantize(model)
+    if compute in precision.INT8:
+        precision.fake_quantize(model, scheme=precision.INT8[compute])
     opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
     scaler = precision.LossScaler(enabled=compute == "fp16")
     losses = []
@@ -42,14 +42,20 @@ def _train(compute: str, steps: int = 60) -> tuple[float, float]:
     return losses[0], losses[-1]
 
 
+def test_the_planner_accepts_exactly_the_precisions_and_norms_the_worker_runs() -> None:
+    from qbench.spec import scenario  # the planner keeps its own copy: it imports no torch
+
+    assert scenario.COMPUTE == precision.COMPUTE and scenario.NORMS == precision.NORMS
+
+
 @pytest.mark.parametrize("compute", precision.COMPUTE)
 def test_every_compute_precision_trains(compute: str) -> None:
     first, last = _train(compute)
     assert last < 0.5 * first, (compute, first, last)
 
 
-def test_range_evonorm_matches_its_formula_on_a_hand_computed_example() -> None:
-    layer = precision.RangeEvoNorm(channels=2, group_size=2, eps=0.0)
+def test_range_evonorm_gs2_matches_its_formula_on_a_hand_computed_example() -> None:
+    layer = precision.RangeEvoNormGS2(channels=2, group_size=2, eps=0.0)
     x = torch.tensor([[[[1.0, -2.0]], [[0.5, 3.0]]]])  # (1 sample, 2 channels, 1 x 2)
     # one group of both channels: range = 3 - (-2) = 5; C = 1 / sqrt(2 ln 2)
     c = 1 / math.sqrt(2 * math.log(2))
@@ -64,19 +70,44 @@ def test_range_evonorm_matches_its_formula_on_a_hand_computed_example() -> None:
     torch.testing.assert_close(layer(x), want * 2 + 0.5)
 
 
-def test_range_evonorm_replaces_batch_norms() -> None:
+@pytest.mark.parametrize(
+    ("norm", "layer"),
+    [("range-evonorm", precision.RangeEvoNorm), ("range-evonorm-gs2", precision.RangeEvoNormGS2)],
+)
+def test_range_evonorm_replaces_batch_norms(norm: str, layer: type[nn.Module]) -> None:
     from qbench import models
 
-    model = precision.use_range_evonorm(models.build("resnet20"))
+    model = precision.use_range_evonorm(models.build("resnet20"), norm)
     assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
-    assert any(isinstance(m, precision.RangeEvoNorm) for m in model.modules())
+    assert any(isinstance(m, layer) for m in model.modules())
     out = model(torch.randn(2, 3, 32, 32))
     assert out.shape == (2, 10) and torch.isfinite(out).all()
 
 
-def test_range_evonorm_rejects_groups_of_one() -> None:
+def test_range_evonorm_rejects_bad_groups() -> None:
     with pytest.raises(ValueError, match="group_size"):
-        precision.RangeEvoNorm(channels=4, group_size=1)
+        precision.RangeEvoNormGS2(channels=4, group_size=1)
+    with pytest.raises(ValueError, match="groups 8 must divide the channels, 12"):
+        precision.RangeEvoNorm(channels=12)
+    with pytest.raises(ValueError, match="chunks of >= 2 values"):
+        precision.RangeEvoNorm(channels=8)(torch.randn(2, 8, 1, 1))  # one value per group
+
+
+def test_asymmetric_int8_uses_min_max_and_a_zero_point() -> None:
+    x = torch.tensor([-1.0, 0.0, 2.0, 3.0])  # range 4 over 255 steps, zero point at -1
+    q = precision.quantize_minmax(x, 8, stochastic=False)
+    step = 4.0 / 255
+    want = [-1.0, -1.0 + round(1 / step) * step, -1.0 + round(3 / step) * step, 3.0]
+    torch.testing.assert_close(q, torch.tensor(want))
+    layer = precision.FakeQuant(nn.Linear(4, 2), scheme="asymmetric")
+    batch = torch.tensor([[0.0, 1.0, 2.0, 4.0], [-2.0, 0.0, 1.0, 2.0]])
+    # activations: the mean of the samples' min (0, -2) and max (4, 2): [-1, 3], clipped
+    xq = precision.quantize_minmax(batch, 8, False, torch.tensor(-1.0), torch.tensor(3.0))
+    assert float(xq.min()) == -1.0 and float(xq.max()) == 3.0
+    wq = precision.quantize_minmax(layer.layer.weight.detach(), 8, stochastic=False)
+    torch.testing.assert_close(layer(batch), nn.functional.linear(xq, wq, layer.layer.bias))
+    with pytest.raises(ValueError, match="scheme must be one of"):
+        precision.FakeQuant(nn.Linear(4, 2), scheme="minmax")
 
 
 def test_fake_quant_quantizes_forward_and_input_gradient_but_not_weight_gradient() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from qbench import catalog
@@ -61,12 +62,15 @@ def build(
     numel: int,
     offset: int = 0,
     params: dict[str, Any] | None = None,
+    tensors: Sequence[int] | None = None,
 ) -> Aggregator:
-    """The aggregator of scheme ``name`` over ``numel`` values; the DDP options (``backward``,
-    ``bucket_cap_mb``, ...) belong to the DDP loop, not to the aggregator of one bucket."""
+    """The aggregator of scheme ``name`` over ``numel`` values made of tensors of sizes
+    ``tensors`` (default one tensor; per-tensor compressors encode each on its own); the DDP
+    options (``backward``, ``bucket_cap_mb``, ...) belong to the DDP loop, not to the
+    aggregator of one bucket."""
     checked = check_params(name, params or {})
     kwargs = {k: v for k, v in checked.items() if k not in _DDP_KEYS}
-    return _aggregator(name)(comm, compressor, numel, offset, **kwargs)
+    return _aggregator(name)(comm, compressor, numel, offset, tensors=tensors, **kwargs)
 
 
 def _aggregator(name: str) -> type[Aggregator]:

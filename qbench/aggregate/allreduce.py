@@ -12,6 +12,8 @@ combinations before any rank starts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from qbench.aggregate.base import Aggregator
@@ -27,8 +29,11 @@ SUMMABLE = (NoCompression, Half, BFloat16)
 class AllReduce(Aggregator):
     name = "allreduce"
 
-    def __init__(self, comm: Comm, compressor: Compressor, numel: int, offset: int = 0) -> None:
-        super().__init__(comm, compressor, numel, offset)
+    def __init__(
+        self, comm: Comm, compressor: Compressor, numel: int, offset: int = 0, *,
+        tensors: Sequence[int] | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(comm, compressor, numel, offset, tensors=tensors)
         if not isinstance(compressor, SUMMABLE):
             raise ValueError(
                 f"allreduce sums raw buffers: compressor must be none, fp16 or bf16, "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
@@ -17,16 +19,25 @@ class Aggregator(ABC):
 
     ``aggregate`` marks the timer's encode / comm / decode phases itself. ``offset`` is where the
     slice starts in the flat gradient: it keys the random draws, so slices never share draws.
-    After each call ``payload_bytes`` holds the bytes of this rank's own encoded gradient.
+    ``tensors``: the sizes of the parameter tensors the slice is made of (the layer plan's
+    group), so that per-tensor compressors encode each on its own (:meth:`pieces`); default one
+    tensor. After each call ``payload_bytes`` holds the bytes of this rank's own encoded
+    gradient.
     """
 
     name: ClassVar[str]
 
-    def __init__(self, comm: Comm, compressor: Compressor, numel: int, offset: int = 0) -> None:
+    def __init__(
+        self, comm: Comm, compressor: Compressor, numel: int, offset: int = 0, *,
+        tensors: Sequence[int] | None = None,
+    ) -> None:  # fmt: skip
         self.comm = comm
         self.compressor = compressor
         self.numel = numel
         self.offset = offset
+        self.tensors = tuple(tensors) if tensors else (numel,)
+        if sum(self.tensors) != numel:
+            raise ValueError(f"{self.name}: tensors {list(self.tensors)} do not add up to {numel}")
         self.payload_bytes = 4 * numel
         self.overlapped = False
         """True when encode / comm / decode interleave, so only the iteration time is real."""
@@ -47,11 +58,51 @@ class Aggregator(ABC):
         the timed region. Default: none."""
         return {}
 
+    def pieces(self, start: int = 0, end: int | None = None) -> list[int]:
+        """The range [start, end) of the slice cut at its tensor boundaries: the sizes a
+        per-tensor compressor encodes separately (the ``pieces`` of encode and from_wire)."""
+        return cut(self.tensors, start, self.numel if end is None else end)
 
-def split_ranges(numel: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
+    def split(self, numel: int, parts: int, start: int = 0) -> list[tuple[int, int]]:
+        """[start, start + numel) of the slice split into ``parts`` ranges (relative to start)
+        on the compressor's bucket grid: consecutive buckets, or buckets restarting at every
+        tensor for a per-tensor compressor with buckets (qsgd ``align: tensor``)."""
+        align = int(getattr(self.compressor, "bucket_size", 1))
+        if self.compressor.granularity != "tensor" or align == 1:
+            return split_ranges(numel, parts, align)
+        return split_ranges(numel, parts, align, self.pieces(start, start + numel))
+
+
+def split_ranges(
+    numel: int, parts: int, align: int = 1, tensors: Sequence[int] | None = None
+) -> list[tuple[int, int]]:
     """Split [0, numel) into ``parts`` consecutive ranges whose starts are multiples of ``align``
     (so range-wise buckets coincide with whole-vector buckets); sizes differ by at most
-    ``align``."""
-    units = -(-numel // align)
-    bounds = [min(numel, (units * i // parts) * align) for i in range(parts + 1)]
+    ``align``. With ``tensors`` (sizes adding up to numel) the buckets restart at every tensor:
+    a range starts at a tensor's start or a multiple of ``align`` after it, the last such
+    point at or before the even split."""
+    if tensors is None:
+        units = -(-numel // align)
+        bounds = [min(numel, (units * i // parts) * align) for i in range(parts + 1)]
+        return [(bounds[i], bounds[i + 1]) for i in range(parts)]
+    starts: list[int] = []
+    pos = 0
+    for n in tensors:
+        starts.extend(range(pos, pos + n, align))
+        pos += n
+    starts.append(numel)
+    bounds = [starts[bisect.bisect_right(starts, numel * i // parts) - 1] for i in range(parts)]
+    bounds.append(numel)
     return [(bounds[i], bounds[i + 1]) for i in range(parts)]
+
+
+def cut(tensors: Sequence[int], start: int, end: int) -> list[int]:
+    """Sizes of the non-empty intersections of [start, end) with consecutive tensors of sizes
+    ``tensors``."""
+    out, pos = [], 0
+    for n in tensors:
+        a, b = max(pos, start), min(pos + n, end)
+        if b > a:
+            out.append(b - a)
+        pos += n
+    return out

@@ -58,16 +58,17 @@ class Gossip(Aggregator):
         topology: str,
         algorithm: str,
         gamma: float,
+        tensors: Sequence[int] | None = None,
     ) -> None:
         """Parameters validated by the catalog (qbench.catalog.schemes.GOSSIP), which also keeps
         compressors with their own error feedback out (qbench.catalog.rules)."""
-        super().__init__(comm, compressor, numel, offset)
+        super().__init__(comm, compressor, numel, offset, tensors=tensors)
         self.graph = graphs.build(topology, comm.world_size)
         self.algorithm, self.gamma = algorithm, gamma
         self.self_weight, self.weights = self.graph.weights(comm.rank)
         self.peers = list(self.weights)  # ascending ranks, the order alltoallv delivers them in
         self.fixed = compressor.fixed_size
-        self.wire_size = compressor.wire_nbytes(numel) if self.fixed else 0
+        self.wire_size = compressor.wire_nbytes(numel, self.pieces()) if self.fixed else 0
         self._mix = {"dpsgd": self._dpsgd, "choco": self._choco, "deepsqueeze": self._deepsqueeze}[
             algorithm
         ]
@@ -140,8 +141,9 @@ class Gossip(Aggregator):
     def _encode(self, t: torch.Tensor, step: int) -> Payload:
         c, rank = self.compressor, self.comm.rank
         payload = c.encode(
-            t, step=step, rank=rank, stream=STREAM, offset=self.offset, name="gossip"
-        )
+            t, step=step, rank=rank, stream=STREAM, offset=self.offset, name="gossip",
+            pieces=self.pieces(),
+        )  # fmt: skip
         self.payload_bytes = payload.nbytes
         return payload
 
@@ -166,7 +168,7 @@ class Gossip(Aggregator):
         """acc += sum over neighbours j of W_ij C(.)_j, decoded from their wire buffers."""
         c = self.compressor
         for j, buf in zip(self.peers, received, strict=True):
-            acc.add_(c.decode(c.from_wire(buf, self.numel)), alpha=self.weights[j])
+            acc.add_(c.decode(c.from_wire(buf, self.numel, self.pieces())), alpha=self.weights[j])
 
     def _buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
         if name not in self._buffers:

@@ -30,6 +30,7 @@ overlap (same draws, same scales); only the phases interleave, so the run is rec
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -66,15 +67,20 @@ class IntegerAllReduce(Aggregator):
     name = "integer-allreduce"
 
     def __init__(
-        self, comm: Comm, compressor: Compressor, numel: int, offset: int = 0, overlap: int = 1
-    ) -> None:
-        super().__init__(comm, compressor, numel, offset)
+        self, comm: Comm, compressor: Compressor, numel: int, offset: int = 0, overlap: int = 1,
+        *, tensors: Sequence[int] | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(comm, compressor, numel, offset, tensors=tensors)
         self.fp32 = isinstance(compressor, NoCompression)
         if self.fp32:
             return
-        if not isinstance(compressor, QSGD) or compressor.bits < 2 or compressor.norm != "max":
+        if (
+            not isinstance(compressor, QSGD) or compressor.bits < 2 or compressor.norm != "max"
+            or compressor.align != "contiguous"
+        ):  # fmt: skip
             raise ValueError(
-                f"integer-allreduce needs qsgd with bits >= 2 and norm max, got {compressor.label}"
+                "integer-allreduce needs qsgd with bits >= 2, norm max and align contiguous, "
+                f"got {compressor.label}"
             )
         self.top = (1 << (compressor.bits - 1)) - 1
         self.bucket_size = compressor.bucket_size

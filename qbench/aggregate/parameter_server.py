@@ -17,6 +17,7 @@ the data first send their sizes the same way (8 bytes per message, counted).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -39,14 +40,18 @@ class ParameterServer(Aggregator):
         numel: int,
         offset: int = 0,
         down: dict[str, Any] | None = None,
+        *,
+        tensors: Sequence[int] | None = None,
     ) -> None:
-        super().__init__(comm, compressor, numel, offset)
+        super().__init__(comm, compressor, numel, offset, tensors=tensors)
         # The run's seed keys the down-encode too (the catalog refuses a seed of its own).
         self.down = from_spec(down or "none", seed=compressor.seed)
 
     def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
         c, rank = self.compressor, self.comm.rank
-        wire = c.encode(grad, step=step, rank=rank, offset=self.offset, name="up").to_wire()
+        wire = c.encode(
+            grad, step=step, rank=rank, offset=self.offset, name="up", pieces=self.pieces()
+        ).to_wire()
         timer.mark("encode")
         self.payload_bytes = wire.numel()
         received, sizes = self._gather(wire, c)
@@ -57,12 +62,13 @@ class ParameterServer(Aggregator):
             mean = self._mean_of(received, sizes, grad.zero_())
             timer.mark("decode")
             down = self.down.encode(
-                mean, step=step, rank=SERVER, stream=1, offset=self.offset, name="down"
-            ).to_wire()
+                mean, step=step, rank=SERVER, stream=1, offset=self.offset, name="down",
+                pieces=self.pieces(),
+            ).to_wire()  # fmt: skip
             timer.mark("encode")
         down = self._broadcast(down)
         timer.mark("comm")
-        out = self.down.decode(self.down.from_wire(down, self.numel))
+        out = self.down.decode(self.down.from_wire(down, self.numel, self.pieces()))
         timer.mark("decode")
         return out
 
@@ -70,7 +76,7 @@ class ParameterServer(Aggregator):
         """Every rank's ``wire`` to the server; returns what it received and the sizes."""
         k = self.comm.world_size
         if c.fixed_size:
-            sizes = [c.wire_nbytes(self.numel)] * k
+            sizes = [c.wire_nbytes(self.numel, self.pieces())] * k
         else:
             size = torch.tensor([wire.numel()], dtype=torch.int64, device=wire.device)
             got = self._to_server(size.view(torch.uint8), [8] * k)
@@ -88,7 +94,8 @@ class ParameterServer(Aggregator):
         pos = 0
         for size in sizes:
             self.compressor.decode(
-                self.compressor.from_wire(received[pos : pos + size], self.numel), out=acc
+                self.compressor.from_wire(received[pos : pos + size], self.numel, self.pieces()),
+                out=acc,
             )
             pos += size
         return acc.div_(self.comm.world_size)
@@ -96,7 +103,7 @@ class ParameterServer(Aggregator):
     def _broadcast(self, down: torch.Tensor) -> torch.Tensor:
         """The server's ``down`` bytes on every rank (the server sends K-1 copies)."""
         if self.down.fixed_size:
-            nbytes = self.down.wire_nbytes(self.numel)
+            nbytes = self.down.wire_nbytes(self.numel, self.pieces())
         else:
             size = torch.tensor([down.numel()], dtype=torch.int64, device=down.device)
             nbytes = int(self._from_server(size.view(torch.uint8), 8).view(torch.int64)[0])

@@ -40,6 +40,8 @@ data-dependent payload sizes (e.g. ``adaptive``) first send 8 bytes of size to e
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from qbench.aggregate import directed
@@ -67,10 +69,11 @@ class PushSum(Aggregator):
         algorithm: str,
         gamma: float,
         qgm: bool | float,
+        tensors: Sequence[int] | None = None,
     ) -> None:
         """Parameters validated by the catalog (qbench.catalog.schemes.PUSH_SUM), which also
         keeps compressors with their own error feedback out (qbench.catalog.rules)."""
-        super().__init__(comm, compressor, numel, offset)
+        super().__init__(comm, compressor, numel, offset, tensors=tensors)
         self.algorithm = _resolve(algorithm, compressor.name, gamma)
         self.gamma, self.beta = gamma, qgm_beta(qgm)  # beta 0: no quasi-global momentum
         self.schedule = directed.schedule(topology, comm.rank, comm.world_size)
@@ -159,8 +162,9 @@ class PushSum(Aggregator):
     def _encode(self, t: torch.Tensor, step: int) -> Payload:
         c, rank = self.compressor, self.comm.rank
         payload = c.encode(
-            t, step=step, rank=rank, stream=STREAM, offset=self.offset, name="push-sum"
-        )
+            t, step=step, rank=rank, stream=STREAM, offset=self.offset, name="push-sum",
+            pieces=self.pieces(),
+        )  # fmt: skip
         self.payload_bytes = payload.nbytes
         return payload
 
@@ -188,7 +192,9 @@ class PushSum(Aggregator):
         self, messages: dict[int, torch.Tensor], inn: dict[int, float], device: torch.device
     ) -> dict[int, int]:
         if self.fixed:
-            return dict.fromkeys(inn, self.compressor.wire_nbytes(self.numel) + WEIGHT)
+            return dict.fromkeys(
+                inn, self.compressor.wire_nbytes(self.numel, self.pieces()) + WEIGHT
+            )
         k = self.comm.world_size
         mine = [messages[j].numel() for j in sorted(messages)]
         sizes = torch.tensor(mine, dtype=torch.int64, device=device).view(torch.uint8)
@@ -198,7 +204,7 @@ class PushSum(Aggregator):
 
     def _unpack(self, buf: torch.Tensor) -> tuple[Payload, float]:
         weight = float(buf[-WEIGHT:].clone().view(torch.float32))
-        return self.compressor.from_wire(buf[:-WEIGHT], self.numel), weight
+        return self.compressor.from_wire(buf[:-WEIGHT], self.numel, self.pieces()), weight
 
     def _copy(self, end: str, peer: int, like: torch.Tensor) -> torch.Tensor:
         """Choco's public copy x_hat of edge (self -> peer) for end "out", (peer -> self) "in"."""

@@ -6,6 +6,11 @@ error-feedback slot) and every rank gathers all owners' encoded ranges (allgathe
 Payloads whose size depends on the data (e.g. Huffman-coded) first exchange their sizes: 8 bytes
 per peer, counted in ``bytes_sent`` like everything else.
 
+Per-tensor compressors (catalog granularity ``tensor``) encode each owner range cut at the
+slice's tensor boundaries: the tail of one tensor and the head of the next are separate pieces
+of one payload, so a range never mixes two layers' scales, widths or budgets (with QSGD
+``align: tensor`` the ranges also start on a tensor's bucket grid).
+
 ``overlap: C`` (C > 1) splits the slice into C chunks and double-buffers them (seed 002 section
 3.2.1): chunk c+1 is encoded while chunk c's alltoallv is in flight. Phases then interleave, so
 only the iteration time is meaningful (the worker records the run as mode ``overlap``).
@@ -13,11 +18,12 @@ only the iteration time is meaningful (the worker records the run as mode ``over
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from qbench.aggregate.base import Aggregator, split_ranges
+from qbench.aggregate.base import Aggregator
 from qbench.comm import Comm
 from qbench.comm.base import Pending
 from qbench.compress import Compressor
@@ -29,27 +35,32 @@ class _Chunk:
     start: int
     ranges: list[tuple[int, int]]  # owner ranges, relative to start
     wire_sizes: list[int]  # per owner range, when the compressor is fixed-size
+    pieces: list[list[int]]  # per owner range: its cut at the tensor boundaries
 
 
 class ReduceBroadcast(Aggregator):
     name = "reduce-broadcast"
 
     def __init__(
-        self, comm: Comm, compressor: Compressor, numel: int, offset: int = 0, overlap: int = 1
-    ) -> None:
-        super().__init__(comm, compressor, numel, offset)
-        align = int(getattr(compressor, "bucket_size", 1))
+        self, comm: Comm, compressor: Compressor, numel: int, offset: int = 0, overlap: int = 1,
+        *, tensors: Sequence[int] | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(comm, compressor, numel, offset, tensors=tensors)
         self.fixed = compressor.fixed_size
-        self.chunks = [
-            self._chunk(a, b - a, align) for a, b in split_ranges(numel, overlap, align) if b > a
-        ] or [self._chunk(0, 0, align)]
+        chunks = [self._chunk(a, b - a) for a, b in self.split(numel, overlap) if b > a]
+        self.chunks = chunks or [self._chunk(0, 0)]
         self.overlapped = len(self.chunks) > 1
         self._acc: dict[int, torch.Tensor] = {}
 
-    def _chunk(self, start: int, n: int, align: int) -> _Chunk:
-        ranges = split_ranges(n, self.comm.world_size, align)
-        sizes = [self.compressor.wire_nbytes(b - a) for a, b in ranges] if self.fixed else []
-        return _Chunk(start, ranges, sizes)
+    def _chunk(self, start: int, n: int) -> _Chunk:
+        ranges = self.split(n, self.comm.world_size, start)
+        pieces = [self.pieces(start + a, start + b) for a, b in ranges]
+        c = self.compressor
+        sizes = (
+            [c.wire_nbytes(b - a, p) for (a, b), p in zip(ranges, pieces, strict=True)]
+            if self.fixed else []
+        )  # fmt: skip
+        return _Chunk(start, ranges, sizes, pieces)
 
     def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
         if len(self.chunks) == 1:
@@ -101,14 +112,14 @@ class ReduceBroadcast(Aggregator):
         self, ch: _Chunk, received: torch.Tensor, recv_sizes: list[int]
     ) -> torch.Tensor:
         a, b = ch.ranges[self.comm.rank]
-        return self._mean_of(received, recv_sizes, b - a)
+        return self._mean_of(received, recv_sizes, b - a, ch.pieces[self.comm.rank])
 
     def _owner_encode(self, ch: _Chunk, mean: torch.Tensor, step: int) -> torch.Tensor:
         """The owner's second quantization: stream 1 and its own error-feedback slot."""
         a = ch.ranges[self.comm.rank][0]
         return self.compressor.encode(
             mean, step=step, rank=self.comm.rank, stream=1, offset=self.offset + ch.start + a,
-            name=f"owner{ch.start}",
+            name=f"owner{ch.start}", pieces=ch.pieces[self.comm.rank],
         ).to_wire()  # fmt: skip
 
     def _encode_sends(
@@ -118,7 +129,7 @@ class ReduceBroadcast(Aggregator):
         sends = [
             c.encode(
                 grad[ch.start + s : ch.start + e], step=step, rank=rank, offset=base + s,
-                name=f"send{ch.start}.{j}",
+                name=f"send{ch.start}.{j}", pieces=ch.pieces[j],
             ).to_wire()
             for j, (s, e) in enumerate(ch.ranges)
         ]  # fmt: skip
@@ -155,7 +166,9 @@ class ReduceBroadcast(Aggregator):
         )
         return got.view(torch.int64).tolist()
 
-    def _mean_of(self, received: torch.Tensor, sizes: list[int], n: int) -> torch.Tensor:
+    def _mean_of(
+        self, received: torch.Tensor, sizes: list[int], n: int, pieces: list[int]
+    ) -> torch.Tensor:
         # One accumulator per size, reused: a fresh large buffer costs page faults every step.
         acc = self._acc.get(n)
         if acc is None or acc.device != received.device:
@@ -164,7 +177,7 @@ class ReduceBroadcast(Aggregator):
         pos = 0
         for size in sizes:
             self.compressor.decode(
-                self.compressor.from_wire(received[pos : pos + size], n), out=acc
+                self.compressor.from_wire(received[pos : pos + size], n, pieces), out=acc
             )
             pos += size
         return acc.div_(self.comm.world_size)
@@ -173,8 +186,8 @@ class ReduceBroadcast(Aggregator):
         self, gathered: torch.Tensor, ch: _Chunk, sizes: list[int], out: torch.Tensor
     ) -> None:
         pos = 0
-        for (s, e), size in zip(ch.ranges, sizes, strict=True):
-            payload = self.compressor.from_wire(gathered[pos : pos + size], e - s)
+        for (s, e), size, pieces in zip(ch.ranges, sizes, ch.pieces, strict=True):
+            payload = self.compressor.from_wire(gathered[pos : pos + size], e - s, pieces)
             # Decode straight into the gradient (zero, then the kernels' decode-accumulate):
             # no temporary the size of the range.
             self.compressor.decode(payload, out=out[ch.start + s : ch.start + e].zero_())

@@ -20,6 +20,8 @@ with one int64 MAX allreduce (counted in ``bytes_sent``), since allreduce needs 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from qbench.aggregate.base import Aggregator
@@ -31,14 +33,20 @@ from qbench.timing import PhaseTimer
 class SimulatedLowPrec(Aggregator):
     name = "simulated-lowprec"
 
-    def __init__(self, comm: Comm, compressor: Compressor, numel: int, offset: int = 0) -> None:
-        super().__init__(comm, compressor, numel, offset)
+    def __init__(
+        self, comm: Comm, compressor: Compressor, numel: int, offset: int = 0, *,
+        tensors: Sequence[int] | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(comm, compressor, numel, offset, tensors=tensors)
         self.fixed = compressor.fixed_size
         self._buffer = torch.zeros(0, dtype=torch.float32)
 
     def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
         c = self.compressor
-        payload = c.encode(grad, step=step, rank=self.comm.rank, offset=self.offset, name="own")
+        payload = c.encode(
+            grad, step=step, rank=self.comm.rank, offset=self.offset, name="own",
+            pieces=self.pieces(),
+        )  # fmt: skip
         timer.mark("encode")
         nbytes = payload.nbytes if self.fixed else self._max_over_ranks(payload.nbytes, grad)
         self.comm.allreduce_(self._zeros(-(-nbytes // 4), grad.device))

@@ -12,22 +12,22 @@ codecs, ``bench``, the cost model and the reports read these; none re-derives th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
 from qbench.catalog import plugins, specs
-from qbench.catalog.compressors import COMPRESSORS, CompressorEntry
+from qbench.catalog.compressors import COMPRESSORS, GRANULARITIES, CompressorEntry
 from qbench.catalog.params import validate
 from qbench.catalog.schemes import SCHEMES, SchemeEntry
 from qbench.errors import UserError, choice_error
 
 __all__ = [
-    "COMPRESSORS", "SCHEMES", "CompressorSpec", "SchemeSpec", "compressor", "compressor_label",
-    "from_label", "register_compressor", "register_scheme", "scheme", "scheme_from_label",
-    "scheme_label",
+    "COMPRESSORS", "GRANULARITIES", "SCHEMES", "CompressorSpec", "SchemeSpec", "compressor",
+    "compressor_label", "from_label", "register_compressor", "register_scheme", "scheme",
+    "scheme_from_label", "scheme_label",
 ]  # fmt: skip
 
 
@@ -56,8 +56,15 @@ class CompressorSpec:
     def error_feedback(self) -> bool:
         return self.entry.error_feedback(self.params)
 
-    def wire_bytes(self, numel: int) -> int | None:
-        return self.entry.wire_bytes(self.params, numel)
+    @property
+    def granularity(self) -> str:
+        """What one scale, width or budget covers (compressors.GRANULARITIES)."""
+        return self.entry.granularity(self.params)
+
+    def wire_bytes(self, numel: int, pieces: Sequence[int] | None = None) -> int | None:
+        """Payload bytes of ``numel`` values made of tensors (or tensor parts) of sizes
+        ``pieces``; the pieces count only for per-tensor compressors."""
+        return self.entry.wire_bytes(self.params, numel, pieces)
 
     def display(self, brief: bool = False) -> str:
         """Its name for people ("QSGD 4-bit, bucket 512"; brief: "QSGD 4-bit")."""

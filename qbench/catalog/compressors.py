@@ -4,13 +4,24 @@ The codecs in ``qbench.compress`` take their validated parameters from here and 
 payloads to the wire layout given here (tests/test_catalog.py checks payload sizes against it);
 the planner, the schemes, ``bench``, the cost model and the reports read the rest. To add a
 compressor: an entry here and a codec module (docs/architecture.md).
+
+Granularity (GRANULARITIES): a compressor that chooses a scale, a width or a budget per tensor
+declares ``tensor``; the schemes then hand it the tensor boundaries of every range they encode
+(``pieces``), it encodes each piece on its own and the per-piece payloads travel one after the
+other as one message, so message counts do not grow and ``wire_bytes(params, n, pieces)``
+counts every per-piece header (docs/precision-and-layers.md).
+
+Why one module: it is the table of every built-in compressor, one fact in one place; the
+entries are read side by side (their labels and ``unlabel`` patterns must not overlap, and the
+wire helpers and ``scope`` parameter are shared between entries), and splitting it per
+compressor would scatter the table the planner and the reports rely on.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -54,15 +65,48 @@ class CompressorEntry:
     unlabel: Callable[[str], Params | None] = lambda label: None
     """The inverse of ``label``: the parameters a label stands for, None when it is not this
     compressor's (tables and bench files name compressors by label; tests round-trip both)."""
+    granularity: Callable[[Params], str] = lambda p: "value"
+    """What one scale, width or budget covers: one of GRANULARITIES."""
     display: Callable[[Params, bool], str] | None = None
     """Its name for people in figures, tables and pages ("QSGD 4-bit, bucket 512"); with
     ``brief``, parameters left at their default are left out ("QSGD 4-bit"). None: the
     label."""
 
-    def wire_bytes(self, params: Params, numel: int) -> int | None:
+    def wire_bytes(
+        self, params: Params, numel: int, pieces: Sequence[int] | None = None
+    ) -> int | None:
+        """Bytes of the payload of ``numel`` values; ``pieces`` (the sizes of the tensors, or
+        tensor parts, that make up the range) matter for per-tensor compressors, whose payload
+        is one per-piece payload after the other, each with its own header."""
         if self.wire is None:
             return None
-        return sum(count * DTYPE_BYTES[dtype] for _, dtype, count in self.wire(params, numel))
+        wire = self.wire
+        return sum(
+            count * DTYPE_BYTES[dtype]
+            for n in self.pieces(params, numel, pieces)
+            for _, dtype, count in wire(params, n)
+        )
+
+    def pieces(self, params: Params, numel: int, pieces: Sequence[int] | None) -> tuple[int, ...]:
+        """The sizes encoded separately: ``pieces`` for a per-tensor compressor, else the
+        whole range as one."""
+        if pieces is None or self.granularity(params) != "tensor":
+            return (numel,)
+        if sum(pieces) != numel or any(n < 0 for n in pieces):
+            raise ValueError(f"{self.name}: pieces {list(pieces)} do not add up to {numel}")
+        return tuple(pieces)
+
+
+GRANULARITIES = {
+    "value": "each value on its own (casts, a fixed fixed-point step): how the gradient is cut "
+    "into ranges changes nothing",
+    "bucket": "one scale per bucket of consecutive values; a bucket may span two tensors",
+    "tensor": "one scale, width or budget per tensor: every tensor of a group (or its part in "
+    "an owner range) is encoded separately, and the per-tensor payloads travel as one",
+    "call": "one scale, width or budget per encode call, over whatever range the scheme hands "
+    "it (a whole layer group, an owner range)",
+}
+"""What a compressor's granularity means (CompressorEntry.granularity)."""
 
 
 DTYPE_BYTES = {"uint8": 1, "int16": 2, "int32": 4, "float16": 2, "bfloat16": 2, "float32": 4}
@@ -100,6 +144,24 @@ def _match(pattern: str, text: str, params: Callable[[re.Match[str]], Params]) -
     return params(m) if m else None
 
 
+def _scope(what: str) -> Param:
+    """``scope``: the compressor's choice per tensor or per call (both are in the literature)."""
+    return Param(
+        "scope", "layer", f"layer: {what} per tensor (each tensor of a layer group on its own, "
+        f"as the seeds do); global: one {what} for all an encode call gets (a group, an owner "
+        "range)", str, choices=("layer", "global"),
+    )  # fmt: skip
+
+
+def _per(scope: str) -> str:
+    return "tensor" if scope == "layer" else "call"
+
+
+def _scope_name(scope: str) -> str:
+    """``scope`` in a display name."""
+    return "per layer" if scope == "layer" else "global"
+
+
 # -- entries ------------------------------------------------------------------------------------
 def _cast(name: str, dtype: str, bits: float, summary: str, codec: str) -> CompressorEntry:
     return CompressorEntry(
@@ -112,6 +174,7 @@ def _cast(name: str, dtype: str, bits: float, summary: str, codec: str) -> Compr
         summable=True,
         unbiased=lambda p: name == "none",
         integer_levels=lambda p: None if name == "none" else "its payload is not integer levels",
+        granularity=lambda p: "value",
     )  # fmt: skip
 
 
@@ -138,21 +201,29 @@ QSGD = CompressorEntry(
         Param("layout", "intervals", "levels: 2^bits - 1 equal intervals of [-s, s], or a "
               "sign bit and magnitude levels", str, "'intervals' or 'sign'",
               choices=("intervals", "sign")),
+        Param("align", "contiguous", "contiguous: buckets of consecutive values, which may "
+              "span two tensors; tensor: buckets restart at every tensor (the seed artefact's "
+              "buckets live inside one matrix), so a tensor's last bucket may be partial",
+              str, choices=("contiguous", "tensor")),
     ),
     label=lambda p: f"qsgd-{p['bits']}b-b{p['bucket_size']}"
-    + ("-l2" if p["norm"] == "l2" else "") + ("-sign" if p["layout"] == "sign" else ""),
-    unlabel=lambda text: _match(r"qsgd-(\d+)b-b(\d+)(-l2)?(-sign)?", text, lambda m: {
+    + ("-l2" if p["norm"] == "l2" else "") + ("-sign" if p["layout"] == "sign" else "")
+    + ("-tensor" if p["align"] == "tensor" else ""),
+    unlabel=lambda text: _match(r"qsgd-(\d+)b-b(\d+)(-l2)?(-sign)?(-tensor)?", text, lambda m: {
         "bits": int(m[1]), "bucket_size": int(m[2]), "norm": "l2" if m[3] else "max",
-        "layout": "sign" if m[4] else "intervals"}),
+        "layout": "sign" if m[4] else "intervals",
+        "align": "tensor" if m[5] else "contiguous"}),
     display=lambda p, brief: _named(
         f"QSGD {p['bits']}-bit",
         (f"bucket {p['bucket_size']}", not brief or p["bucket_size"] != 512),
-        ("l2 norm", p["norm"] == "l2"), ("sign layout", p["layout"] == "sign")),
+        ("l2 norm", p["norm"] == "l2"), ("sign layout", p["layout"] == "sign"),
+        ("buckets per tensor", p["align"] == "tensor")),
     nominal_bits=lambda p: float(p["bits"]),
     wire=lambda p, n: [
         ("levels", "uint8", qsgd_levels_nbytes(n, p["bits"])),
         ("scales", "float32", num_buckets(n, p["bucket_size"])),
     ],
+    granularity=lambda p: "tensor" if p["align"] == "tensor" else "bucket",
     unbiased=lambda p: True,
     integer_levels=lambda p: _qsgd_integer(p),
     cross_check=lambda p: (
@@ -171,6 +242,11 @@ def _qsgd_integer(p: Params) -> str | None:
         return (
             f"it scales buckets by the max |x| over ranks, got qsgd norm {p['norm']}; "
             "use `norm: max`"
+        )
+    if p["align"] != "contiguous":
+        return (
+            "its ranks share one grid of contiguous buckets over the slice, got qsgd align "
+            f"{p['align']}; use `align: contiguous`"
         )
     return None
 
@@ -201,6 +277,9 @@ ONEBIT = CompressorEntry(
     ],
     error_feedback=lambda p: bool(p["error_feedback"]),
     stateful=True,
+    # columns: one bucket per column; the plan groups tensors by column length, so a column
+    # never spans two tensors
+    granularity=lambda p: "bucket",
 )  # fmt: skip
 
 
@@ -208,6 +287,10 @@ def _fixed_levels(n: int, bits: int) -> WireBuffer:
     if bits == 16:
         return ("levels", "int16", n)
     return ("levels", "uint8", packed_nbytes(n, bits))  # 9..15 bits: planar, same total
+
+
+def _fixed_granularity(p: Params) -> str:
+    return _per(p["scope"]) if p["delta"] == "auto" else "value"
 
 
 FIXEDPOINT = CompressorEntry(
@@ -218,17 +301,28 @@ FIXEDPOINT = CompressorEntry(
         Param("delta", "auto", "grid step; auto: the smallest power of two that fits max |x| "
               "(sent as its exponent)", (float, str), "a number > 0 or 'auto'",
               lambda v: v == "auto" or (not isinstance(v, str) and positive_finite(v))),
+        _scope("auto delta"),
     ),
-    label=lambda p: f"fixed-{p['bits']}b" + ("" if p["delta"] == "auto" else f"-d{p['delta']:g}"),
-    unlabel=lambda text: _match(r"fixed-(\d+)b(?:-d(.+))?", text, lambda m: {
-        "bits": int(m[1]), "delta": float(m[2]) if m[2] else "auto"}),
+    label=lambda p: f"fixed-{p['bits']}b" + ("" if p["delta"] == "auto" else f"-d{p['delta']:g}")
+    + ("-layer" if _fixed_granularity(p) == "tensor" else ""),
+    unlabel=lambda text: _match(r"fixed-(\d+)b(?:-d(.+?))?(-layer)?", text, lambda m: {
+        "bits": int(m[1]), "delta": float(m[2]) if m[2] else "auto",
+        # a fixed delta has no scope (every value on its own): the default reads back
+        "scope": "layer" if m[3] or m[2] else "global"}),
     display=lambda p, brief: _named(
         f"fixed point {p['bits']}-bit",
-        (f"step {p['delta']:g}" if p["delta"] != "auto" else "", p["delta"] != "auto")),
+        (f"step {p['delta']:g}" if p["delta"] != "auto" else "", p["delta"] != "auto"),
+        (_scope_name(p["scope"]), p["delta"] == "auto" and (not brief or p["scope"] != "layer"))),
     nominal_bits=lambda p: float(p["bits"]),
     wire=lambda p, n: [_fixed_levels(n, p["bits"])]
     + ([("exponent", "int16", 1)] if p["delta"] == "auto" else []),
     unbiased=lambda p: True,  # within the representable range; values beyond it are clipped
+    granularity=lambda p: _fixed_granularity(p),
+    cross_check=lambda p: (
+        f"scope says where the auto delta is chosen; with delta {p['delta']:g} every value is "
+        "rounded on its own, so remove `scope` (or use `delta: auto`)"
+        if p["delta"] != "auto" and p["scope"] != "layer" else None
+    ),
 )  # fmt: skip
 
 TOPK = CompressorEntry(
@@ -238,17 +332,23 @@ TOPK = CompressorEntry(
         Param("ratio", 0.01, "fraction of the values sent; seed 001 keeps 1%", float,
               "in (0, 1]", fraction),
         Param("error_feedback", True, "add the values left out at the last step", bool),
+        _scope("top-k budget"),
     ),
-    label=lambda p: f"topk-{p['ratio'] * 100:g}%" + ("" if p["error_feedback"] else "-noef"),
-    unlabel=lambda text: _match(r"topk-(.+)%(-noef)?", text, lambda m: {
-        "ratio": float(m[1]) / 100, "error_feedback": not m[2]}),
+    label=lambda p: f"topk-{p['ratio'] * 100:g}%" + ("-layer" if p["scope"] == "layer" else "")
+    + ("" if p["error_feedback"] else "-noef"),
+    unlabel=lambda text: _match(r"topk-(.+?)%(-layer)?(-noef)?", text, lambda m: {
+        "ratio": float(m[1]) / 100, "error_feedback": not m[3],
+        "scope": "layer" if m[2] else "global"}),
     display=lambda p, brief: _named(
-        f"top-k {p['ratio'] * 100:g} %", ("no error feedback", not p["error_feedback"])),
+        f"top-k {p['ratio'] * 100:g} %",
+        (_scope_name(p["scope"]), not brief or p["scope"] != "layer"),
+        ("no error feedback", not p["error_feedback"])),
     nominal_bits=lambda p: 64.0 * p["ratio"],
     wire=lambda p, n: [("values", "float32", topk_k(p["ratio"], n)),
                        ("indices", "int32", topk_k(p["ratio"], n))],
     error_feedback=lambda p: bool(p["error_feedback"]),
     stateful=True,
+    granularity=lambda p: _per(p["scope"]),
 )  # fmt: skip
 
 ADAPTIVE = CompressorEntry(
@@ -261,19 +361,31 @@ ADAPTIVE = CompressorEntry(
               between(1, 15)),
         Param("floor_bits", 6, "c: floor on the width; widths range over [c, c + M]", int,
               "an integer in 2..15", between(2, 15)),
+        _scope("bit width and scale"),
+        Param("entropy_grid", "minmax", "the M-bit probe's 2^M bins: minmax, over [min, max] of "
+              "the tensor (Algorithm 1 lines 3-4); symmetric, over [-max |x|, max |x|], which "
+              "puts a bin edge at zero and adds up to a bit of entropy on peaked gradients", str,
+              choices=("minmax", "symmetric")),
     ),
     label=lambda p: (
         f"adaptive-c{p['floor_bits']}-m{p['probe_bits']}-f{p['sample_fraction'] * 100:g}%"
+        + ("-layer" if p["scope"] == "layer" else "")
+        + ("-minmax" if p["entropy_grid"] == "minmax" else "")
     ),
-    unlabel=lambda text: _match(r"adaptive-c(\d+)-m(\d+)-f(.+)%", text, lambda m: {
-        "sample_fraction": float(m[3]) / 100, "probe_bits": int(m[2]),
-        "floor_bits": int(m[1])}),
+    unlabel=lambda text: _match(
+        r"adaptive-c(\d+)-m(\d+)-f(.+?)%(-layer)?(-minmax)?", text, lambda m: {
+            "sample_fraction": float(m[3]) / 100, "probe_bits": int(m[2]),
+            "floor_bits": int(m[1]), "scope": "layer" if m[4] else "global",
+            "entropy_grid": "minmax" if m[5] else "symmetric"}),
     display=lambda p, brief: _named(
         f"entropy-adaptive {p['floor_bits']}-{p['floor_bits'] + p['probe_bits']} bit",
         (f"{p['sample_fraction'] * 100:g} % sampled",
-         not brief or p["sample_fraction"] != 0.03)),
+         not brief or p["sample_fraction"] != 0.03),
+        (_scope_name(p["scope"]), not brief or p["scope"] != "layer"),
+        ("symmetric grid", p["entropy_grid"] == "symmetric")),
     nominal_bits=lambda p: p["floor_bits"] + p["probe_bits"] / 2,
     unbiased=lambda p: True,
+    granularity=lambda p: _per(p["scope"]),
     cross_check=lambda p: (
         f"floor_bits + probe_bits is the widest code and must be <= 16, got {p['floor_bits']} "
         f"+ {p['probe_bits']}; e.g. `floor_bits: 6` `probe_bits: 4`"
@@ -305,6 +417,7 @@ POWERSGD = CompressorEntry(
     error_feedback=lambda p: bool(p["error_feedback"]),
     hook_only=True,
     stateful=True,
+    granularity=lambda p: "tensor",  # torch's hook factorises each matrix of a bucket
     cross_check=lambda p: (
         f"start_iter must be an integer >= 2 (torch needs two plain iterations before warm "
         f"start or error feedback), got {p['start_iter']}; e.g. `start_iter: 2`"

@@ -1,10 +1,15 @@
 """Entropy-adaptive bit widths with Huffman coding (Øland & Raj, seed 004, Algorithms 1-2).
 
-Per encode (one layer or tensor), following Algorithm 1:
+Per layer, following Algorithm 1 (``scope: layer``, the default: the schemes hand the codec the
+tensor boundaries and every tensor gets its own N and scale, one header each; ``scope: global``
+picks one N and scale per encode call, over a whole layer group or an owner range):
 
 1. Estimate the entropy H (bits) of the values from a sample of a fraction F of them (at least
-   min(n, 64)), binned into 2^M equal bins over [-s, s], s = max |x| (section 3.4: "we compute
-   H from a preliminary quantization of the weights to M bits"; 3% of the weights suffice).
+   min(n, 64)), binned into 2^M equal bins over [min, max] of the tensor (section 3.4: "we
+   compute H from a preliminary quantization of the weights to M bits"; 3% of the weights
+   suffice; Algorithm 1 lines 3-4). ``entropy_grid: symmetric`` bins over [-s, s], s = max |x|,
+   instead: what qbench did first; zero is then a bin edge, which splits a peak at zero in two
+   and adds up to a bit to H on peaked gradients (Student-t data: N = 8 instead of 7).
 2. Bit width N = H + c (section 3.4), rounded up to whole bits: N = ceil(H) + c. As H <= M for
    2^M bins, N lies in [c, c + M]: c is the floor, c + M the ceiling (section 5.1).
 3. Quantize every value to N bits, then Huffman-code the levels with a codebook built from
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -54,6 +59,10 @@ class Adaptive(Compressor):
     """M: bits of the preliminary quantizer whose histogram gives the entropy (paper: 4)."""
     floor_bits: int
     """c: floor on the bit width; widths range over [c, c + M] (paper: 6, with M = 4)."""
+    scope: Literal["layer", "global"]
+    """layer: N and the scale per tensor (the paper); global: one per encode call."""
+    entropy_grid: Literal["minmax", "symmetric"]
+    """The probe's bins: over [min, max] (the paper) or [-max |x|, max |x|]."""
 
     def __init__(self, *, seed: int = 0, **params: Any) -> None:
         super().__init__(seed=seed, **params)
@@ -66,7 +75,9 @@ class Adaptive(Compressor):
         n = grad.numel()
         scale = grad.abs().max() if n else grad.new_zeros(())
         ratio = grad / torch.where(scale > 0, scale, 1.0)
-        entropy = _sample_entropy(ratio, self.sample_fraction, self.probe_bits, key)
+        entropy = _sample_entropy(
+            ratio, self.sample_fraction, self.probe_bits, key, self.entropy_grid == "minmax"
+        )
         width = _bit_width(entropy, self.floor_bits, self.probe_bits)
         u = uniform(key, offset, n, grad.device)
         coded = _code(_quantize(ratio, u, width).cpu().numpy(), width)
@@ -97,27 +108,15 @@ class Adaptive(Compressor):
         top = (1 << (width - 1)) - 1
         return (levels - top).to(torch.float32) * (b["scale"] / top)
 
-    def from_wire(self, wire: torch.Tensor, numel: int) -> Payload:
+    def _wire_size_at(self, wire: torch.Tensor, numel: int) -> int:
+        """Bytes of the payload of ``numel`` values at the start of ``wire``, from its header
+        (a piece of a per-tensor payload, followed by the next)."""
+        _, pos, bits = _read_header(wire, numel)
+        return pos + -(-bits // 8)
+
+    def _from_wire(self, wire: torch.Tensor, numel: int) -> Payload:
         """Split a received buffer by reading its header (see the module docstring)."""
-        header = _field(wire, 0, torch.int32, 4)
-        width, coding, k, block = (int(v) for v in header.tolist())
-        valid = coding in (_PLAIN, _HUFFMAN) and 2 <= width <= 16 and 0 <= k <= 1 << width
-        if not valid or not 1 <= block < 2048:  # 2047 values * 16 bits fit an int16 length
-            raise ValueError(f"adaptive: bad header {header.tolist()} (corrupt or not adaptive)")
-        sizes = {"header": (torch.int32, 4), "scale": (torch.float32, 1)}
-        if coding == _HUFFMAN and k >= 2:
-            sizes["block_bits"] = (torch.int16, -(-numel // block))
-        if coding == _HUFFMAN:
-            sizes |= {"symbols": (torch.uint8, 2 * k), "lengths": (torch.uint8, k)}
-        buffers: dict[str, torch.Tensor] = {}
-        pos = 0
-        for name, (dtype, count) in sizes.items():
-            buffers[name] = _field(wire, pos, dtype, count)
-            pos += count * buffers[name].element_size()
-        if coding == _PLAIN:
-            bits = numel * width
-        else:
-            bits = int(buffers["block_bits"].sum()) if "block_bits" in buffers else 0
+        buffers, pos, bits = _read_header(wire, numel)
         buffers["stream"] = wire[pos:]
         if buffers["stream"].numel() != -(-bits // 8):
             raise ValueError(
@@ -126,8 +125,42 @@ class Adaptive(Compressor):
         return Payload(numel=numel, buffers=buffers)
 
 
-def _sample_entropy(ratio: torch.Tensor, fraction: float, bits: int, key: Key) -> float:
-    """Entropy (bits) of the 2^bits-bin histogram over [-1, 1] of a sample of ``ratio``."""
+def widths(payload: Payload) -> list[int]:
+    """The bit width N of each piece of an adaptive payload (one for a single tensor)."""
+    parts = payload.parts or (payload,)
+    return [int(p.buffers["header"][0]) for p in parts]
+
+
+def _read_header(wire: torch.Tensor, numel: int) -> tuple[dict[str, torch.Tensor], int, int]:
+    """The buffers before the stream, the stream's byte offset and its length in bits."""
+    header = _field(wire, 0, torch.int32, 4)
+    width, coding, k, block = (int(v) for v in header.tolist())
+    valid = coding in (_PLAIN, _HUFFMAN) and 2 <= width <= 16 and 0 <= k <= 1 << width
+    if not valid or not 1 <= block < 2048:  # 2047 values * 16 bits fit an int16 length
+        raise ValueError(f"adaptive: bad header {header.tolist()} (corrupt or not adaptive)")
+    sizes = {"header": (torch.int32, 4), "scale": (torch.float32, 1)}
+    if coding == _HUFFMAN and k >= 2:
+        sizes["block_bits"] = (torch.int16, -(-numel // block))
+    if coding == _HUFFMAN:
+        sizes |= {"symbols": (torch.uint8, 2 * k), "lengths": (torch.uint8, k)}
+    buffers: dict[str, torch.Tensor] = {}
+    pos = 0
+    for name, (dtype, count) in sizes.items():
+        buffers[name] = _field(wire, pos, dtype, count)
+        pos += count * buffers[name].element_size()
+    if coding == _PLAIN:
+        bits = numel * width
+    else:
+        bits = int(buffers["block_bits"].sum()) if "block_bits" in buffers else 0
+    return buffers, pos, bits
+
+
+def _sample_entropy(
+    ratio: torch.Tensor, fraction: float, bits: int, key: Key, minmax: bool = True
+) -> float:
+    """Entropy (bits) of the 2^bits-bin histogram of a sample of ``ratio`` (in [-1, 1]): bins
+    over [min, max] of the whole tensor (the paper's Quantize(W_sel, w_min, w_max, M)), or over
+    [-1, 1] (``minmax`` False: a bin edge at zero)."""
     n = ratio.numel()
     if n == 0:
         return 0.0
@@ -136,7 +169,14 @@ def _sample_entropy(ratio: torch.Tensor, fraction: float, bits: int, key: Key) -
     u = uniform(replace(key, seed=key.seed ^ _SAMPLE_SALT), 0, m, ratio.device).double()
     picks = (u * n).long().clamp_(max=n - 1)
     bins = 1 << bits
-    index = ((ratio[picks] + 1.0) * (bins / 2)).floor().long().clamp_(0, bins - 1)
+    sample = ratio[picks].double()
+    if minmax:  # the paper: floor(2^M (w - w_min) / (w_max - w_min)), the top value in bin 2^M - 1
+        low, high = float(ratio.min()), float(ratio.max())
+        if not high > low:
+            return 0.0  # a constant tensor: one bin
+        index = ((sample - low) * (bins / (high - low))).floor().long().clamp_(0, bins - 1)
+    else:
+        index = ((sample + 1.0) * (bins / 2)).floor().long().clamp_(0, bins - 1)
     p = torch.bincount(index, minlength=bins).double() / m
     p = p[p > 0]
     return float(-(p * torch.log2(p)).sum())

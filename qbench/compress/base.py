@@ -6,11 +6,19 @@ A compressor turns a flat float32 gradient into a :class:`Payload` of real buffe
 Stochastic rounding draws come from a counter-based hash keyed by
 (seed, step, rank, stream, element index), see ``qbench.compress.rng``, so that an encode is
 reproducible and independent of how the vector is split into ranges.
+
+Per-tensor compressors (catalog granularity ``tensor``: top-k and adaptive with ``scope:
+layer``, fixed point with an auto delta, QSGD with ``align: tensor``) take ``pieces``, the sizes
+of the tensors (or tensor parts) that make up the range: each piece is encoded on its own (its
+draws still keyed by global element index, its error-feedback slot ``name/i``) and the payload
+holds the per-piece payloads in order (``Payload.parts``), sent back to back as one message.
+Other compressors ignore ``pieces``. The receiver passes the same pieces to ``from_wire``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -38,17 +46,23 @@ class Payload:
 
     numel: int
     buffers: dict[str, torch.Tensor]
+    parts: tuple[Payload, ...] = ()
+    """A per-tensor compressor's payloads of the pieces, in order (``buffers`` is then empty):
+    each with its own header, sent back to back."""
 
     @property
     def nbytes(self) -> int:
         """Exact bytes of every buffer that goes on the wire."""
-        return sum(b.numel() * b.element_size() for b in self.buffers.values())
+        own = sum(b.numel() * b.element_size() for b in self.buffers.values())
+        return own + sum(p.nbytes for p in self.parts)
 
     def to_wire(self) -> torch.Tensor:
-        """All buffers concatenated as one uint8 tensor, in insertion order."""
+        """All buffers concatenated as one uint8 tensor, in insertion order (the parts' buffers
+        part after part)."""
         parts = [
             b.reshape(-1).contiguous().view(torch.uint8) for b in self.buffers.values() if b.numel()
         ]
+        parts += [w for p in self.parts if (w := p.to_wire()).numel()]
         if not parts:
             return torch.empty(0, dtype=torch.uint8)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -107,6 +121,18 @@ class Compressor:
         """Not a codec but a DDP communication hook (powersgd)."""
         return self.spec.entry.hook_only
 
+    @property
+    def granularity(self) -> str:
+        """What one scale, width or budget covers (``qbench.catalog.GRANULARITIES``)."""
+        return self.spec.granularity
+
+    def pieces(self, numel: int, pieces: Sequence[int] | None) -> tuple[int, ...]:
+        """The sizes this compressor encodes separately out of a range of ``numel`` values made
+        of ``pieces``: the pieces for a per-tensor compressor, else the whole range."""
+        if pieces is not None and len(pieces) <= 1:
+            pieces = None
+        return self.spec.entry.pieces(self.spec.params, numel, pieces)
+
     # -- public API --------------------------------------------------------------------------
     def encode(
         self,
@@ -117,22 +143,46 @@ class Compressor:
         stream: int = 0,
         offset: int = 0,
         name: str = "",
+        pieces: Sequence[int] | None = None,
     ) -> Payload:
         """Encode a 1-D float32 tensor.
 
         offset: global index of ``grad[0]`` in the full gradient; it keys the random draws so
           that encoding a range gives the same draws as encoding the whole vector.
-        name: error-feedback state slot (one residual per distinct name).
+        name: error-feedback state slot (one residual per distinct name; piece i of a
+          per-tensor encode uses ``name/i``).
+        pieces: sizes of the tensors (or tensor parts) ``grad`` is made of, adding up to its
+          length; a per-tensor compressor encodes each on its own, the others ignore them.
         """
         if grad.dim() != 1 or grad.dtype != torch.float32:
             raise ValueError(
                 f"{self.name}: expected a 1-D float32 tensor, got {grad.dtype} {tuple(grad.shape)}"
             )
         key = Key(seed=self.seed, step=step, rank=rank, stream=stream)
-        return self._encode(grad, key, offset, name)
+        sizes = self.pieces(grad.numel(), pieces)
+        if len(sizes) == 1:
+            return self._encode(grad, key, offset, name)
+        parts, pos = [], 0
+        for i, n in enumerate(sizes):
+            parts.append(self._encode(grad[pos : pos + n], key, offset + pos, f"{name}/{i}"))
+            pos += n
+        return Payload(numel=grad.numel(), buffers={}, parts=tuple(parts))
 
     def decode(self, payload: Payload, out: torch.Tensor | None = None) -> torch.Tensor:
         """Decode to float32; with ``out`` given, add the decoded values into it and return it."""
+        if not payload.parts:
+            return self._decode_into(payload, out)
+        if out is None:
+            device = next(iter(payload.parts[0].buffers.values())).device
+            out = torch.zeros(payload.numel, dtype=torch.float32, device=device)
+        pos = 0
+        for part in payload.parts:
+            self._decode_into(part, out[pos : pos + part.numel])
+            pos += part.numel
+        return out
+
+    def _decode_into(self, payload: Payload, out: torch.Tensor | None) -> torch.Tensor:
+        """Decode one (single-piece) payload, added into ``out`` when given."""
         values = self._decode(payload)
         if out is None:
             return values
@@ -148,8 +198,30 @@ class Compressor:
             )
         return [WireField(b, getattr(torch, dt), n) for b, dt, n in wire(self.spec.params, numel)]
 
-    def from_wire(self, wire: torch.Tensor, numel: int) -> Payload:
-        """Split a received uint8 buffer back into a Payload (inverse of Payload.to_wire)."""
+    def from_wire(
+        self, wire: torch.Tensor, numel: int, pieces: Sequence[int] | None = None
+    ) -> Payload:
+        """Split a received uint8 buffer back into a Payload (inverse of Payload.to_wire);
+        ``pieces`` as the sender's encode had them."""
+        sizes = self.pieces(numel, pieces)
+        if len(sizes) == 1:
+            return self._from_wire(wire, numel)
+        parts, pos = [], 0
+        for n in sizes:
+            size = self._wire_size_at(wire[pos:], n)
+            parts.append(self._from_wire(wire[pos : pos + size], n))
+            pos += size
+        if pos != wire.numel():
+            raise ValueError(f"{self.name}: wire buffer has {wire.numel()} bytes, expected {pos}")
+        return Payload(numel=numel, buffers={}, parts=tuple(parts))
+
+    def _wire_size_at(self, wire: torch.Tensor, numel: int) -> int:
+        """Bytes of the payload of ``numel`` values at the start of ``wire`` (one piece of a
+        per-tensor payload); data-dependent payloads read it from their header."""
+        return self.wire_nbytes(numel)
+
+    def _from_wire(self, wire: torch.Tensor, numel: int) -> Payload:
+        """``from_wire`` of one piece (the whole buffer)."""
         buffers: dict[str, torch.Tensor] = {}
         pos = 0
         for f in self.wire_layout(numel):
@@ -162,8 +234,10 @@ class Compressor:
             raise ValueError(f"{self.name}: wire buffer has {wire.numel()} bytes, expected {pos}")
         return Payload(numel=numel, buffers=buffers)
 
-    def wire_nbytes(self, numel: int) -> int:
-        return sum(f.nbytes for f in self.wire_layout(numel))
+    def wire_nbytes(self, numel: int, pieces: Sequence[int] | None = None) -> int:
+        """Payload bytes of ``numel`` values (fixed-size only), per piece for a per-tensor
+        compressor."""
+        return sum(f.nbytes for n in self.pieces(numel, pieces) for f in self.wire_layout(n))
 
     @property
     def label(self) -> str:

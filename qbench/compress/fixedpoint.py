@@ -4,7 +4,8 @@ Section 3 defines the quantizer: Q(x) = delta * (floor(x / delta) + 1) with prob
 x / delta - floor(x / delta), else delta * floor(x / delta), so E[Q(x)] = x. Section 5.2
 (Table 2) sweeps the width over 16, 10, 8, 6 and 4 bits and never states delta. With ``bits``
 bits the codes are two's complement integers q in [-2^(bits-1), 2^(bits-1) - 1], so a fixed
-delta only suits tensors of a known scale; ``delta: auto`` (the default) picks, per encode, the
+delta only suits tensors of a known scale; ``delta: auto`` (the default) picks, per tensor
+(``scope: layer``; ``global``: per encode call, over a layer group or an owner range), the
 smallest power of two 2^e such that max |x| <= (2^(bits-1) - 1) * 2^e, so nothing is clipped
 and the grid is as fine as the width allows (fixed-point formats with 2^-FL steps, as in
 Gupta et al., whom the seed cites). Values outside the range are clipped to its ends, where
@@ -33,6 +34,7 @@ class FixedPoint(Compressor):
     # Parameters (documented and validated in qbench.catalog.compressors):
     bits: int
     delta: float | Literal["auto"]
+    scope: Literal["layer", "global"]
 
     def _encode(self, grad: torch.Tensor, key: Key, offset: int, name: str) -> Payload:
         low, high = _range(self.bits)

@@ -61,11 +61,11 @@ class OneBit(Compressor):
             new_residual = values - _expand(negative, means, self.bucket_size)
         return bitpack.pack(negative, 1), means.reshape(-1), new_residual
 
-    def decode(self, payload: Payload, out: torch.Tensor | None = None) -> torch.Tensor:
+    def _decode_into(self, payload: Payload, out: torch.Tensor | None) -> torch.Tensor:
         signs, means, n = payload.buffers["signs"], payload.buffers["means"], payload.numel
         kernels = native.kernels_for(means)
         if kernels is None or not (out is None or native.can_accumulate(out, n, means.device)):
-            return super().decode(payload, out)
+            return super()._decode_into(payload, out)
         want = (bitpack.packed_nbytes(n, 1), 2 * num_buckets(n, self.bucket_size))
         got = (signs.numel(), means.numel())
         if got != want or signs.dtype != torch.uint8 or means.dtype != torch.float32:

@@ -9,6 +9,12 @@ Two level layouts:
 - ``sign``: the top bit of a code is the sign (1 = negative), the other bits a magnitude level
   0..S of |x|/s with S = 2^(bits-1) - 1; code means sign * level * s / S.
 
+Buckets run over consecutive values (``align: contiguous``, the default), so with several
+tensors in one layer group a bucket can take the tail of one tensor and the head of the next
+under one scale; ``align: tensor`` restarts them at every tensor, as the seed artefact's buckets
+live inside one matrix: each tensor is encoded on its own (qbench.compress.base: pieces), a
+tensor's last bucket may be partial, and its payload is the tensors' payloads back to back.
+
 Wire: "levels" (codes bit-packed, exactly ceil(n*bits/8) bytes; 16-bit codes as 2n
 little-endian bytes) then "scales" (float32, one per bucket). The last bucket is padded in
 memory only; padding is never sent.
@@ -39,6 +45,7 @@ class QSGD(Compressor):
     bucket_size: int
     norm: Literal["max", "l2"]
     layout: Literal["intervals", "sign"]
+    align: Literal["contiguous", "tensor"]
 
     def _encode(self, grad: torch.Tensor, key: Key, offset: int, name: str) -> Payload:
         kernels = native.kernels_for(grad)
@@ -56,11 +63,11 @@ class QSGD(Compressor):
             )
         return Payload(numel=grad.numel(), buffers={"levels": levels, "scales": scales})
 
-    def decode(self, payload: Payload, out: torch.Tensor | None = None) -> torch.Tensor:
+    def _decode_into(self, payload: Payload, out: torch.Tensor | None) -> torch.Tensor:
         levels, scales, n = payload.buffers["levels"], payload.buffers["scales"], payload.numel
         kernels = native.kernels_for(scales)
         if kernels is None or not (out is None or native.can_accumulate(out, n, scales.device)):
-            return super().decode(payload, out)
+            return super()._decode_into(payload, out)
         self._check_payload(levels, scales, n)
         return kernels.qsgd_decode(
             levels,
@@ -115,19 +122,33 @@ def _scales(buckets: torch.Tensor, norm: str) -> torch.Tensor:
 def _quantize(
     buckets: torch.Tensor, scales: torch.Tensor, u: torch.Tensor, bits: int, layout: str
 ) -> torch.Tensor:
-    """Integer codes (int32): level = floor(t + u) with t the position in level units."""
+    """Integer codes (int32): the position t in level units, rounded up with probability its
+    fraction (``_round_level``)."""
     # An all-zero bucket has s = 0: divide by 1 instead so it encodes to level 0 / magnitude 0
     # (which decode to 0 either way, since the scale sent is 0).
     ratio = buckets / torch.where(scales > 0, scales, 1.0).unsqueeze(1)
     if layout == "intervals":
         top = (1 << bits) - 1
         t = (ratio + 1.0) * (top / 2.0)
-        level = torch.floor(t + u).clamp_(0, top).to(torch.int32)
+        level = _round_level(t, u, top)
         return torch.where(scales.unsqueeze(1) > 0, level, 0)
     # |ratio| <= 1 for both norms; the clamp only guards against rounding just above top.
     top = (1 << (bits - 1)) - 1
-    level = torch.floor(ratio.abs() * top + u).clamp_(0, top).to(torch.int32)
+    level = _round_level(ratio.abs() * top, u, top)
     return level | ((ratio < 0).to(torch.int32) << (bits - 1))
+
+
+def _round_level(t: torch.Tensor, u: torch.Tensor, top: int) -> torch.Tensor:
+    """floor(v) + [u < v - floor(v)] with v = t clamped to [0, top] (NaN to 0), as int32.
+
+    Exact at every width: v - floor(v) is computed without rounding, so the level goes up with
+    probability the fraction itself. floor(t + u) would first round t + u to float32, which
+    drops the low bits of u once t is large (16 bits: t up to 65535, float32 spacing 2^-8
+    there) and biases the rounding (kernels/qsgd_math.h: qb_round_level, the same steps)."""
+    v = torch.where(t >= 0, t, 0.0)  # NaN compares false: 0, as in the kernels
+    v = torch.where(v <= top, v, float(top))
+    low = torch.floor(v)
+    return (low + (u < v - low).to(v.dtype)).to(torch.int32)
 
 
 def _dequantize(codes: torch.Tensor, scales: torch.Tensor, bits: int, layout: str) -> torch.Tensor:

@@ -7,13 +7,23 @@ k = max(1, ceil(ratio * n)) entries of largest |grad + residual| are sent; with 
 the entries not sent become the next residual (one per ``name``), so
 sent + new residual == grad + old residual, exactly.
 
+Scope. ``layer`` (the default, seed 001's "layer-wise top-k": "only top K% of the weights /
+gradients of each layer are communicated"): the schemes hand the codec the tensor boundaries of
+every range they encode and each tensor keeps its own ceil(ratio * n_i), so a small layer is
+never starved by a large one (qbench.compress.base: pieces). ``global``: one top-k over all an
+encode call gets, a whole layer group or an owner range (label without ``-layer``; what qbench
+did before the scope existed). The seed's code (aparna-aketi/Low_Precision_DL,
+gossip_choco/utils/helpers.py ``sparsify_layerwise``) keeps max(1, int(n (1 - 0.99))) per
+parameter tensor, i.e. floor; qbench keeps the ceiling, so a 1% budget of a 150-value bias is 2.
+
 Wire: "values" (float32[k]) then "indices" (int32[k], ascending, relative to the encoded
-range). k depends only on n, so the size is fixed; decode scatters into zeros.
+range, or to the piece per tensor). k depends only on n, so the size is fixed; decode scatters
+into zeros.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 
@@ -26,6 +36,7 @@ class TopK(Compressor):
     # Parameters (documented and validated in qbench.catalog.compressors):
     ratio: float
     error_feedback: bool
+    scope: Literal["layer", "global"]
 
     def k(self, numel: int) -> int:
         """Entries kept out of ``numel``."""

@@ -15,7 +15,8 @@ sends small tensors in fp32, ``qbench.spec.layers``) are exchanged together, gat
 vector when they are not adjacent; each segment keeps its own aggregator, and with it its own
 error-feedback residuals, for as long as DDP keeps the bucket (DDP rebuilds its buckets once,
 after the first iteration, in gradient-ready order; the aggregators are then built anew for
-the new buckets).
+the new buckets). A segment keeps the size of each of its tensors, so per-tensor compressors
+(top-k, adaptive, ...) encode every tensor on its own, as the flat schemes do.
 
 Random draws are keyed by the bucket's offset in the hand-over order, so no two buckets of a
 step share draws.
@@ -48,6 +49,9 @@ class Segment:
 
     ranges: tuple[tuple[int, int], ...]
     spec: dict[str, Any]
+    sizes: tuple[int, ...] = ()
+    """Element count of each tensor, in exchange order (per-tensor compressors encode each on
+    its own; adjacent ranges are merged, tensors are not)."""
 
     @property
     def numel(self) -> int:
@@ -76,18 +80,20 @@ def segments(params: list[torch.Tensor], spec_for: SpecFor) -> list[Segment]:
     one vector, as the flat schemes lay out one slice per group."""
     ranges: dict[str, list[tuple[int, int]]] = {}
     specs: dict[str, dict[str, Any]] = {}
+    sizes: dict[str, list[int]] = {}
     pos = 0
     for p in params:
         spec = spec_for(p)
         key = repr(sorted(spec.items()))
         specs[key] = spec
+        sizes.setdefault(key, []).append(p.numel())
         group = ranges.setdefault(key, [])
         if group and group[-1][1] == pos:
             group[-1] = (group[-1][0], pos + p.numel())
         else:
             group.append((pos, pos + p.numel()))
         pos += p.numel()
-    return [Segment(tuple(r), specs[k]) for k, r in ranges.items()]
+    return [Segment(tuple(r), specs[k], tuple(sizes[k])) for k, r in ranges.items()]
 
 
 @dataclass
@@ -173,6 +179,7 @@ class SchemeHookState:
         return aggregate.build(
             self.scheme, self.comm, compressor, seg.numel,
             offset=self._offset + seg.ranges[0][0], params=self.scheme_params,
+            tensors=seg.sizes or None,
         )  # fmt: skip
 
     def _start(self) -> None:

@@ -19,7 +19,7 @@ from qbench.report.plots import compressor_color, wrap_label
 
 PANEL_KEYS = ["model", "dataset", "family", "skew"]
 MAX_PANELS = 12
-_MARKERS = {"fp32": "o", "int8": "s", "bf16": "^", "fp16": "v"}
+_MARKERS = {"fp32": "o", "int8": "s", "int8-asym": "D", "bf16": "^", "fp16": "v"}
 """Marker per compute precision (colour is the compressor's, line style the scheme family)."""
 
 

@@ -8,8 +8,23 @@
   Conv/Linear quantizes its weight and its input activation to 8 bits in the forward pass and
   the gradient flowing to its input to 8 bits in the backward pass (stochastic rounding), all
   with a straight-through estimator; the weight gradients stay fp32 ("gradient bifurcation"),
-  so what the schemes communicate is unchanged. Batch norms can be swapped for
-  :class:`RangeEvoNorm` (seed 001 eq. 5) with ``norm: range-evonorm``.
+  so what the schemes communicate is unchanged. Two quantizers (INT8):
+
+  - ``int8``: symmetric, per tensor: 2^7 - 1 levels per side of zero, scale max |x| / 127
+    (:func:`quantize_symmetric`);
+  - ``int8-asym``: asymmetric min/max, the quantizer of Banner et al.'s code that seed 001's
+    authors train with (aparna-aketi/Low_Precision_DL, quantized_training/quantize.py:
+    UniformQuantize, QuantMeasure, QConv2d): 2^8 - 1 steps over [min, max], the zero point at
+    min (:func:`quantize_minmax`); weights and input gradients by their own min and max,
+    activations by the batch mean of each sample's min and max (values outside are clipped,
+    as there).
+
+* ``norm:`` swaps batch norms (and the ReLU after them) for Range-EvoNorm (seed 001 eq. 5):
+  ``range-evonorm`` as the authors' released code computes it (:class:`RangeEvoNorm`: 8 groups,
+  the range estimated as the mean over 16 chunks of max - min, their constant), or
+  ``range-evonorm-gs2``, the paper's formula read with groups of 2 channels
+  (:class:`RangeEvoNormGS2`, what ``range-evonorm`` meant before; docs/precision-and-layers.md
+  compares the two).
 * ``weights: {bits: N}`` (seed 000 section 5.4): after every optimizer step, all parameters are
   rounded stochastically to N-bit fixed point with a per-tensor scale (max |w|).
 
@@ -28,7 +43,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-COMPUTE = ("fp32", "bf16", "fp16", "int8")
+COMPUTE = ("fp32", "bf16", "fp16", "int8", "int8-asym")
+INT8 = {"int8": "symmetric", "int8-asym": "asymmetric"}
+"""The fake-quantized compute precisions and the quantizer each uses (module docstring)."""
+NORMS = ("batchnorm", "range-evonorm", "range-evonorm-gs2")
 GROWTH_INTERVAL = 200
 """fp16 loss scale: clean steps before the scale doubles (torch.amp.GradScaler's default is 2000;
 short runs here need a faster recovery after an overflow)."""
@@ -76,21 +94,58 @@ def quantize_symmetric(x: torch.Tensor, bits: int, stochastic: bool) -> torch.Te
     nearest or unbiased stochastic rounding."""
     levels = 2 ** (bits - 1) - 1
     scale = x.detach().abs().max().clamp_min(1e-12) / levels
-    y = x / scale
-    y = torch.floor(y + torch.rand_like(y)) if stochastic else torch.round(y)
+    y = _round(x / scale, stochastic)
     return y.clamp_(-levels, levels) * scale
+
+
+def quantize_minmax(
+    x: torch.Tensor, bits: int, stochastic: bool,
+    low: torch.Tensor | None = None, high: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """x on 2^bits - 1 equal steps over [low, high] (default: the tensor's min and max), the
+    zero point at low: Banner et al.'s asymmetric quantizer (UniformQuantize in the seed
+    authors' code: scale (max - min) / (2^bits - 1), at least 1e-8). Values outside are clipped."""
+    d = x.detach()
+    lo = d.min() if low is None else low
+    hi = d.max() if high is None else high
+    top = 2**bits - 1
+    scale = ((hi - lo) / top).clamp_min(1e-8)
+    y = _round((x - lo) / scale, stochastic)
+    return y.clamp_(0, top) * scale + lo
+
+
+def _round(y: torch.Tensor, stochastic: bool) -> torch.Tensor:
+    if not stochastic:
+        return torch.round(y)
+    low = torch.floor(y)  # up with probability the fraction; floor(y + u) would round y + u
+    return low + (torch.rand_like(y) < y - low).to(y.dtype)
+
+
+def _quantize(
+    x: torch.Tensor, bits: int, scheme: str, stochastic: bool, batch: bool
+) -> torch.Tensor:
+    """``scheme`` symmetric or asymmetric (INT8); ``batch``: x is a batch of activations, whose
+    asymmetric range is the mean over samples of each sample's min and max (QuantMeasure)."""
+    if scheme == "symmetric":
+        return quantize_symmetric(x, bits, stochastic)
+    if batch and x.dim() > 1:
+        flat = x.detach().flatten(1)
+        return quantize_minmax(x, bits, stochastic, flat.amin(1).mean(), flat.amax(1).mean())
+    return quantize_minmax(x, bits, stochastic)
 
 
 class _QuantizeForward(torch.autograd.Function):
     """Forward: 8-bit nearest rounding; backward: the gradient passes unchanged (STE)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, bits: int) -> torch.Tensor:
-        return quantize_symmetric(x, bits, stochastic=False)
+    def forward(
+        ctx: Any, x: torch.Tensor, bits: int, scheme: str = "symmetric", batch: bool = False
+    ) -> torch.Tensor:
+        return _quantize(x, bits, scheme, stochastic=False, batch=batch)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        return grad, None, None, None
 
 
 class _QuantizeBackward(torch.autograd.Function):
@@ -98,55 +153,117 @@ class _QuantizeBackward(torch.autograd.Function):
     ``bits`` bits (the layer-gradient stream of 8-bit training)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, bits: int) -> torch.Tensor:
-        ctx.bits = bits
+    def forward(ctx: Any, x: torch.Tensor, bits: int, scheme: str = "symmetric") -> torch.Tensor:
+        ctx.bits, ctx.scheme = bits, scheme
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return quantize_symmetric(grad, ctx.bits, stochastic=True), None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return _quantize(grad, ctx.bits, ctx.scheme, stochastic=True, batch=False), None, None
 
 
 class FakeQuant(nn.Module):
     """Wraps a Conv/Linear: quantized weight and input in the forward pass, quantized input
-    gradient in the backward pass, fp32 weight gradient."""
+    gradient in the backward pass, fp32 weight gradient; ``scheme`` symmetric or asymmetric
+    (INT8)."""
 
-    def __init__(self, layer: nn.Conv2d | nn.Linear, bits: int = 8) -> None:
+    def __init__(
+        self, layer: nn.Conv2d | nn.Linear, bits: int = 8, scheme: str = "symmetric"
+    ) -> None:
         super().__init__()
-        self.layer, self.bits = layer, bits
+        if scheme not in INT8.values():
+            raise ValueError(f"scheme must be one of {sorted(INT8.values())}, got {scheme!r}")
+        self.layer, self.bits, self.scheme = layer, bits, scheme
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = _QuantizeBackward.apply(x, self.bits)
-        xq = _QuantizeForward.apply(x, self.bits)
-        wq = _QuantizeForward.apply(self.layer.weight, self.bits)
+        x = _QuantizeBackward.apply(x, self.bits, self.scheme)
+        xq = _QuantizeForward.apply(x, self.bits, self.scheme, True)
+        wq = _QuantizeForward.apply(self.layer.weight, self.bits, self.scheme)
         if isinstance(self.layer, nn.Linear):
             return F.linear(xq, wq, self.layer.bias)
         return self.layer._conv_forward(xq, wq, self.layer.bias)
 
 
-def fake_quantize(model: nn.Module, bits: int = 8) -> nn.Module:
+def fake_quantize(model: nn.Module, bits: int = 8, scheme: str = "symmetric") -> nn.Module:
     """Replace every Conv2d / Linear of ``model`` in place by a FakeQuant wrapper. Parameter
     names gain a ``.layer`` (the layer policy matches them by pattern either way)."""
     for name, child in model.named_children():
         if isinstance(child, nn.Conv2d | nn.Linear):
-            setattr(model, name, FakeQuant(child, bits))
+            setattr(model, name, FakeQuant(child, bits, scheme))
         else:
-            fake_quantize(child, bits)
+            fake_quantize(child, bits, scheme)
     return model
 
 
 # -- Range-EvoNorm (seed 001 eq. 5) ----------------------------------------------------------
 
 
+def _hsig_gate(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return F.hardsigmoid(v * x)  # = clamp((v x + 3) / 6, 0, 1)
+
+
+def banner_constant(n: int) -> float:
+    """The authors' ``scale_fix`` for a range over n values: 0.5 * 0.35 * (1 + sqrt(pi ln 4))
+    / sqrt(2 ln n) (Banner et al.'s Range BN constant), so that scale * range is about the
+    standard deviation of n Gaussian values."""
+    return 0.5 * 0.35 * (1 + math.sqrt(math.pi * math.log(4))) / math.sqrt(2 * math.log(n))
+
+
 class RangeEvoNorm(nn.Module):
-    """Range-EvoNorm: ``x * hsig(v x) / (C * range_g(x)) * gamma + beta``.
+    """Range-EvoNorm as seed 001's authors compute it (aparna-aketi/Low_Precision_DL,
+    quantized_training/quantize.py ``RangeEN``; evonorm.py ``RangeEN_full`` is the same in fp32):
+
+        y = x * hsig(v x) / (scale_fix(m) * range + eps) * gamma + beta
+
+    per sample and per group of channels, where ``groups`` is the NUMBER of groups (8), the
+    range is estimated by cutting each group's C/groups * H * W values into ``chunks`` (16)
+    consecutive chunks of m values and taking mean(max of each chunk) - mean(min of each
+    chunk), ``scale_fix`` is :func:`banner_constant` of the chunk size m, and hsig(z) =
+    clamp((z + 3) / 6, 0, 1). gamma starts uniform in [0, 1), as their ``reset_params``.
+
+    Their 8-bit module also quantizes its input, v, the scale, gamma and beta and the output
+    gradient; here the layer runs in fp32 (``compute: int8`` fake-quantizes the Conv/Linear
+    layers only). When a group's values do not split into 16 chunks, the chunk count is
+    gcd(16, values) (their reshape would fail); ``groups`` must divide the channels.
+    """
+
+    def __init__(self, channels: int, groups: int = 8, chunks: int = 16, eps: float = 1e-5) -> None:
+        super().__init__()
+        if groups < 1 or channels % groups:
+            raise ValueError(f"groups {groups} must divide the channels, {channels}")
+        self.channels, self.groups, self.chunks, self.eps = channels, groups, chunks, eps
+        self.v = nn.Parameter(torch.ones(1, channels, 1, 1))
+        self.gamma = nn.Parameter(torch.empty(1, channels, 1, 1).uniform_())
+        self.beta = nn.Parameter(torch.zeros(1, channels, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        per_group = x[0].numel() // self.groups
+        chunks = math.gcd(self.chunks, per_group)
+        size = per_group // chunks
+        if size < 2:
+            raise ValueError(
+                f"Range-EvoNorm needs chunks of >= 2 values, got {per_group} values per group "
+                f"in {chunks} chunks (input {tuple(x.shape)})"
+            )
+        y = x.reshape(n, self.groups, chunks, size)
+        spread = y.amax(-1).mean(-1) - y.amin(-1).mean(-1)  # (n, groups)
+        scale = 1.0 / (spread * banner_constant(size) + self.eps)
+        gated = (x * _hsig_gate(self.v, x)).reshape(n, self.groups, -1) * scale.unsqueeze(-1)
+        return gated.reshape(x.shape) * self.gamma + self.beta
+
+
+class RangeEvoNormGS2(nn.Module):
+    """Range-EvoNorm as seed 001's equation 5 reads with groups of ``group_size`` channels:
+    ``x * hsig(v x) / (C * range_g(x)) * gamma + beta``.
 
     ``range_g`` is max - min per sample over each group of ``group_size`` channels (all their
     spatial positions), ``hsig(z) = clamp((z + 3) / 6, 0, 1)`` the hard sigmoid and
-    ``C = 1 / sqrt(2 ln(group_size))``, the constant that makes a range of m Gaussian samples
-    estimate their standard deviation. The paper names the argument of C "c/g = #channels per
-    group" with a default "group size" of 2; we read both as channels per group, which must be
-    at least 2 (C is infinite at 1).
+    ``C = 1 / sqrt(2 ln(group_size))``. The paper names the argument of C "c/g = #channels per
+    group" with a default "group size" of 2; this reads both as channels per group, which must
+    be at least 2 (C is infinite at 1). Its denominator is several standard deviations (a range
+    over many values times C < 1), so it shrinks activations that the authors' version keeps
+    near unit scale (docs/precision-and-layers.md).
     """
 
     def __init__(self, channels: int, group_size: int = 2, eps: float = 1e-5) -> None:
@@ -166,21 +283,28 @@ class RangeEvoNorm(nn.Module):
         groups = x.reshape(n, ch // self.group_size, -1)
         spread = groups.amax(-1) - groups.amin(-1)  # (n, groups)
         spread = spread.repeat_interleave(self.group_size, dim=1).reshape(n, ch, 1, 1)
-        gate = F.hardsigmoid(self.v * x)  # = clamp((v x + 3) / 6, 0, 1)
+        gate = _hsig_gate(self.v, x)
         return x * gate / (self.c * spread + self.eps) * self.gamma + self.beta
 
 
-def use_range_evonorm(model: nn.Module, group_size: int = 2) -> nn.Module:
+_NORM_LAYERS: dict[str, type[nn.Module]] = {
+    "range-evonorm": RangeEvoNorm,
+    "range-evonorm-gs2": RangeEvoNormGS2,
+}
+
+
+def use_range_evonorm(model: nn.Module, norm: str = "range-evonorm") -> nn.Module:
     """Replace every BatchNorm2d (and a ReLU right after it, which Range-EvoNorm's gate
-    subsumes) by RangeEvoNorm, in place."""
+    subsumes) by the ``norm`` variant (NORMS), in place."""
+    layer = _NORM_LAYERS[norm]
     children = list(model.named_children())
     for i, (name, child) in enumerate(children):
         if isinstance(child, nn.BatchNorm2d):
-            setattr(model, name, RangeEvoNorm(child.num_features, group_size))
+            setattr(model, name, layer(child.num_features))
             if i + 1 < len(children) and isinstance(children[i + 1][1], nn.ReLU):
                 setattr(model, children[i + 1][0], nn.Identity())
         else:
-            use_range_evonorm(child, group_size)
+            use_range_evonorm(child, norm)
     return model
 
 

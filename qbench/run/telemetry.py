@@ -4,7 +4,9 @@ A separate pass, outside the timed region: every layer is shadowed by its own en
 compressor and key as the run, its own error-feedback state) fed with that layer's gradient each
 iteration. It records what per-layer compression does to this gradient: the relative error
 ||Q(g) - g|| / ||g||, the error-feedback residual norm (NaN for stateless compressors) and the
-bits per value actually on the wire (Payload.nbytes * 8 / numel).
+bits per value actually on the wire (Payload.nbytes * 8 / numel). Every tensor is encoded on
+its own, so for a compressor with ``scope: global`` (one choice per group or owner range) the
+rows show what a per-tensor encode would do, not what the scheme's one call did.
 """
 
 from __future__ import annotations

@@ -25,10 +25,10 @@ from qbench.spec.matrix import RunSpec
 
 def with_precision(model: nn.Module, spec: RunSpec) -> nn.Module:
     """Swap in Range-EvoNorm and int8 fake-quantized layers before parameters are flattened."""
-    if spec.norm == "range-evonorm":
-        precision.use_range_evonorm(model)
-    if spec.compute == "int8":
-        precision.fake_quantize(model)
+    if spec.norm != "batchnorm":
+        precision.use_range_evonorm(model, spec.norm)
+    if spec.compute in precision.INT8:
+        precision.fake_quantize(model, scheme=precision.INT8[spec.compute])
     return model
 
 

@@ -64,11 +64,12 @@ def _flat_model(t: Training) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     return params, grads, [p.numel() for p in ordered]
 
 
-def _group_compressors(t: Training) -> Iterator[tuple[slice, Compressor]]:
-    """Each layer group's slice of the flat buffers and its compressor, built as consumed."""
+def _group_compressors(t: Training) -> Iterator[tuple[slice, Compressor, tuple[int, ...]]]:
+    """Each layer group's slice of the flat buffers, its compressor (built as consumed) and the
+    sizes of its tensors (per-tensor compressors encode each on its own)."""
     pos = 0
     for g in t.groups:
-        yield slice(pos, pos + g.numel), from_spec(g.compressor, seed=t.spec.seed)
+        yield slice(pos, pos + g.numel), from_spec(g.compressor, seed=t.spec.seed), g.sizes
         pos += g.numel
 
 
@@ -85,9 +86,11 @@ class Run(Training):
     def _aggregators(self) -> list[tuple[slice, aggregate.Aggregator]]:
         scheme, params = self.spec.scheme, self.spec.scheme_params
         out = []
-        for part, c in _group_compressors(self):  # each compressor then its aggregator
+        for part, c, sizes in _group_compressors(self):  # each compressor then its aggregator
             numel = part.stop - part.start
-            agg = aggregate.build(scheme, self.comm, c, numel, offset=part.start, params=params)
+            agg = aggregate.build(
+                scheme, self.comm, c, numel, offset=part.start, params=params, tensors=sizes
+            )
             out.append((part, agg))
         return out
 

@@ -59,6 +59,9 @@ class Group:
     compressor: dict[str, Any]
     names: tuple[str, ...]
     numel: int
+    sizes: tuple[int, ...] = ()
+    """Element count of each tensor, in ``names`` order: per-tensor compressors encode each
+    on its own (the aggregators' ``tensors``)."""
 
 
 def threshold(sizes: list[int], fraction: float) -> int:
@@ -92,8 +95,8 @@ def plan(
         specs[key] = spec
         groups.setdefault(key, []).append((name, numel))
     return [
-        Group(specs[k], tuple(n for n, _ in members), sum(s for _, s in members))
-        for k, members in groups.items()
+        Group(specs[k], tuple(n for n, _ in m), sum(s for _, s in m), tuple(s for _, s in m))
+        for k, m in groups.items()
     ]
 
 

@@ -76,7 +76,8 @@ class RunSpec:
     target_accuracy: float | None = None
     """Top-1 accuracy for time-to-accuracy in reports (not part of the run id)."""
     compute: str = "fp32"
-    """Compute precision (qbench.run.precision): fp32, bf16, fp16 or int8 (fake-quantized)."""
+    """Compute precision (qbench.run.precision): fp32, bf16, fp16, int8 or int8-asym
+    (fake-quantized)."""
     norm: str = "batchnorm"
     weight_bits: int = 0
     """Quantize all parameters to this many bits after each step (0: no)."""

@@ -26,8 +26,9 @@ from qbench.spec.checks import FILTER_KEYS, LR_SCHEDULE_KEYS  # noqa: F401  # th
 BACKENDS = ("gloo", "mpi", "nccl")
 LAUNCHERS = ("local", "slurm")
 DEVICES = ("auto", "cpu", "cuda")
-COMPUTE = ("fp32", "bf16", "fp16", "int8")  # qbench.run.precision.COMPUTE (no torch import here)
-NORMS = ("batchnorm", "range-evonorm")
+# qbench.run.precision.COMPUTE and NORMS (no torch import here)
+COMPUTE = ("fp32", "bf16", "fp16", "int8", "int8-asym")
+NORMS = ("batchnorm", "range-evonorm", "range-evonorm-gs2")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,10 +87,13 @@ class Scenario:
     target_accuracy: float | None = None
     """Top-1 test accuracy for "time to accuracy" in reports (not part of run ids)."""
     compute: tuple[str, ...] = ("fp32",)
-    """Compute precision: fp32, bf16 / fp16 autocast (fp16 with loss scaling), or int8
-    fake-quantized training (seed 001)."""
+    """Compute precision: fp32, bf16 / fp16 autocast (fp16 with loss scaling), or 8-bit
+    fake-quantized training (seed 001): ``int8`` symmetric per tensor, ``int8-asym`` Banner et
+    al.'s asymmetric min/max."""
     norm: str = "batchnorm"
-    """``range-evonorm`` replaces the models' batch norms by Range-EvoNorm (seed 001)."""
+    """``range-evonorm`` replaces the models' batch norms by Range-EvoNorm as seed 001's
+    authors' code computes it; ``range-evonorm-gs2`` by the paper's formula with groups of 2
+    channels (qbench.run.precision)."""
     weights: tuple[dict[str, Any], ...] = ({},)
     """Axis: ``{bits: N}`` quantizes every parameter to N-bit fixed point after each step
     (seed 000 section 5.4); ``none`` (``{}``) leaves the model in fp32."""

@@ -82,8 +82,9 @@ class AsyncParts:
     """The flat gradients; the model's ``.grad`` are views into it."""
     sizes: list[int]
     """Elements of each parameter tensor, in flat order (per-tensor weight quantization)."""
-    groups: list[tuple[slice, Compressor]]
-    """Each layer group's slice of the flat buffers and its compressor (the gradient codec)."""
+    groups: list[tuple[slice, Compressor, tuple[int, ...]]]
+    """Each layer group's slice of the flat buffers, its compressor and the sizes of its tensors
+    (the gradient codec; per-tensor compressors encode each tensor on its own)."""
     scheme: AsyncParams
     data: Batches
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

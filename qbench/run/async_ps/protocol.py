@@ -102,7 +102,8 @@ class Reply:
 
 
 class GradientCodec:
-    """A flat gradient <-> one wire per layer group (the run's per-group compressors).
+    """A flat gradient <-> one wire per layer group (the run's per-group compressors, each with
+    the sizes of the group's tensors, which per-tensor compressors encode separately).
 
     ``ratio`` None: each group is encoded with its compressor (AsyLPG: quantized). ``ratio`` r:
     Sparse-AsyLPG; each group keeps its top ceil(r n) values (error feedback: the rest is added
@@ -110,16 +111,20 @@ class GradientCodec:
     the compressor; the wire is the int32 indices, then the encoded values.
     """
 
-    def __init__(self, groups: Sequence[tuple[slice, Compressor]], ratio: float | None) -> None:
+    def __init__(
+        self, groups: Sequence[tuple[slice, Compressor, Sequence[int]]], ratio: float | None
+    ) -> None:
         self.groups = list(groups)
         self.topk = TopK(ratio=ratio, error_feedback=True) if ratio is not None else None
 
     def encode(self, grad: torch.Tensor, step: int, rank: int) -> list[torch.Tensor]:
         wires = []
-        for i, (part, c) in enumerate(self.groups):
+        for i, (part, c, tensors) in enumerate(self.groups):
             g, slot = grad[part], f"g{i}"
             if self.topk is None:
-                payload = c.encode(g, step=step, rank=rank, offset=part.start, name=slot)
+                payload = c.encode(
+                    g, step=step, rank=rank, offset=part.start, name=slot, pieces=tensors
+                )
                 wires.append(payload.to_wire())
                 continue
             kept = self.topk.encode(g, name=slot).buffers
@@ -131,11 +136,11 @@ class GradientCodec:
         """Decode the concatenated group wires into ``out`` (overwritten)."""
         out.zero_()
         pos = 0
-        for (part, c), size in zip(self.groups, sizes, strict=True):
+        for (part, c, tensors), size in zip(self.groups, sizes, strict=True):
             chunk, view = _aligned(wire[pos : pos + size]), out[part]
             pos += size
             if self.topk is None:
-                c.decode(c.from_wire(chunk, view.numel()), out=view)
+                c.decode(c.from_wire(chunk, view.numel(), tensors), out=view)
                 continue
             k = self.topk.k(view.numel())
             indices = chunk[: 4 * k].view(torch.int32).long()

@@ -73,7 +73,9 @@ class _Server:
             if self.velocity is not None:  # accelerated: the Nesterov look-ahead point
                 model = model + self.r.spec.momentum * self.velocity
             # Encoded per reply: each worker gets its own stochastic rounding of the model.
-            enc = self.down.encode(model, step=self.version, rank=w, stream=1, name="down")
+            enc = self.down.encode(
+                model, step=self.version, rank=w, stream=1, name="down", pieces=self.r.sizes
+            )
             wire = enc.to_wire()
         timer.mark("encode")
         reply = Reply(self.version, staleness, applied, stop, wire.numel())

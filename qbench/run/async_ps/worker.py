@@ -34,7 +34,7 @@ def work(r: AsyncParts) -> None:
         x, y = r.data.batch(it)
         cm.bytes_sent = 0
         timer.start()
-        r.params.copy_(down.decode(down.from_wire(model, r.params.numel())))
+        r.params.copy_(down.decode(down.from_wire(model, r.params.numel(), r.sizes)))
         timer.mark("decode")
         r.grads.zero_()
         with precision.autocast(r.spec.compute, r.device):  # int8: the model is fake-quantized

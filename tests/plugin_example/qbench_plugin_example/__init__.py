@@ -32,6 +32,7 @@ SCALED_SIGN = CompressorEntry(
         ("signs", "uint8", (n + 7) // 8),
         ("scales", "float32", num_buckets(n, p["bucket_size"])),
     ],
+    granularity=lambda p: "bucket",  # one scale per bucket (qbench.catalog.GRANULARITIES)
 )  # fmt: skip
 
 DECODED_MEAN = SchemeEntry(

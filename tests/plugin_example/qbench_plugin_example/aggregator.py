@@ -14,7 +14,9 @@ class DecodedMean(Aggregator):
 
     def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
         c = self.compressor
-        payload = c.encode(grad, step=step, rank=self.comm.rank, offset=self.offset)
+        payload = c.encode(
+            grad, step=step, rank=self.comm.rank, offset=self.offset, pieces=self.pieces()
+        )
         self.payload_bytes = payload.nbytes
         timer.mark("encode")
         out = c.decode(payload)
