@@ -62,7 +62,7 @@ cuda-coverage: venv
 # A scenario with failed runs is still reported; the target then exits 1, naming them.
 # By default each scenario runs at seed 0 only (FIGURES_SET); `make figures FULL=1` runs every
 # seed the scenarios list (3 for the accuracy scenarios: mean +/- std), FIGURES_SET='--set
-# backend=nccl ...' moves the same scenarios to GPUs, and QUICK=1 runs every configuration at
+# backend=nccl ...' moves the same scenarios to GPUs, and QUICK=1 runs every axis value at
 # a tiny scale (`qbench sweep --quick`) into results/quick/ and figures/quick/.
 PAPER ?= $(sort $(wildcard scenarios/paper/*.yaml))
 FIGURES_SET ?= $(if $(FULL),,--set seed=0) $(if $(QUICK),--quick)

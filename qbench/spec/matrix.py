@@ -230,7 +230,35 @@ def expand(sc: Scenario) -> Matrix:
     # slow spell of a shared machine then hits one repeat of many configurations, not all the
     # repeats of one (their median is what reports and the cost model compare).
     runs.sort(key=lambda r: r.repeat)  # stable: matrix order within a repeat
+    if sc.cover:
+        runs, dropped = cover(runs)
+        excluded += [Excluded(r.run_id, "cover: its every axis value runs in another run")
+                     for r in dropped]  # fmt: skip
     return Matrix(runs, excluded)
+
+
+def axis_values(r: RunSpec) -> set[tuple[str, Any]]:
+    """(axis, value) pairs of a run, for ``cover``: each axis, and scheme with compressor."""
+    return {
+        ("model", r.model), ("dataset", r.dataset), ("backend", r.backend),
+        ("world_size", r.world_size), ("nodes", r.nodes), ("device", r.device),
+        ("network", network.label(r.network)), ("compute", r.compute), ("skew", r.skew),
+        ("weight_bits", r.weight_bits), ("scheme", r.scheme_label),
+        ("compressor", r.compressor_label), ("method", (r.scheme_label, r.compressor_label)),
+    }  # fmt: skip
+
+
+def cover(runs: list[RunSpec]) -> tuple[list[RunSpec], list[RunSpec]]:
+    """(kept, dropped): in matrix order, a run is kept when it brings an (axis, value) pair no
+    kept run has, so every value of every axis runs at least once (a greedy covering set)."""
+    seen: set[tuple[str, Any]] = set()
+    kept: list[RunSpec] = []
+    dropped: list[RunSpec] = []
+    for r in runs:
+        values = axis_values(r)
+        (kept if values - seen else dropped).append(r)
+        seen |= values
+    return kept, dropped
 
 
 def _check(sc: Scenario) -> list[user.Model]:

@@ -1,8 +1,9 @@
 """A scenario at the smallest scale that still runs every configuration end to end.
 
 ``qbench sweep --quick`` (and ``make figures QUICK=1``, and the test that runs every shipped
-scenario) keeps every configuration of the scenario, so each model, dataset, scheme,
-compressor, backend, link and launcher is started, trained, recorded and reported, but only
+scenario) keeps a covering subset of the scenario's configurations (``cover: true``: every
+model, dataset, scheme with each of its compressors, backend, world size and link in at least
+one run, not the cross product), so each is started, trained, recorded and reported, but only
 long enough to prove it works: the first seed, one repeat, and in accuracy mode one epoch of
 ``STEPS_PER_EPOCH`` steps (evaluation included), else ``WARMUP`` + ``ITERATIONS`` iterations;
 ``WARMUP`` rows are marked warm-up in both modes, so every run has rows to summarise.
@@ -25,7 +26,7 @@ STEPS_PER_EPOCH = 2
 
 def overrides(sc: scenario.Scenario) -> dict[str, Any]:
     """The top-level keys --quick replaces, for a validated scenario."""
-    keys: dict[str, Any] = {"seed": sc.seed[0], "repeats": 1, "warmup": WARMUP}
+    keys: dict[str, Any] = {"seed": sc.seed[0], "repeats": 1, "warmup": WARMUP, "cover": True}
     if sc.epochs:  # warm-up marks rows only: a few are left to measure
         keys.update(epochs=1, steps_per_epoch=STEPS_PER_EPOCH)
     else:

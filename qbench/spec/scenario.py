@@ -77,6 +77,10 @@ class Scenario:
     """Accuracy mode: at most this many steps per epoch (each epoch then trains on a part of
     the split, in its usual random order); none = the whole split. ``qbench sweep --quick``
     sets it to check scenarios end to end at a tiny scale."""
+    cover: bool = False
+    """Run a covering subset of the matrix only: every value of every axis (and every scheme
+    with each of its compressors) in at least one run; ``qbench sweep --quick`` sets it, so that
+    a smoke test of a scenario costs a few runs, not its cross product."""
     lr_schedule: dict[str, Any] = field(default_factory=dict)
     """Learning-rate decay per epoch: ``{milestones: [100, 150], gamma: 0.1}`` or
     ``{every: 30, gamma: 0.5}``; empty = constant."""
@@ -220,6 +224,7 @@ _SCALARS = {
     "timeout": float,
     "telemetry": bool,
     "profile": bool,
+    "cover": bool,
 }
 
 
