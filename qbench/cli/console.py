@@ -36,7 +36,7 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 def sweep(
     text: str, source: str, out_dir: Path | None, dry_run: bool, *,
     launcher: str | None = None, retry_failed: bool = False, skip_unavailable: bool = False,
-    check: bool = False,
+    check: bool = False, isolation: str | None = None,
 ) -> None:  # fmt: skip
     sc = scenario_mod.loads(text, source)
     m = matrix_mod.expand(sc)
@@ -44,7 +44,7 @@ def sweep(
     from qbench.launch import preflight
     from qbench.launch import sweep as sweep_mod
 
-    launch = _launch_for(sc, launcher, m)
+    launch = _launch_for(sc, launcher, m, isolation)
     if dry_run:
         verdicts = preflight.check(m.runs, launcher=launch.kind)
         _print_matrix(m, target, verdicts)
@@ -64,8 +64,8 @@ def sweep(
     )
     skipping = f", {len(skip)} skipped (prerequisites missing)" if skip else ""
     err.print(f"sweep {sc.name!r}: {len(m.runs)} runs ({len(p.done)} already done{kept}"
-              f"{skipping}), {len(m.excluded)} excluded, launcher {launch.kind} "
-              f"-> {target}")  # fmt: skip
+              f"{skipping}), {len(m.excluded)} excluded, launcher {launch.kind}, isolation "
+              f"{launch.isolation} -> {target}")  # fmt: skip
     with _progress(len(p.todo) - len(skip)) as tick:
         summary = sweep_mod.run_sweep(
             m, target, text, on_progress=tick, launch=launch, retry_failed=retry_failed,
@@ -89,8 +89,11 @@ def _print_check(verdicts: preflight.Verdicts, total: int) -> None:
     sys.exit(2)
 
 
-def _launch_for(sc: scenario_mod.Scenario, launcher: str | None, m: Matrix) -> Launch:
-    """The launcher (``--launcher`` over the scenario's ``launcher:``) with its options."""
+def _launch_for(
+    sc: scenario_mod.Scenario, launcher: str | None, m: Matrix, isolation: str | None = None
+) -> Launch:
+    """The launcher (``--launcher`` over the scenario's ``launcher:``) with its options, and
+    the isolation (``--isolation`` over ``isolation:``; Slurm runs are process-isolated)."""
     from qbench.errors import UserError
     from qbench.launch import sweep as sweep_mod
 
@@ -102,10 +105,10 @@ def _launch_for(sc: scenario_mod.Scenario, launcher: str | None, m: Matrix) -> L
                 f"nodes: {multi.nodes} needs a multi-node launcher; use --launcher slurm "
                 "(or see docs/launchers.md for torchrun rendezvous and mpirun hostfiles)"
             )
-        return sweep_mod.Launch("local")
+        return sweep_mod.Launch("local", isolation=isolation or sc.isolation)
     from qbench.launch.slurm.options import SlurmOptions
 
-    return sweep_mod.Launch("slurm", SlurmOptions.parse(sc.slurm))
+    return sweep_mod.Launch("slurm", SlurmOptions.parse(sc.slurm), isolation="process")
 
 
 def _resolved(sc: scenario_mod.Scenario, launch: Launch) -> dict[str, object]:

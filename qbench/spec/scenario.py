@@ -19,6 +19,7 @@ from qbench.spec.checks import FILTER_KEYS, LR_SCHEDULE_KEYS  # noqa: F401  # th
 
 BACKENDS = ("gloo", "mpi", "nccl")
 LAUNCHERS = ("local", "slurm")
+ISOLATIONS = ("group", "process")  # qbench.launch.group; one launch per run
 DEVICES = ("auto", "cpu", "cuda")
 COMPUTE = ("fp32", "bf16", "fp16", "int8")  # qbench.run.precision.COMPUTE (no torch import here)
 NORMS = ("batchnorm", "range-evonorm")
@@ -100,6 +101,10 @@ class Scenario:
     """Price of one machine hour (any currency) for cost per epoch / to accuracy in reports."""
     launcher: str = "local"
     """How runs start: ``local`` (torchrun / mpirun here) or ``slurm``; ``--launcher`` overrides."""
+    isolation: str = "group"
+    """``group``: the runs of each rank group (same backend, world size, nodes, link, device)
+    run in turn in one launch, each exactly as if alone; ``process``: one launch per run
+    (Slurm runs always). ``--isolation`` overrides; not part of run ids."""
     slurm: dict[str, Any] = field(default_factory=dict)
     """Slurm options (partition, time, account, mode, array, ...; see docs/launchers.md)."""
     timeout: float = 600.0
@@ -138,6 +143,7 @@ class Scenario:
                 "price_per_hour", self.price_per_hour, 0.0, 1e6, example="price_per_hour: 32.77"
             )
         checks.check_choices("launcher", (self.launcher,), LAUNCHERS)
+        checks.check_choices("isolation", (self.isolation,), ISOLATIONS)
         for key, entries in (("include", self.include), ("exclude", self.exclude)):
             for entry in entries:
                 checks.check_filter(key, entry)
@@ -187,6 +193,7 @@ _SCALARS = {
     "repeats": int,
     "price_per_hour": float,
     "launcher": str,
+    "isolation": str,
     "warmup": int,
     "iterations": int,
     "epochs": int,
