@@ -13,9 +13,10 @@ DEMO_OUT ?= results/smoke
 
 venv: $(STAMP)
 
-$(STAMP): setup.cfg pyproject.toml
+# tests/plugin_example: a third-party plug-in (compressor + scheme by entry points) the tests use.
+$(STAMP): setup.cfg pyproject.toml tests/plugin_example/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --progress-bar off -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --progress-bar off -e '.[dev]' -e tests/plugin_example
 	touch $@
 
 # The main job on the embedded default scenario: CPU ranks, synthetic data.
@@ -120,4 +121,23 @@ data:
 	else \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get install -y $(DATA_PACKAGES) || { apt-get update && apt-get install -y $(DATA_PACKAGES); }; \
+	fi
+
+# A real browser for the report page's test (tests/test_page_browser.py loads index.html in
+# headless Chromium, checks images and the console, and saves a screenshot): Debian's chromium.
+BROWSER_PACKAGES ?= chromium
+.PHONY: browser
+browser:
+	@if command -v chromium >/dev/null 2>&1; then \
+	  echo "browser: $$(command -v chromium) present"; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "browser: no apt-get here; install Chromium (or set QBENCH_BROWSER to a Chrome or" \
+	    "Chromium binary) for the report page's browser test" >&2; exit 1; \
+	elif [ "$$(id -u)" != 0 ]; then \
+	  echo "browser: installing packages needs root; run: sudo apt-get install -y $(BROWSER_PACKAGES)" >&2; \
+	  exit 1; \
+	else \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y --no-install-recommends $(BROWSER_PACKAGES) || \
+	    { apt-get update && apt-get install -y --no-install-recommends $(BROWSER_PACKAGES); }; \
 	fi

@@ -16,8 +16,9 @@ class UserError(ValueError):
 
 
 def choice_error(what: str, value: object, valid: list[str] | tuple[str, ...]) -> UserError:
-    """Error for a name that is not in a registry, listing the valid names."""
-    return UserError(f"unknown {what} {value!r}; valid: {', '.join(sorted(valid))}")
+    """Error for a name that is not in a registry: the nearest valid name, then all of them."""
+    hint = did_you_mean(value, valid) if isinstance(value, str) else ""
+    return UserError(f"unknown {what} {value!r}{hint}; valid: {', '.join(sorted(valid))}")
 
 
 def type_name(value: object) -> str:

@@ -1,6 +1,7 @@
 """DDP hook cases on K gloo ranks in one launch (under torchrun); rank r saves its records.
 
-usage: python tests/dist_ddp_prog.py OUT_DIR
+usage: python tests/dist_ddp_prog.py OUT_DIR [gloo|nccl]
+(nccl: one GPU per rank, tensors on the rank's GPU; the records are saved on the CPU)
 
 * ``mean``: a two-layer model whose gradients differ per rank, under DDP with torch's allreduce
   hook (scheme ddp, compressor none), several buckets; records DDP's gradient and the rank's own
@@ -15,6 +16,7 @@ usage: python tests/dist_ddp_prog.py OUT_DIR
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,9 @@ TRAIN = {
 }
 
 
+DEVICE = torch.device("cpu")  # the rank's GPU under nccl (main)
+
+
 def known_gradient(rank: int) -> torch.Tensor:
     return torch.randn(NUMEL, generator=torch.Generator().manual_seed(50 + rank))
 
@@ -70,10 +75,11 @@ def mean_case(comm: TorchDistComm) -> dict[str, Any]:
     model = nn.Sequential(nn.Linear(40, 3000), nn.Tanh(), nn.Linear(3000, 200))  # 2.9 MB
     local = nn.Sequential(nn.Linear(40, 3000), nn.Tanh(), nn.Linear(3000, 200))
     local.load_state_dict(model.state_dict())
+    model, local = model.to(DEVICE), local.to(DEVICE)
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.5)  # several buckets
     state, hook = _hook(None, {"name": "none"}, comm)
     ddp.register_comm_hook(state, hook)
-    x = torch.randn(16, 40, generator=torch.Generator().manual_seed(comm.rank))
+    x = torch.randn(16, 40, generator=torch.Generator().manual_seed(comm.rank)).to(DEVICE)
     # DDP's first bucket holds up to 1 MB, the others bucket_cap_mb; it rebuilds its buckets
     # in gradient-ready order after the first iteration: measure the second.
     for _ in range(2):
@@ -82,8 +88,8 @@ def mean_case(comm: TorchDistComm) -> dict[str, Any]:
         ddp(x).pow(2).sum().backward()
     local(x).pow(2).sum().backward()
     return {
-        "ddp": torch.cat([p.grad.reshape(-1) for p in model.parameters()]),
-        "local": torch.cat([p.grad.reshape(-1) for p in local.parameters()]),
+        "ddp": torch.cat([p.grad.reshape(-1) for p in model.parameters()]).cpu(),
+        "local": torch.cat([p.grad.reshape(-1) for p in local.parameters()]).cpu(),
         "buckets": len(state.timeline.handed),
     }
 
@@ -100,23 +106,23 @@ class _Known(nn.Module):
 
 
 def unbiased_case(comm: TorchDistComm, scheme: str, comp: dict[str, Any]) -> dict[str, Any]:
-    holder = _Known()
+    holder = _Known().to(DEVICE)
     param = holder.w
     ddp = DistributedDataParallel(holder)
     state, hook = _hook(scheme, comp, comm)
     ddp.register_comm_hook(state, hook)
-    g = known_gradient(comm.rank)
+    g = known_gradient(comm.rank).to(DEVICE)
     out, payloads = [], []
     for _ in range(STEPS):
         param.grad = None
         state.reset()
         ddp(g).backward()
-        out.append(param.grad.clone())
+        out.append(param.grad.clone().cpu())
         payloads.append(state.payload_bytes)
     state.close()
     flat = aggregate.build(scheme, comm, from_spec(comp), NUMEL)
     comm.bytes_sent = 0
-    flat.aggregate(g.clone(), 0, PhaseTimer(torch.device("cpu")))
+    flat.aggregate(g.clone(), 0, PhaseTimer(DEVICE))
     return {
         "results": torch.stack(out),
         "payload_bytes": payloads,
@@ -128,13 +134,13 @@ def unbiased_case(comm: TorchDistComm, scheme: str, comp: dict[str, Any]) -> dic
 def train_case(comm: TorchDistComm, scheme: str | None, comp: dict[str, Any]) -> dict[str, Any]:
     """Least squares y = X w* on rank-specific data; final mean loss through the hook and flat."""
     gen = torch.Generator().manual_seed(10 + comm.rank)
-    x = torch.randn(256, 32, generator=gen)
-    w_true = torch.randn(32, 8, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(256, 32, generator=gen).to(DEVICE)
+    w_true = torch.randn(32, 8, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     y = x @ w_true
     losses = {}
     for mode in ("hook", "flat"):
         torch.manual_seed(1)
-        model = nn.Linear(32, 8, bias=False)
+        model = nn.Linear(32, 8, bias=False).to(DEVICE)
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         if mode == "hook":
             ddp: nn.Module = DistributedDataParallel(model)
@@ -152,7 +158,7 @@ def train_case(comm: TorchDistComm, scheme: str | None, comp: dict[str, Any]) ->
             loss.backward()
             if mode == "flat":
                 grad = model.weight.grad.reshape(-1)
-                mean = agg.aggregate(grad, step, PhaseTimer(torch.device("cpu")))
+                mean = agg.aggregate(grad, step, PhaseTimer(DEVICE))
                 grad.copy_(mean)
             opt.step()
         with torch.no_grad():
@@ -165,9 +171,14 @@ def train_case(comm: TorchDistComm, scheme: str | None, comp: dict[str, Any]) ->
 
 
 def main() -> None:
+    global DEVICE
     out = Path(sys.argv[1])
+    backend = sys.argv[2] if len(sys.argv) > 2 else "gloo"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    if backend == "nccl":
+        DEVICE = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(DEVICE)
+    dist.init_process_group(backend)
     comm = TorchDistComm.attach()
     record: dict[str, Any] = {"mean": mean_case(comm)}
     for id_, (scheme, comp) in UNBIASED.items():

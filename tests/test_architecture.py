@@ -32,8 +32,8 @@ STAGES: dict[str, int] = {
     "launch": 8, "run": 9,
     # files -> answers
     "report": 10, "costmodel": 11,
-    # tools and the command line
-    "bench": 12, "cli": 13,
+    # tools, the command line and the Python API on top of it
+    "bench": 12, "cli": 13, "api": 14,
 }  # fmt: skip
 
 

@@ -121,7 +121,7 @@ def test_cli_spec_syntax_round_trips_and_works_in_yaml() -> None:
      ({"name": "qsgd", "bits": 12}, "qsgd: bits must be 1..8 or 16, got 12; e.g. `bits: 4`"),
      ({"name": "qsgd", "bits": "4"}, "qsgd: bits must be an integer (1..8 or 16), got '4' (str)"),
      ({"name": "qsgd", "seed": 1}, "qsgd: seed is the run's"),
-     ({"name": "qsgdd"}, "unknown compressor 'qsgdd'; valid: adaptive, bf16, fixedpoint"),
+     ({"name": "qsgdd"}, "unknown compressor 'qsgdd' (did you mean 'qsgd'?); valid: adaptive"),
      ({"name": "adaptive", "floor_bits": 10, "probe_bits": 8}, "must be <= 16, got 10 + 8"),
      ({"bits": 4}, "compressor {'bits': 4} has no name")],
 )  # fmt: skip

@@ -13,7 +13,7 @@ import pytest
 from qbench.errors import UserError
 from qbench.records.store import ResultStore
 from qbench.report import compare
-from qbench.report import tables as report
+from qbench.report import comparison as report
 from tests.test_report import add_run, labels, rows_for
 
 

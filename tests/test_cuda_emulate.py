@@ -18,6 +18,7 @@ from qbench.compress import cuda, cuda_emulate, native
 from qbench.compress.onebit import OneBit
 from qbench.compress.qsgd import QSGD
 from qbench.errors import UserError
+from tests.test_cuda import QSGD_VARIANTS  # the same variants the GPU tests run
 
 
 def _skip_reason() -> str:
@@ -30,13 +31,6 @@ def _skip_reason() -> str:
 _SKIP = _skip_reason()
 pytestmark = pytest.mark.skipif(bool(_SKIP), reason=_SKIP)
 
-QSGD_VARIANTS = [
-    (bits, layout, norm)
-    for bits in (1, 2, 3, 4, 5, 6, 7, 8, 16)
-    for layout in ("intervals", "sign")
-    for norm in ("max", "l2")
-    if not (layout == "sign" and bits == 1)
-]
 ALL_KERNELS = {name for names in cuda._SOURCES.values() for name in names}
 Tensors = list[torch.Tensor]
 

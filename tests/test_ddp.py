@@ -163,6 +163,29 @@ def test_one_spelling_per_ddp_configuration() -> None:
     assert rules.overlap("allgather", {}) == "none"
 
 
+# -- two GPU ranks (nccl): written for a GPU machine; skips here with the reason -------------------
+_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(_GPUS < 2, reason=f"needs 2 CUDA GPUs for nccl DDP, found {_GPUS}")
+def test_hooks_on_nccl_give_the_exact_mean_and_train(tmp_path: Path) -> None:
+    launch("nccl", 2, [here("dist_ddp_prog.py"), str(tmp_path), "nccl"], timeout=600)
+    got = [torch.load(tmp_path / f"rank-{r}.pt") for r in range(2)]
+    exact = (got[0]["mean"]["local"] + got[1]["mean"]["local"]) / 2
+    torch.testing.assert_close(got[0]["mean"]["ddp"], exact, rtol=0, atol=1e-5)
+    for case in UNBIASED:
+        assert torch.equal(
+            got[0][f"unbiased/{case}"]["results"], got[1][f"unbiased/{case}"]["results"]
+        )
+    for case in TRAIN:
+        losses = got[0][f"train/{case}"]
+        assert losses["hook"] == pytest.approx(
+            losses["flat"], rel=0.25 if "powersgd" in case else 0.02
+        )
+
+
 # -- two gloo ranks -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:

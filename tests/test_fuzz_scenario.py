@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 
 from qbench import catalog, compress, data, models
 from qbench.catalog import models as zoo
+from qbench.catalog import workloads
 from qbench.catalog.params import Param
 from qbench.errors import UserError
 from qbench.spec import layers, scenario
@@ -191,6 +192,13 @@ GOOD_MODEL = st.one_of(
         )
         for name, params in MODEL_PARAMS_BY_NAME.items()
     ),
+    st.fixed_dictionaries(  # the user's own model: checked by spelling, never imported here
+        {"factory": st.sampled_from(["mypkg.nets:build", "torchvision.models:resnet18"])},
+        optional={"params": st.dictionaries(st.sampled_from(["width", "depth"]),
+                                            st.integers(1, 64), max_size=2),
+                  "input_shape": st.sampled_from([[784], [3, 32, 32]]),
+                  "num_classes": st.integers(1, 100), "name": st.sampled_from(["net", "mine"])},
+    ),
 )  # fmt: skip
 GOOD_NETWORK = st.one_of(st.just("unshaped"), st.builds(lambda r: {"bandwidth": r}, RATES))
 GOOD_LAYERS = st.fixed_dictionaries(
@@ -254,6 +262,13 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     "norm": st.sampled_from(getattr(scenario, "NORMS", ("batchnorm",))),
     "weights": valid_axis(st.one_of(st.just("none"), st.builds(lambda b: {"bits": b},
                                                                st.integers(2, 32)))),
+    "optimizer": st.one_of(
+        st.sampled_from(["sgd", "momentum", "nesterov"]),
+        st.builds(lambda n, lr: {"name": n, "lr": lr}, st.sampled_from(list(workloads.OPTIMIZERS)),
+                  st.sampled_from([0.001, 0.1])),
+    ),
+    "loss": st.one_of(st.sampled_from(list(workloads.LOSSES)),
+                      st.just({"factory": "mypkg.losses:focal", "params": {"gamma": 2}})),
 }  # fmt: skip
 
 # ---- junk: any type, edge values, and registry entries of any shape --------------------------
@@ -298,6 +313,9 @@ JUNKY: dict[str, st.SearchStrategy[Any]] = {
     "layers": LAYERS,
     "include": axis(FILTER),
     "exclude": axis(FILTER),
+    "optimizer": named(list(workloads.OPTIMIZERS), ["lr", "momentum", "betas", "eps"]),
+    "loss": st.one_of(named(list(workloads.LOSSES), ["label_smoothing", "beta"]),
+                      st.fixed_dictionaries({"factory": NAMES}, optional={"params": ANY})),
 }  # fmt: skip
 
 

@@ -212,7 +212,8 @@ def test_write_report_files(written: report.ReportPaths) -> None:
     md = written.summary_md.read_text()
     assert "## Failed runs" in md and "| mlp-failed | failed | 1 | RuntimeError: NCCL" in md
     assert "Traceback" not in md  # first line of the error only
-    assert "qsgd-4b-b512 (simulated)" in md
+    assert "QSGD 4-bit, bucket 512 (simulated)" in md  # names for people; CSV keeps labels
+    assert "qsgd-4b-b512 (simulated)" in set(frame["compressor"])
     names = sorted(p.name for p in written.figures)
     assert names == ["breakdown.pdf", "breakdown.png", "scalability.pdf", "scalability.png"]
     assert all(p.stat().st_size > 1024 for p in written.figures) and not written.notes
@@ -223,7 +224,8 @@ def test_render_formats(written: report.ReportPaths, fmt: str) -> None:
     out = io.StringIO()
     report.render(written.summary, fmt, out)
     text = out.getvalue()
-    assert fmt == "table" or ("qsgd-4b-b512" in text and "mlp-failed" in text)
+    label = "QSGD 4-bit, bucket 512" if fmt == "md" else "qsgd-4b-b512"  # csv, json: labels
+    assert fmt == "table" or (label in text and "mlp-failed" in text)
     if fmt == "json":
         assert len(json.loads(text)) == len(written.summary)
     if fmt == "table":
@@ -243,7 +245,7 @@ def test_single_run_gets_figures(tmp_path: Path) -> None:
     add_run(store, "one", labels("cnn", "1bit-b64", 2), rows_for("one", "cnn", "1bit-b64", 2))
     out = io.StringIO()
     paths = report.write_report(tmp_path, fmt="table", out=out)
-    assert len(paths.figures) == 4 and "1bit-b64" in out.getvalue()
+    assert len(paths.figures) == 4 and "1-bit SGD, bucket 64" in out.getvalue()
 
 
 def test_missing_or_empty_dir_is_a_user_error(tmp_path: Path) -> None:

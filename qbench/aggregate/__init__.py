@@ -14,6 +14,7 @@ from qbench.aggregate.parameter_server import ParameterServer
 from qbench.aggregate.push_sum import PushSum
 from qbench.aggregate.reduce_broadcast import ReduceBroadcast
 from qbench.aggregate.simulated_lowprec import SimulatedLowPrec
+from qbench.catalog import importpath
 from qbench.catalog.schemes import BACKWARD, DDP_OPTIONS
 from qbench.comm import Comm
 from qbench.compress import Compressor
@@ -65,7 +66,24 @@ def build(
     ``bucket_cap_mb``, ...) belong to the DDP loop, not to the aggregator of one bucket."""
     checked = check_params(name, params or {})
     kwargs = {k: v for k, v in checked.items() if k not in _DDP_KEYS}
-    return SCHEMES[name](comm, compressor, numel, offset, **kwargs)
+    return _aggregator(name)(comm, compressor, numel, offset, **kwargs)
+
+
+def _aggregator(name: str) -> type[Aggregator]:
+    """The aggregator of scheme ``name``: registered, or imported from its catalog entry's
+    ``aggregator`` path the first time (a plug-in's) and registered then."""
+    if name not in SCHEMES:
+        entry = catalog.SCHEMES[name]
+        if not entry.aggregator:
+            raise UserError(f"scheme {name} runs its own training loop; it has no aggregator")
+        cls = importpath.resolve(entry.aggregator, f"scheme {name}: aggregator")
+        if not (isinstance(cls, type) and issubclass(cls, Aggregator)) or cls.name != name:
+            raise UserError(
+                f"scheme {name}: aggregator {entry.aggregator!r} must be a "
+                f"qbench.aggregate.Aggregator subclass whose name is {name!r}"
+            )
+        register(cls)
+    return SCHEMES[name]
 
 
 _DDP_KEYS = frozenset({BACKWARD.name, *(p.name for p in DDP_OPTIONS)})

@@ -12,11 +12,13 @@ codecs, ``bench``, the cost model and the reports read these; none re-derives th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from qbench.catalog import specs
+import yaml
+
+from qbench.catalog import plugins, specs
 from qbench.catalog.compressors import COMPRESSORS, CompressorEntry
 from qbench.catalog.params import validate
 from qbench.catalog.schemes import SCHEMES, SchemeEntry
@@ -24,7 +26,8 @@ from qbench.errors import UserError, choice_error
 
 __all__ = [
     "COMPRESSORS", "SCHEMES", "CompressorSpec", "SchemeSpec", "compressor", "compressor_label",
-    "from_label", "register_compressor", "register_scheme", "scheme", "scheme_label",
+    "from_label", "register_compressor", "register_scheme", "scheme", "scheme_from_label",
+    "scheme_label",
 ]  # fmt: skip
 
 
@@ -56,6 +59,11 @@ class CompressorSpec:
     def wire_bytes(self, numel: int) -> int | None:
         return self.entry.wire_bytes(self.params, numel)
 
+    def display(self, brief: bool = False) -> str:
+        """Its name for people ("QSGD 4-bit, bucket 512"; brief: "QSGD 4-bit")."""
+        show = self.entry.display
+        return self.label if show is None else show(self.params, brief)
+
 
 @dataclass(frozen=True)
 class SchemeSpec:
@@ -66,6 +74,15 @@ class SchemeSpec:
     @property
     def name(self) -> str:
         return self.entry.name
+
+    def display(self) -> str:
+        """Its name for people ("Choco-SGD, ring"); a ``down`` compressor by its brief name."""
+        if self.entry.display is None:
+            return self.entry.name
+        params = dict(self.params)
+        if params.get("down"):
+            params["down"] = compressor(params["down"]).display(brief=True)
+        return self.entry.display(params)
 
 
 def register_compressor(entry: CompressorEntry) -> None:
@@ -79,7 +96,7 @@ def register_scheme(entry: SchemeEntry) -> None:
     _register(SCHEMES, entry, "scheme")
 
 
-def _register(table: dict[str, Any], entry: Any, what: str) -> None:
+def _register(table: MutableMapping[str, Any], entry: Any, what: str) -> None:
     if entry.name in table:
         raise UserError(f"{what} {entry.name!r} is already registered; pick another name")
     table[entry.name] = entry
@@ -91,7 +108,7 @@ def compressor(raw: Any) -> CompressorSpec:
     spec = specs.mapping(raw, "compressor")
     name = spec["name"]
     if not isinstance(name, str) or name not in COMPRESSORS:  # a YAML list or mapping, too
-        raise choice_error("compressor", name, list(COMPRESSORS))
+        raise _unknown("compressor", name, list(COMPRESSORS))
     entry = COMPRESSORS[name]
     given = {k: v for k, v in spec.items() if k != "name"}
     if "seed" in given:
@@ -104,6 +121,11 @@ def compressor(raw: Any) -> CompressorSpec:
     if problem:
         raise UserError(f"{name}: {problem}")
     return CompressorSpec(entry, params, spec)
+
+
+def _unknown(what: str, name: Any, valid: list[str]) -> UserError:
+    """An unknown name, listing the valid ones and any plug-in that failed to load."""
+    return UserError(f"{choice_error(what, name, valid)}{plugins.failures()}")
 
 
 def compressor_label(raw: Any) -> str:
@@ -125,7 +147,7 @@ def scheme(raw: Any) -> SchemeSpec:
     spec = specs.mapping(raw, "scheme")
     name = spec["name"]
     if not isinstance(name, str) or name not in SCHEMES:
-        raise choice_error("scheme", name, ["auto", *SCHEMES])
+        raise _unknown("scheme", name, ["auto", *SCHEMES])
     entry = SCHEMES[name]
     given = {k: v for k, v in spec.items() if k != "name"}
     owner = f"scheme {name}"
@@ -159,6 +181,34 @@ def scheme_label(name: str, params: Mapping[str, Any]) -> str:
         f"+{k}" if k == "backward" else f"+{k}{_short(v)}" for k, v in sorted(params.items())
     )
     return f"{name}{extra}"
+
+
+def scheme_from_label(label: str) -> SchemeSpec:
+    """The scheme a label stands for (``gossip+algorithmchoco+topologyring``), the inverse of
+    :func:`scheme_label` for files that name schemes by label; UserError when no entry makes
+    it. The longest scheme name that prefixes the label wins; each ``+piece`` is a parameter
+    name followed by its value (read as YAML; ``down`` as a compressor label)."""
+    name = max((n for n in SCHEMES if label == n or label.startswith(n + "+")), key=len,
+               default=None)  # fmt: skip
+    if name is None:
+        raise UserError(f"no scheme has the label {label!r}")
+    entry, given = SCHEMES[name], {}
+    for piece in filter(None, label[len(name) :].split("+")):
+        key = max((p.name for p in entry.params if piece.startswith(p.name)), key=len,
+                  default=None)  # fmt: skip
+        if key is None:
+            raise UserError(f"no scheme has the label {label!r} ({piece!r})")
+        given[key] = _unshort(key, piece[len(key) :])
+    return scheme({"name": name, **given})
+
+
+def _unshort(key: str, text: str) -> Any:
+    if key == "backward" and not text:
+        return True
+    if key == "down":
+        return from_label(text).given
+    value = yaml.safe_load(text)  # "True", "6", "0.1", "choco"
+    return text if value is None else value
 
 
 def _short(v: Any) -> str:

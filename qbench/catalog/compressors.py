@@ -16,6 +16,7 @@ from fractions import Fraction
 from typing import Any
 
 from qbench.catalog.params import Param, at_least, between, fraction, positive_finite
+from qbench.catalog.plugins import Registry
 
 Params = dict[str, Any]
 WireBuffer = tuple[str, str, int]
@@ -53,6 +54,10 @@ class CompressorEntry:
     unlabel: Callable[[str], Params | None] = lambda label: None
     """The inverse of ``label``: the parameters a label stands for, None when it is not this
     compressor's (tables and bench files name compressors by label; tests round-trip both)."""
+    display: Callable[[Params, bool], str] | None = None
+    """Its name for people in figures, tables and pages ("QSGD 4-bit, bucket 512"); with
+    ``brief``, parameters left at their default are left out ("QSGD 4-bit"). None: the
+    label."""
 
     def wire_bytes(self, params: Params, numel: int) -> int | None:
         if self.wire is None:
@@ -85,6 +90,11 @@ def topk_k(ratio: float, numel: int) -> int:
     return max(1, math.ceil(Fraction(repr(float(ratio))) * numel))
 
 
+def _named(name: str, *details: tuple[str, bool]) -> str:
+    """``NAME, detail, ...`` keeping the details whose flag is true (display names)."""
+    return ", ".join([name, *(text for text, keep in details if keep)])
+
+
 def _match(pattern: str, text: str, params: Callable[[re.Match[str]], Params]) -> Params | None:
     m = re.fullmatch(pattern, text)
     return params(m) if m else None
@@ -96,6 +106,7 @@ def _cast(name: str, dtype: str, bits: float, summary: str, codec: str) -> Compr
         name, summary, "000 (16-bit baselines)" if bits == 16 else "", codec,
         label=lambda p: "fp32" if name == "none" else name,
         unlabel=lambda text: {} if text == ("fp32" if name == "none" else name) else None,
+        display=lambda p, brief: "fp32" if name == "none" else name,
         nominal_bits=lambda p: bits,
         wire=lambda p, n: [("values", dtype, n)],
         summable=True,
@@ -133,6 +144,10 @@ QSGD = CompressorEntry(
     unlabel=lambda text: _match(r"qsgd-(\d+)b-b(\d+)(-l2)?(-sign)?", text, lambda m: {
         "bits": int(m[1]), "bucket_size": int(m[2]), "norm": "l2" if m[3] else "max",
         "layout": "sign" if m[4] else "intervals"}),
+    display=lambda p, brief: _named(
+        f"QSGD {p['bits']}-bit",
+        (f"bucket {p['bucket_size']}", not brief or p["bucket_size"] != 512),
+        ("l2 norm", p["norm"] == "l2"), ("sign layout", p["layout"] == "sign")),
     nominal_bits=lambda p: float(p["bits"]),
     wire=lambda p, n: [
         ("levels", "uint8", qsgd_levels_nbytes(n, p["bits"])),
@@ -175,6 +190,10 @@ ONEBIT = CompressorEntry(
     unlabel=lambda text: _match(r"1bit-(?:b(\d+)|(col))(-noef)?", text, lambda m: {
         "bucket_size": int(m[1]) if m[1] else 64, "error_feedback": not m[3],
         "columns": bool(m[2])}),
+    display=lambda p, brief: _named(
+        "1-bit SGD", ("per column", p["columns"]),
+        (f"bucket {p['bucket_size']}", not p["columns"] and (not brief or p["bucket_size"] != 64)),
+        ("no error feedback", not p["error_feedback"])),
     nominal_bits=lambda p: 1.0,
     wire=lambda p, n: [
         ("signs", "uint8", packed_nbytes(n, 1)),
@@ -203,6 +222,9 @@ FIXEDPOINT = CompressorEntry(
     label=lambda p: f"fixed-{p['bits']}b" + ("" if p["delta"] == "auto" else f"-d{p['delta']:g}"),
     unlabel=lambda text: _match(r"fixed-(\d+)b(?:-d(.+))?", text, lambda m: {
         "bits": int(m[1]), "delta": float(m[2]) if m[2] else "auto"}),
+    display=lambda p, brief: _named(
+        f"fixed point {p['bits']}-bit",
+        (f"step {p['delta']:g}" if p["delta"] != "auto" else "", p["delta"] != "auto")),
     nominal_bits=lambda p: float(p["bits"]),
     wire=lambda p, n: [_fixed_levels(n, p["bits"])]
     + ([("exponent", "int16", 1)] if p["delta"] == "auto" else []),
@@ -220,6 +242,8 @@ TOPK = CompressorEntry(
     label=lambda p: f"topk-{p['ratio'] * 100:g}%" + ("" if p["error_feedback"] else "-noef"),
     unlabel=lambda text: _match(r"topk-(.+)%(-noef)?", text, lambda m: {
         "ratio": float(m[1]) / 100, "error_feedback": not m[2]}),
+    display=lambda p, brief: _named(
+        f"top-k {p['ratio'] * 100:g} %", ("no error feedback", not p["error_feedback"])),
     nominal_bits=lambda p: 64.0 * p["ratio"],
     wire=lambda p, n: [("values", "float32", topk_k(p["ratio"], n)),
                        ("indices", "int32", topk_k(p["ratio"], n))],
@@ -244,6 +268,10 @@ ADAPTIVE = CompressorEntry(
     unlabel=lambda text: _match(r"adaptive-c(\d+)-m(\d+)-f(.+)%", text, lambda m: {
         "sample_fraction": float(m[3]) / 100, "probe_bits": int(m[2]),
         "floor_bits": int(m[1])}),
+    display=lambda p, brief: _named(
+        f"entropy-adaptive {p['floor_bits']}-{p['floor_bits'] + p['probe_bits']} bit",
+        (f"{p['sample_fraction'] * 100:g} % sampled",
+         not brief or p["sample_fraction"] != 0.03)),
     nominal_bits=lambda p: p["floor_bits"] + p["probe_bits"] / 2,
     unbiased=lambda p: True,
     cross_check=lambda p: (
@@ -270,6 +298,9 @@ POWERSGD = CompressorEntry(
     + ("" if p["error_feedback"] else "-noef"),
     unlabel=lambda text: _match(r"powersgd-r(\d+)(-cold)?(-noef)?", text, lambda m: {
         "rank": int(m[1]), "warm_start": not m[2], "error_feedback": not m[3]}),
+    display=lambda p, brief: _named(
+        f"PowerSGD rank {p['rank']}", ("cold start", not p["warm_start"]),
+        ("no error feedback", not p["error_feedback"])),
     nominal_bits=lambda p: None,
     error_feedback=lambda p: bool(p["error_feedback"]),
     hook_only=True,
@@ -281,6 +312,7 @@ POWERSGD = CompressorEntry(
     ),
 )  # fmt: skip
 
-COMPRESSORS: dict[str, CompressorEntry] = {
+COMPRESSORS: Registry[CompressorEntry] = Registry({
     e.name: e for e in (NONE, QSGD, ONEBIT, FP16, BF16, FIXEDPOINT, TOPK, ADAPTIVE, POWERSGD)
-}
+})  # fmt: skip
+"""Every compressor by name; plug-ins (``qbench.catalog.plugins``) join on first read."""

@@ -36,6 +36,10 @@ class Combo:
     momentum: float = 0.0
     telemetry: bool = False
     compute: str = "fp32"
+    profile: bool = False
+    """Profiler traces asked for (``profile: true``)."""
+    optimizer: str = ""
+    """The scenario's ``optimizer:`` by name; "" when it has none (SGD)."""
     compressors: tuple[catalog.CompressorSpec, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -200,6 +204,11 @@ def _async_ps(c: Combo) -> str | None:
             "async-ps receives from whichever worker sends first, which nccl cannot; "
             "use backend gloo or mpi"
         )
+    if c.optimizer:
+        return (
+            f"async-ps updates the model on its server by its own rule (SGD; Nesterov for "
+            f"variant accelerated), so optimizer {c.optimizer} cannot apply; remove `optimizer:`"
+        )
     return None
 
 
@@ -212,9 +221,18 @@ def _trains(c: Combo) -> str | None:
     return None
 
 
+def _profiled(c: Combo) -> str | None:
+    if c.profile and catalog.SCHEMES[c.scheme].kind == "asynchronous":
+        return (
+            "profile traces the lock-step loops (flat and DDP); async-ps runs an event loop of "
+            "its own without those phases; drop `profile` for it"
+        )
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     _ddp_backend, _ddp_hooks, _hook_only, _topology, _own_error_feedback, _async_ps,
-    _summable, _integer_levels, _ddp_loop, _trains, _qgm_momentum,
+    _summable, _integer_levels, _ddp_loop, _trains, _qgm_momentum, _profiled,
 )  # fmt: skip
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qbench.catalog.params import Param, at_least, fraction
+from qbench.catalog.plugins import Registry
 
 Params = dict[str, Any]
 Check = Callable[[Params, Params], str | None]
@@ -39,6 +40,9 @@ class SchemeEntry:
     pipelined: bool = False
     """Takes ``overlap: C``: C chunks double-buffered (seed 002 §3.2.1)."""
     cross_check: Check = lambda given, p: None
+    display: Callable[[Params], str] | None = None
+    """Its name for people in figures, tables and pages ("Choco-SGD, ring"), from the
+    validated parameters (a ``down`` compressor as its display name); None: the name."""
 
 
 # -- shared parameters --------------------------------------------------------------------------
@@ -106,37 +110,83 @@ def torus_rows(size: int) -> int:
     return next((r for r in range(math.isqrt(size), 1, -1) if size % r == 0), 0)
 
 
+# -- display names ------------------------------------------------------------------------------
+_GOSSIP = {"dpsgd": "D-PSGD", "choco": "Choco-SGD", "deepsqueeze": "DeepSqueeze"}
+_GRAPHS = {"directed-ring": "directed ring", "exponential": "exponential graph"}
+_ASYNC = {"asylpg": "AsyLPG", "sparse": "Sparse-AsyLPG", "accelerated": "Acc-AsyLPG"}
+
+
+def _details(p: Params) -> list[str]:
+    """What the shared parameters add to a name: pipelining, DDP bucket size, gamma, down."""
+    out = [f"{p['overlap']} chunks pipelined"] if p.get("overlap", 1) > 1 else []
+    if p.get("bucket_cap_mb", DEFAULT_BUCKET_CAP_MB) != DEFAULT_BUCKET_CAP_MB:
+        out.append(f"buckets {p['bucket_cap_mb']:g} MB")
+    if p.get("gradient_as_bucket_view"):
+        out.append("gradients as bucket views")
+    if p.get("gamma", 1.0) != 1.0:
+        out.append(f"gamma {p['gamma']:g}")
+    if p.get("down"):
+        out.append(f"{p['down']} down")
+    return out
+
+
+def _flat(title: str) -> Callable[[Params], str]:
+    """allreduce, reduce-broadcast, ...: "per DDP bucket" when run during backward."""
+    return lambda p: ", ".join(
+        [title + (" per DDP bucket" if p.get("backward") else ""), *_details(p)]
+    )
+
+
+def _gossip_name(p: Params) -> str:
+    return ", ".join([_GOSSIP[p["algorithm"]], p["topology"], *_details(p)])
+
+
+def _push_sum_name(p: Params) -> str:
+    beta = qgm_beta(p["qgm"])
+    name = "push-sum" + (f" + QGM{'' if beta == 0.9 else f' {beta:g}'}" if beta else "")
+    algorithm = {"sgp": ["SGP"], "choco": ["Choco"]}.get(p["algorithm"], [])
+    return ", ".join([name, *algorithm, _GRAPHS[p["topology"]], *_details(p)])
+
+
+def _async_name(p: Params) -> str:
+    name = _ASYNC[p["variant"]] if p["down"] or p["variant"] != "asylpg" else "async PS"
+    ratio = [f"{p['ratio'] * 100:g} % kept"] if p["variant"] == "sparse" else []
+    return ", ".join([name, f"staleness {p['staleness']}", *ratio, *_details(p)])
+
+
 # -- entries ------------------------------------------------------------------------------------
 ALLREDUCE = SchemeEntry(
     "allreduce", "one sum allreduce (fp32, or fp16/bf16 casts), then / K", "002 (NCCL)",
     "qbench.aggregate.allreduce:AllReduce", params=(BACKWARD, *DDP_OPTIONS), per_bucket=True,
-    cross_check=_ddp_options_need_backward,
+    cross_check=_ddp_options_need_backward, display=_flat("allreduce"),
 )  # fmt: skip
 REDUCE_BROADCAST = SchemeEntry(
     "reduce-broadcast", "owners reduce a range each, re-encode the mean and send it to all",
     "002 §2.4.1", "qbench.aggregate.reduce_broadcast:ReduceBroadcast",
     params=(OVERLAP, BACKWARD, *DDP_OPTIONS), per_bucket=True, pipelined=True,
-    cross_check=_ddp_options_need_backward,
+    cross_check=_ddp_options_need_backward, display=_flat("reduce-broadcast"),
 )  # fmt: skip
 ALLGATHER = SchemeEntry(
     "allgather", "every rank sends its payload to all and decodes all K", "002 Alg. 1",
     "qbench.aggregate.allgather:AllGather", params=(BACKWARD, *DDP_OPTIONS), per_bucket=True,
-    cross_check=_ddp_options_need_backward,
+    cross_check=_ddp_options_need_backward, display=_flat("allgather"),
 )  # fmt: skip
 SIMULATED_LOWPREC = SchemeEntry(
     "simulated-lowprec", "SIMULATED: an fp32-typed allreduce as large as the payload; "
     "gradients are not reduced (speed only)", "002 §4.4",
     "qbench.aggregate.simulated_lowprec:SimulatedLowPrec", reduces=False,
+    display=lambda p: "simulated low precision",
 )  # fmt: skip
 INTEGER_ALLREDUCE = SchemeEntry(
     "integer-allreduce", "shared bucket scales, qsgd levels summed as integers in one "
     "allreduce", "beyond the papers", "qbench.aggregate.integer_allreduce:IntegerAllReduce",
     params=(OVERLAP, BACKWARD, *DDP_OPTIONS), per_bucket=True, pipelined=True,
-    cross_check=_ddp_options_need_backward,
+    cross_check=_ddp_options_need_backward, display=_flat("integer allreduce"),
 )  # fmt: skip
 PARAMETER_SERVER = SchemeEntry(
     "parameter-server", "rank 0 averages the encoded gradients and sends the mean back",
     "003, 000", "qbench.aggregate.parameter_server:ParameterServer", params=(DOWN,),
+    display=lambda p: ", ".join(["parameter server", *_details(p)]),
 )  # fmt: skip
 GOSSIP = SchemeEntry(
     "gossip", "decentralized: each rank steps its model, then mixes with its neighbours",
@@ -147,7 +197,7 @@ GOSSIP = SchemeEntry(
               choices=("dpsgd", "choco", "deepsqueeze")),
         GAMMA,
     ),
-    cross_check=_gamma_only_for("dpsgd", "choco and deepsqueeze"),
+    cross_check=_gamma_only_for("dpsgd", "choco and deepsqueeze"), display=_gossip_name,
 )  # fmt: skip
 PUSH_SUM = SchemeEntry(
     "push-sum", "decentralized over directed graphs (stochastic gradient push)", "001",
@@ -162,7 +212,7 @@ PUSH_SUM = SchemeEntry(
               (bool, float), "true, false or a momentum in [0, 1)",
               lambda v: isinstance(v, bool) or 0 <= v < 1),
     ),
-    cross_check=_gamma_only_for("sgp", "choco"),
+    cross_check=_gamma_only_for("sgp", "choco"), display=_push_sum_name,
 )  # fmt: skip
 ASYNC_PS = SchemeEntry(
     "async-ps", "asynchronous parameter server with double quantization (AsyLPG)", "003",
@@ -180,17 +230,19 @@ ASYNC_PS = SchemeEntry(
         f"ratio applies to variant sparse only, got variant {p['variant']}; remove `ratio` or "
         "set `variant: sparse`" if "ratio" in given and p["variant"] != "sparse" else None
     ),
+    display=_async_name,
 )  # fmt: skip
 DDP = SchemeEntry(
     "ddp", "PyTorch DistributedDataParallel: buckets allreduced during backward, torch's own "
     "hooks (fp16, bf16, PowerSGD)", "Agarwal et al. 2022 (baseline)", "", kind="ddp",
-    params=DDP_OPTIONS,
+    params=DDP_OPTIONS, display=lambda p: ", ".join(["DDP", *_details(p)]),
 )  # fmt: skip
 
-SCHEMES: dict[str, SchemeEntry] = {
+SCHEMES: Registry[SchemeEntry] = Registry({
     e.name: e
     for e in (ALLREDUCE, REDUCE_BROADCAST, GOSSIP, ALLGATHER, SIMULATED_LOWPREC, INTEGER_ALLREDUCE,
               PARAMETER_SERVER, PUSH_SUM, ASYNC_PS, DDP)
-}  # fmt: skip
+})  # fmt: skip
+"""Every scheme by name; plug-ins (``qbench.catalog.plugins``) join on first read."""
 TORCH_HOOKS = ("none", "fp16", "bf16", "powersgd")
 """Compressors DDP runs with torch's own communication (``scheme: ddp``)."""

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from qbench.cli import bench, cost, info, report, sweep
+from qbench.cli import bench, cost, info, init, report, sweep
 from qbench.errors import UserError
 
 
@@ -22,6 +22,7 @@ def cli() -> None:
 for command in (sweep.sweep, report.report, info.models, info.info, bench.bench, cost.cost):
     cli.add_command(command)
 cli.add_command(cost.moved)  # ``qbench model``: hidden, says it moved to ``qbench cost``
+cli.add_command(init.init)
 
 
 def main() -> None:
@@ -31,7 +32,8 @@ def main() -> None:
         click.echo(f"qbench: error: {e}", err=True)
         sys.exit(2)
     except click.UsageError as e:
-        click.echo(f"qbench: error: {e.format_message()} (see `qbench {_cmd()} --help`)", err=True)
+        help_for = " ".join(filter(None, ("qbench", _cmd(), "--help")))
+        click.echo(f"qbench: error: {e.format_message()} (see `{help_for}`)", err=True)
         sys.exit(2)
     except click.Abort:
         click.echo("qbench: aborted", err=True)
@@ -42,4 +44,6 @@ def main() -> None:
 
 
 def _cmd() -> str:
-    return sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else ""
+    """The command the user typed, when it is one (``qbench --help`` for anything else)."""
+    name = sys.argv[1] if len(sys.argv) > 1 else ""
+    return name if name in cli.commands else ""

@@ -20,6 +20,7 @@ from rich.progress import (
 from rich.table import Table
 
 from qbench.records.schema import RunRecord
+from qbench.spec import checks
 from qbench.spec import matrix as matrix_mod
 from qbench.spec import scenario as scenario_mod
 from qbench.spec.matrix import Matrix, RunSpec
@@ -39,16 +40,34 @@ def sweep(
     check: bool = False, isolation: str | None = None,
 ) -> None:  # fmt: skip
     sc = scenario_mod.loads(text, source)
-    m = matrix_mod.expand(sc)
     target = out_dir or Path("results") / sc.name
+    if target.exists() and not target.is_dir():
+        from qbench.errors import UserError
+
+        raise UserError(f"results directory {target} exists and is not a directory; pick "
+                        "another --out")  # fmt: skip
     from qbench.launch import preflight
+
+    try:
+        m = matrix_mod.expand(sc)
+    except checks.EmptyMatrix as e:
+        if dry_run:  # the exclusions are the answer: show them, then the one-line error
+            _print_matrix(Matrix([], e.excluded), target, preflight.check([]))
+        raise
     from qbench.launch import sweep as sweep_mod
 
     launch = _launch_for(sc, launcher, m, isolation)
     if dry_run:
         verdicts = preflight.check(m.runs, launcher=launch.kind)
         _print_matrix(m, target, verdicts)
+        if factories(m):
+            err.print("note: --dry-run does not import model, dataset or loss factories; a "
+                      "sweep imports and checks them before the first run")  # fmt: skip
         return
+    if factories(m):  # the user's code: imported and tried once here, before any run starts
+        from qbench.run import workload
+
+        workload.preflight(m.runs)
     from qbench.records.store import ResultStore
 
     p = sweep_mod.plan(m, ResultStore(target), retry_failed)
@@ -87,6 +106,11 @@ def _print_check(verdicts: preflight.Verdicts, total: int) -> None:
     for m in missing:
         print(m.line(), file=sys.stderr)
     sys.exit(2)
+
+
+def factories(m: Matrix) -> bool:
+    """Whether any run names a user's factory (model, dataset or loss)."""
+    return any(r.workload or r.data or "factory" in r.loss for r in m.runs)
 
 
 def _launch_for(
@@ -226,12 +250,29 @@ def report(directory: Path, fmt: str) -> None:
               f"(in {paths.summary_md.parent})")  # fmt: skip
 
 
-def compare(a: Path, b: Path, fmt: str) -> None:
-    from qbench.report import tables as report_mod
+def compare(a: Path, b: Path, fmt: str, fail_pct: float | None = None) -> None:
+    """``report A B``; with ``fail_pct`` exit 1 when a configuration regressed beyond noise."""
+    from qbench.report import compare as compare_mod
+    from qbench.report import comparison as report_mod
 
     csv_path, md_path, frame = report_mod.write_comparison(a, b, fmt)
     counts = ", ".join(f"{n} {v}" for v, n in frame["verdict"].value_counts().items())
     err.print(f"comparison: {counts}; written to {md_path} and {csv_path.name}")
+    few = report_mod.compare_few_runs(frame)
+    if few:
+        err.print(f"warning: {escape(few)}")
+    if fail_pct is None:
+        return
+    slow = compare_mod.regressions(frame, fail_pct)
+    for r in slow.to_dict("records"):
+        err.print(f"slower: {r['model']} {r['backend']} {r['scheme']} {r['compressor']} "
+                  f"{r['world_size']} ranks {r['network']}: B/A {r['ratio']:.3f} "
+                  f"(95 % interval {r['ci_low']:.3f}-{r['ci_high']:.3f})")  # fmt: skip
+    if len(slow):
+        err.print(f"fail: {len(slow)} configurations slower by more than {fail_pct:g} % "
+                  "beyond the noise (--fail-if-slower)")  # fmt: skip
+        sys.exit(1)
+    err.print(f"pass: no configuration slower by more than {fail_pct:g} % beyond the noise")
 
 
 def models() -> None:
@@ -261,11 +302,16 @@ def models() -> None:
 
 
 def info() -> None:
+    from qbench.catalog import plugins
     from qbench.launch import machine
 
     t = Table(title="qbench info")
     t.add_column("what")
     t.add_column("status")
-    for what, status in machine.capabilities():
+    for what, status in [*machine.capabilities(), *plugins.info_rows()]:
         t.add_row(what, escape(status))  # reasons quote `qbench[cuda12]`: not rich markup
     out.print(t)
+
+
+# qbench.api runs a sweep as ``sweep`` above does, printing only progress.
+launch_for, resolved, progress = _launch_for, _resolved, _progress

@@ -14,7 +14,12 @@ import click
     "--format", "fmt", type=click.Choice(["table", "csv", "md", "json"]), default="table",
     help="How to print the summary (files are always written to DIR/report/).",
 )  # fmt: skip
-def report(directory: str, other: str | None, fmt: str) -> None:
+@click.option(
+    "--fail-if-slower", "fail_pct", type=click.FloatRange(min=0), default=None, metavar="PCT",
+    help="With A B: exit 1 when any configuration of B is slower than A by more than PCT % "
+    "beyond the noise (the 95 % interval's lower end above 1 + PCT/100), for CI.",
+)  # fmt: skip
+def report(directory: str, other: str | None, fmt: str, fail_pct: float | None) -> None:
     """Summarise DIRECTORY's runs: tables and figures in DIRECTORY/report/.
 
     With OTHER: compare OTHER (B) against DIRECTORY (A, the baseline) per matching
@@ -23,6 +28,8 @@ def report(directory: str, other: str | None, fmt: str) -> None:
     from qbench.cli import console
 
     if other is not None:
-        console.compare(Path(directory), Path(other), fmt)
+        console.compare(Path(directory), Path(other), fmt, fail_pct)
         return
+    if fail_pct is not None:
+        raise click.UsageError("--fail-if-slower compares two directories: qbench report A B")
     console.report(Path(directory), fmt)

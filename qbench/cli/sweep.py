@@ -7,8 +7,6 @@ from pathlib import Path
 
 import click
 
-from qbench.errors import UserError
-
 
 @click.command()
 @click.argument("scenario", required=False)
@@ -50,10 +48,14 @@ from qbench.errors import UserError
     help="Replace a top-level scenario key (VALUE is YAML), e.g. --set seed=0 "
     "--set 'world_size=[1,2,4,8]' --set backend=nccl.",
 )  # fmt: skip
+@click.option(
+    "--profile", is_flag=True,
+    help="Write a profiler trace per rank (RUN/profile/); the same as --set profile=true.",
+)  # fmt: skip
 def sweep(
     scenario: str | None, out: str | None, dry_run: bool, launcher: str | None,
     isolation: str | None, retry_failed: bool, skip_unavailable: bool, check: bool, quick: bool,
-    sets: tuple[str, ...],
+    sets: tuple[str, ...], profile: bool,
 ) -> None:  # fmt: skip
     """Run every combination of SCENARIO's axes (default: the embedded smoke scenario).
 
@@ -62,6 +64,7 @@ def sweep(
     from qbench.spec import scenario as scenario_mod
 
     text, source = _scenario_text(scenario)
+    sets = (*sets, "profile=true") if profile else sets
     text = scenario_mod.with_overrides(text, source, sets)
     if quick:
         from qbench.spec.quick import quick as quick_text
@@ -79,7 +82,6 @@ def _scenario_text(scenario: str | None) -> tuple[str, str]:
         return resources.files("qbench.spec").joinpath(
             "default.yaml"
         ).read_text(), "<embedded default>"
-    p = Path(scenario)
-    if not p.is_file():
-        raise UserError(f"scenario file {scenario!r} not found; check the path (see scenarios/)")
-    return p.read_text(), scenario
+    from qbench.spec import scenario as scenario_mod
+
+    return scenario_mod.read_text(scenario), scenario

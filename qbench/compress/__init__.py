@@ -1,6 +1,7 @@
 """Gradient compressors (the torch codecs) and their C / CUDA kernels.
 
-Looked up by name: ``build("qsgd", bits=4)``.
+Looked up by name: ``build("qsgd", bits=4)``. A plug-in's codec is imported from its catalog
+entry's ``codec`` path the first time it is built.
 
 To add an algorithm: its entry in ``qbench.catalog.compressors`` (parameters, label, wire
 layout, capabilities), one module here with a Compressor subclass, and one line in COMPRESSORS
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from qbench import catalog
+from qbench.catalog import importpath
 from qbench.compress.adaptive import Adaptive
 from qbench.compress.base import Compressor, Key, Payload, WireField
 from qbench.compress.fixedpoint import FixedPoint
@@ -61,4 +63,24 @@ def from_spec(spec: Any, *, seed: int = 0) -> Compressor:
     """Build from a spec as a scenario or the command line writes it (``qsgd``,
     ``qsgd:bits=4``, ``{name: qsgd, bits: 4}``); ``seed`` is the run's."""
     checked = catalog.compressor(spec)
-    return _ALL[checked.name](seed=seed, **{k: v for k, v in checked.given.items() if k != "name"})
+    codec = _codec(checked.entry)
+    return codec(seed=seed, **{k: v for k, v in checked.given.items() if k != "name"})
+
+
+def _codec(entry: catalog.CompressorEntry) -> type[Compressor]:
+    """The codec of ``entry``: registered, or imported from ``entry.codec`` the first time (a
+    plug-in's, ``qbench.catalog.plugins``) and registered then."""
+    if entry.name not in _ALL:
+        cls = importpath.resolve(entry.codec, f"compressor {entry.name}: codec")
+        if not (isinstance(cls, type) and issubclass(cls, Compressor)):
+            raise UserError(
+                f"compressor {entry.name}: codec {entry.codec!r} is not a "
+                "qbench.compress.Compressor subclass; point it at the codec class"
+            )
+        if cls.name != entry.name:
+            raise UserError(
+                f"compressor {entry.name}: codec {entry.codec!r} is named {cls.name!r}; "
+                f"set its `name` to {entry.name!r}"
+            )
+        register(cls)
+    return _ALL[entry.name]

@@ -33,8 +33,11 @@ SCHEMES = (
     DDP,
 )
 PIPELINED = ("reduce-broadcast", "integer-allreduce")
-BACKWARD_SCHEMES = tuple(n for n, e in catalog.SCHEMES.items() if e.per_bucket)
-"""Flat schemes that can also run per DDP bucket during backward (``+backward``)."""
+BACKWARD_SCHEMES = tuple(
+    n for n in SCHEMES if n in catalog.SCHEMES and catalog.SCHEMES[n].per_bucket
+)
+"""Flat schemes the model knows that can also run per DDP bucket during backward
+(``+backward``; a plug-in's are not modelled)."""
 BACKWARD, FLAT = "backward", "none"
 """The two ``overlap`` labels of runs: buckets during backward, or one gradient after it."""
 FP32 = "fp32"

@@ -9,7 +9,8 @@ Inputs have the model's shape and dtype (``ModelInfo.input_shape`` / ``input_dty
   average-pooled (images to 16x16 per channel, other shapes to 1024 values), so the teacher stays
   small and the labels depend on coarse structure a network can pick up;
 * integer (token) inputs are uniform in [0, vocab_size); the label is a fixed random permutation
-  of the last token (a random bigram model), which a language model learns quickly.
+  of the last token (a random bigram model), which a language model learns quickly;
+* a model factory's own batch function (``ModelInfo.batch``) draws the batches instead.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def make(
 def _synthetic(
     model: ModelInfo, batch_size: int, *, seed: int, rank: int, device: torch.device
 ) -> BatchSource:
+    if model.batch is not None:  # a model factory's own batch function
+        return _factory_batches(model, batch_size, seed=seed, rank=rank, device=device)
     if model.input_dtype.is_floating_point:
         return _float_batches(model, batch_size, seed=seed, rank=rank, device=device)
     return _token_batches(model, batch_size, seed=seed, rank=rank, device=device)
@@ -103,4 +106,18 @@ def _token_batches(
         last = x.reshape(batch_size, -1)[:, -1]
         labels.append((bigram[last] % model.num_classes).to(device))
         inputs.append(x.to(model.input_dtype).to(device))
+    return BatchSource(inputs, labels)
+
+
+def _factory_batches(
+    model: ModelInfo, batch_size: int, *, seed: int, rank: int, device: torch.device
+) -> BatchSource:
+    """Batches from ``model.batch(batch_size, generator)``, different per rank."""
+    assert model.batch is not None
+    gen = torch.Generator().manual_seed(seed * 1000003 + rank + 1)
+    inputs, labels = [], []
+    for _ in range(_POOL):
+        x, y = model.batch(batch_size, gen)
+        inputs.append(x.to(device))
+        labels.append(y.to(device))
     return BatchSource(inputs, labels)

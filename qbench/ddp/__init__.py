@@ -65,9 +65,9 @@ def comm_hook(
         hook_params = compressor.hook_params() if isinstance(compressor, PowerSGD) else {}
         state = torch_hooks.make_state(name, comm, hook_params, seed)
         return state, torch_hooks.torch_hook
-    if exchange not in EXCHANGES:
+    if exchange not in _exchanges():
         raise UserError(
-            f"exchange {exchange!r} is not a per-bucket exchange; valid: {', '.join(EXCHANGES)}"
+            f"exchange {exchange!r} is not a per-bucket exchange; valid: {', '.join(_exchanges())}"
         )
     _check_exchange(exchange, spec, comm.backend)
     hook_state = scheme_hook.SchemeHookState(
@@ -81,6 +81,16 @@ def register(ddp_model: nn.parallel.DistributedDataParallel, name: str, **kwargs
     state, hook = comm_hook(name, **kwargs)
     ddp_model.register_comm_hook(state, hook)
     return state
+
+
+def _exchanges() -> list[str]:
+    """The built-in exchanges and every other scheme that runs per bucket (a plug-in's);
+    allreduce per bucket is DDP's own (compressor none)."""
+    from qbench import catalog
+
+    own = (*EXCHANGES, "allreduce")
+    extra = [n for n, e in catalog.SCHEMES.items() if e.per_bucket and n not in own]
+    return [*EXCHANGES, *extra]
 
 
 def _default_comm() -> Comm:

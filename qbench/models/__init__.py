@@ -6,6 +6,7 @@
     check_params(name, params) -> dict       # validated, normalised, defaults filled in
     info(name, params=None) -> ModelInfo     # input shape/dtype/classes for these parameters
     build(name, params=None) -> nn.Module
+    from_factory(label, spec) -> (ModelInfo, nn.Module)   # a user's model by import path
     parameter_count(name, params=None) -> int
     flops_per_sample(name, params=None) -> float   # forward FLOPs of one sample (2 per MAC)
 
@@ -27,7 +28,7 @@ import torch
 from torch import nn
 
 from qbench.catalog import models as zoo
-from qbench.models import cache, imagenet, small, synthetic
+from qbench.models import cache, imagenet, small, synthetic, workload
 from qbench.models.lstm import LSTMLanguageModel
 
 
@@ -47,6 +48,9 @@ class ModelInfo:
     """The seed paper(s) the workload comes from, e.g. "002"."""
     params: Mapping[str, Any] = field(default_factory=dict, hash=False)
     """The resolved model parameters (``check_params``); empty for models without any."""
+    batch: workload.Batch | None = field(default=None, compare=False)
+    """A factory's own batch function (``qbench.models.workload``); None: qbench's synthetic
+    data of ``input_shape``."""
 
 
 Params = dict[str, Any]
@@ -168,5 +172,20 @@ def flops_per_sample(name: str, params: Mapping[str, Any] | None = None) -> floa
     return _flops(name, _key(name, params))
 
 
+def from_factory(label: str, spec: Mapping[str, Any]) -> tuple[ModelInfo, nn.Module]:
+    """A user's model by import path (``model: {factory: ...}``), called once: its facts as a
+    ``ModelInfo`` (``build`` calls the factory again) and the model it returned. Facts it
+    leaves open are empty: ``input_shape`` ``()``, ``num_classes`` 0."""
+    made = workload.make(spec)
+    info = ModelInfo(
+        name=label, build=lambda: workload.make(spec).model, input_shape=made.input_shape or (),
+        num_classes=made.num_classes or 0, description=spec["factory"],
+        input_dtype=made.input_dtype, vocab_size=made.vocab_size, params=spec.get("params", {}),
+        batch=made.batch,
+    )  # fmt: skip
+    return info, made.model
+
+
+Workload = workload.Workload
 MODELS: dict[str, ModelInfo] = {name: get(name) for name in zoo.MODELS}
 """Every model with its default parameters, in zoo order."""

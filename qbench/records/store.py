@@ -5,6 +5,7 @@ A results directory::
     DIR/scenario.yaml scenario.resolved.json machine.json sweep.json .qbench.lock
     DIR/<run id>/spec.json run.json machine.json stdout.log stderr.log
                  iterations.parquet [epochs telemetry buckets].parquet
+                 profile/rank-<rank>.pt.trace.json (profile: true)
                  parts/<kind>-<rank>.parquet host-<rank>.json model.json epochs.parquet
                        done.json (group mode: rank 0, when every rank finished the run)
     DIR/.groups/<launch>/plan.json stdout.log stderr.log (group mode: one per launch)
@@ -47,6 +48,7 @@ BUCKETS = "buckets.parquet"  # DDP runs: per-bucket hand-over and ready times
 SPEC_JSON = "spec.json"
 STDOUT_LOG, STDERR_LOG = "stdout.log", "stderr.log"  # the launcher's (all ranks')
 PARTS = "parts"  # per-rank partial records written by workers, merged by the driver
+PROFILE = "profile"  # profile: true: a Chrome trace per rank (qbench.run.profile)
 # Per-rank parquet parts (parts/<kind>-<rank>.parquet) and the run file each merges into.
 RANK_PARTS = {"rank": ITERATIONS, "telemetry": TELEMETRY, "buckets": BUCKETS}
 # -- the report directory
@@ -120,6 +122,12 @@ def rank_parts(parts: Path, kind: str) -> list[Path]:
 def host_part(parts: Path, rank: int) -> Path:
     """Where a worker writes the host it ran on (the driver adds them to machine.json)."""
     return parts / f"host-{rank}.json"
+
+
+def trace_path(parts: Path, rank: int) -> Path:
+    """Where a profiled rank writes its Chrome trace: ``<run>/profile/rank-<r>.pt.trace.json``
+    (the suffix TensorBoard's profiler plugin looks for)."""
+    return parts.parent / PROFILE / f"rank-{rank}.pt.trace.json"
 
 
 def epochs_part(parts: Path) -> Path:

@@ -9,7 +9,10 @@ beyond the noise when that interval excludes 1.
 Noise: when both sides have at least two runs of the configuration (``repeats:`` or seeds), the
 bootstrap resamples whole runs (their medians), which is the run-to-run noise. Otherwise it
 resamples iterations, which is only the noise within one run and says so (``noise`` column).
-Pure pandas / numpy; reads files through :mod:`qbench.report.stats` only.
+``a_n`` / ``b_n`` are the samples each side gave (runs or iterations); ``few_runs`` flags a
+comparison on fewer than ``intervals.FEW_RUNS`` runs per side. :func:`regressions` is the CI gate
+(``qbench report A B --fail-if-slower PCT``). Pure pandas / numpy; reads files through
+:mod:`qbench.report.stats` only.
 """
 
 from __future__ import annotations
@@ -19,16 +22,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from qbench.report import stats
+from qbench.report import intervals, stats
 
 MATCH = ("model", "dataset", "backend", "device", "scheme", "compressor", "world_size", "nodes",
          "network", "batch_size")  # fmt: skip
 COLUMNS = (
     *MATCH, "a_runs", "b_runs", "a_median_s", "b_median_s", "ratio", "ci_low", "ci_high",
-    "noise", "verdict",
+    "a_n", "b_n", "noise", "verdict", "few_runs",
 )  # fmt: skip
-RESAMPLES = 2000
-_SEED = 20261122  # fixed: the same inputs always give the same interval
 
 
 def compare(a: Path | str, b: Path | str) -> pd.DataFrame:
@@ -50,9 +51,10 @@ def compare(a: Path | str, b: Path | str) -> pd.DataFrame:
 
 
 def _times(results: stats.Results) -> pd.DataFrame:
-    """Per measured iteration of every ok run: its time (max over ranks) and the run's labels."""
+    """Per measured iteration of every ok run: its time (max over ranks) and the run's labels;
+    profiled runs are left out (the profiler slowed them)."""
     per_it = stats.per_iteration(results.iterations)
-    runs = results.runs[results.runs["status"] == "ok"].copy()
+    runs = results.runs[(results.runs["status"] == "ok") & ~results.runs["profiled"]].copy()
     runs["compressor"] = runs["compressor"].fillna(runs["compressor_name"])
     for col in MATCH:
         if col not in runs.columns:
@@ -82,13 +84,14 @@ def _row(a: pd.DataFrame | None, b: pd.DataFrame | None) -> dict[str, object]:
     ma, mb = _run_medians(a), _run_medians(b)
     ratio = float(np.median(mb) / np.median(ma)) if len(ma) > 1 and len(mb) > 1 else None
     if ratio is not None:
-        low, high = _bootstrap(ma, mb)
-        noise = "runs"
+        low, high = intervals.bootstrap(ma, mb)
+        noise, na, nb = "runs", len(ma), len(mb)
     else:
         ia, ib = a["t_iteration"].to_numpy(float), b["t_iteration"].to_numpy(float)
         ratio = float(np.median(ib) / np.median(ia))
-        low, high = _bootstrap(ia, ib)
+        low, high = intervals.bootstrap(ia, ib)
         noise = "iterations (one run per side: run-to-run noise not measured)"
+        na, nb = len(ia), len(ib)
     if low > 1.0:
         verdict = "slower"
     elif high < 1.0:
@@ -99,7 +102,8 @@ def _row(a: pd.DataFrame | None, b: pd.DataFrame | None) -> dict[str, object]:
         "a_runs": len(ma), "b_runs": len(mb),
         "a_median_s": float(np.median(a["t_iteration"])),
         "b_median_s": float(np.median(b["t_iteration"])),
-        "ratio": ratio, "ci_low": low, "ci_high": high, "noise": noise, "verdict": verdict,
+        "ratio": ratio, "ci_low": low, "ci_high": high, "a_n": na, "b_n": nb, "noise": noise,
+        "verdict": verdict, "few_runs": min(len(ma), len(mb)) < intervals.FEW_RUNS,
     }  # fmt: skip
 
 
@@ -107,10 +111,22 @@ def _run_medians(g: pd.DataFrame) -> np.ndarray:
     return g.groupby("run_id")["t_iteration"].median().to_numpy(float)
 
 
-def _bootstrap(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """95 % percentile interval of median(b*) / median(a*) over resamples of both sides."""
-    rng = np.random.default_rng(_SEED)
-    ra = np.median(rng.choice(a, size=(RESAMPLES, len(a)), replace=True), axis=1)
-    rb = np.median(rng.choice(b, size=(RESAMPLES, len(b)), replace=True), axis=1)
-    ratios = rb / ra
-    return float(np.quantile(ratios, 0.025)), float(np.quantile(ratios, 0.975))
+def regressions(frame: pd.DataFrame, percent: float) -> pd.DataFrame:
+    """The configurations where B is slower than A by more than ``percent`` % beyond the noise:
+    the lower end of the ratio's 95 % interval (B / A time) is above 1 + percent / 100, so even
+    the most favourable reading of the noise leaves a slowdown larger than allowed."""
+    low = pd.to_numeric(frame["ci_low"], errors="coerce")
+    return frame[low > 1.0 + percent / 100.0]
+
+
+def few_runs(frame: pd.DataFrame) -> int:
+    """How many compared configurations rest on fewer than ``FEW_RUNS`` runs per side."""
+    matched = frame[frame["ratio"].notna()]
+    return int(matched["few_runs"].astype(bool).sum())
+
+
+_K = intervals.FEW_RUNS
+FEW_RUNS_NOTE = (
+    f"rest on fewer than {_K} runs per side, so run-to-run noise is barely measured; sweep "
+    f"both sides with `repeats: {_K}` (or more seeds) before trusting a small change"
+)

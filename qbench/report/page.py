@@ -1,101 +1,71 @@
 """The report page, ``report/index.md`` and ``report/index.html``: seed 002's questions, each
-answered by a sentence generated from the numbers, the table behind it and its figures.
+answered by sentences generated from the numbers, the table behind them and their figures.
 
 Every sentence is computed from the summary (never a number written here), so the page stays
-true for any results directory. The HTML file is self-contained apart from the PNG figures it
-shows by relative path, so the report folder can be copied or served as it is.
+true for any results directory, and it never claims more than was measured:
+
+* every speedup and ratio carries its 95 % interval and samples per side
+  (:mod:`qbench.report.intervals`; runs when both sides repeat, iterations otherwise);
+* a verdict ("compression pays here / does not") rests only on configurations whose interval
+  excludes 1; the others are said to be within the noise;
+* 1-rank runs communicate nothing, so they never headline a communication speedup;
+* a comparison on fewer than 3 runs per side is flagged.
+
+Configurations, methods and compressors are named for people (:mod:`qbench.report.names`).
+Rendering (the self-contained HTML, provenance, links) is :mod:`qbench.report.page_render`.
 """
 
 from __future__ import annotations
 
-import html
-import re
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from qbench.records.store import INDEX_HTML, INDEX_MD, atomic_write_bytes
+from qbench.report import intervals, names, provenance
+from qbench.report import page_cells as cells
+from qbench.report.page_render import Section, markdown_table, slug, to_html, to_markdown
 
-CONFIG = ["model", "dataset", "backend", "scheme", "compressor", "world_size", "network", "skew"]
-_CSS = (
-    "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;"
-    "color:#222;line-height:1.45}table{border-collapse:collapse;margin:.8em 0;font-size:.9em}"
-    "th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left}"
-    "th{background:#f3f3f3}td{font-variant-numeric:tabular-nums;white-space:nowrap}"
-    "img{max-width:100%;border:1px solid #eee}code{background:#f3f3f3;padding:0 .2em}"
-    "figcaption{color:#666;font-size:.85em}"
-)
-Formatter = Callable[[Any], str]
+DISPLAY = cells.DISPLAY
 
+__all__ = ["DISPLAY", "Section", "build_sections", "markdown_table", "slug", "write_page"]
 
-def _num(spec: str, scale: float = 1.0, unit: str = "", prefix: str = "") -> Formatter:
-    def fmt(value: Any) -> str:
-        return "-" if pd.isna(value) else f"{prefix}{float(value) * scale:{spec}}{unit}"
-
-    return fmt
-
-
-def _text(value: Any) -> str:
-    return "-" if pd.isna(value) else str(value)
-
-
-_dollars = _num(".3g", prefix="$")  # a cost per iteration can be a millionth of a dollar
-
-
-DISPLAY: dict[str, tuple[str, Formatter]] = {
-    **{c: (c, _text) for c in ("model", "dataset", "backend", "scheme", "compressor")},
-    **{"world_size": ("ranks", _text), "network": ("network", _text)},
-    "skew": ("skew", _num("g")),
-    "samples_per_s": ("samples/s", _num(",.1f")),
-    "t_iteration_median": ("iter ms", _num(".2f", 1e3)),
-    "t_comm": ("comm ms", _num(".2f", 1e3)),
-    "bytes_per_iteration": ("MB/iter", _num(".3f", 1e-6)),
-    "bits_per_value": ("bits/value", _num(".2f")),
-    "speedup_vs_fp32": ("vs fp32", _num(".2f", unit="x")),
-    "baseline": ("fp32 baseline", _text),
-    "speedup_vs_flat_fp32": ("vs flat fp32", _num(".2f", unit="x")),
-    "cost_per_iteration": ("$/iter", _dollars),
-    "cost_per_epoch": ("$/epoch", _dollars),
-    "cost_to_target": ("$ to target", _dollars),
-}
-
-
-@dataclass
-class Section:
-    """One question: its answer sentences, an already formatted table and figure names."""
-
-    title: str
-    sentences: list[str]
-    table: pd.DataFrame | None = None
-    figures: list[str] = field(default_factory=list)
+CONFIG = ["model", "dataset", "backend", "scheme", "compressor", "world_size", "network", "skew",
+          "precision"]  # fmt: skip
 
 
 def write_page(
-    report_dir: Path, summary: pd.DataFrame, acc_table: pd.DataFrame, figures: list[Path]
-) -> Path:
+    report_dir: Path, summary: pd.DataFrame, acc_table: pd.DataFrame, figures: list[Path],
+    throughputs: intervals.Throughputs | None = None,
+) -> Path:  # fmt: skip
     """Write ``index.md`` and ``index.html`` into ``report_dir``; returns the HTML path.
-    ``figures``: what the report saved (PDF copies are ignored, PNGs are shown)."""
+    ``figures``: what the report saved (PNGs are shown, PDFs linked); ``throughputs``: the
+    per-iteration samples that give backend comparisons their intervals."""
     pngs = [p.name for p in figures if p.suffix == ".png"]
-    sections = build_sections(summary, acc_table, pngs)
+    sections = build_sections(summary, acc_table, pngs, throughputs)
     title = f"qbench study: {report_dir.resolve().parent.name}"
     counts = ", ".join(f"{n} {s}" for s, n in summary["status"].value_counts().items())
     intro = f"{len(summary)} runs: {counts}. Configurations merge repeats and seeds (medians)."
+    prov = provenance.read(report_dir.parent, summary, figures)
     atomic_write_bytes(report_dir / INDEX_MD, to_markdown(title, intro, sections).encode())
-    atomic_write_bytes(report_dir / INDEX_HTML, to_html(title, intro, sections).encode())
+    page = to_html(title, intro, sections, report_dir, prov)
+    atomic_write_bytes(report_dir / INDEX_HTML, page.encode())
     return report_dir / INDEX_HTML
 
 
-def build_sections(summary: pd.DataFrame, acc: pd.DataFrame, pngs: list[str]) -> list[Section]:
+def build_sections(
+    summary: pd.DataFrame, acc: pd.DataFrame, pngs: list[str],
+    throughputs: intervals.Throughputs | None = None,
+) -> list[Section]:  # fmt: skip
     """The study's questions in seed 002's order, then cost, failures and leftover figures."""
     configs = _configs(summary)
     sections = [
-        _speed(configs), _accuracy(acc), _one_bit(configs, acc), _backends(configs),
-        _ranks(configs), _money(configs), _failed(summary),
+        _speed(configs), _accuracy(acc), _one_bit(configs, acc),
+        _backends(configs, throughputs), _ranks(configs), _money(configs), _failed(summary),
     ]  # fmt: skip
-    homes = {"breakdown": 0, "speedup_ratio": 0, "accuracy": 1, "pareto": 1, "scalability": 4}
+    homes = {"breakdown": 0, "speedup_ratio": 0, "utility": 0, "accuracy": 1, "pareto": 1,
+             "scalability": 4}  # fmt: skip
     extra = Section("Other figures", [])
     for name in pngs:
         home = homes.get(Path(name).stem)
@@ -104,59 +74,110 @@ def build_sections(summary: pd.DataFrame, acc: pd.DataFrame, pngs: list[str]) ->
 
 
 def _configs(summary: pd.DataFrame) -> pd.DataFrame:
-    """Ok runs with a throughput, one row per configuration (median over repeats/seeds)."""
+    """Ok runs with a throughput, one row per configuration (median over repeats/seeds), with
+    its run ids, interval columns and a name for people (``method``)."""
     ok = summary[(summary["status"] == "ok") & summary["samples_per_s"].notna()]
     if ok.empty:  # no throughput at all (e.g. every row warm-up): keep the columns, no rows
-        return ok
-    numeric = [c for c in ok.columns if c not in CONFIG and pd.api.types.is_numeric_dtype(ok[c])]
-    spec: dict[str, Any] = {c: "median" for c in numeric if c != "simulated"}
-    spec.update(compressor_name="first", simulated="any")
-    if "baseline" in ok:
-        spec["baseline"] = "first"
-    return ok.groupby(CONFIG, dropna=False, sort=True).agg(spec).reset_index()
-
-
-def _describe(row: pd.Series) -> str:
-    """A configuration in words; its compressor label keeps "(simulated)"."""
-    where = f"{row['model']} / {row['dataset']}, {row['backend']} {row['scheme']}"
-    ranks = f"{row['world_size']} rank{'' if row['world_size'] == 1 else 's'}"
-    return f"{row['compressor']} on {where}, {ranks}, {row['network']}"
-
-
-def _compressed(configs: pd.DataFrame) -> pd.DataFrame:
-    return configs[(configs["compressor_name"] != "none") & configs["speedup_vs_fp32"].notna()]
+        return ok.assign(method=pd.Series(dtype=str))
+    config = [c for c in CONFIG if c in ok.columns]
+    numeric = [c for c in ok.columns if c not in config and pd.api.types.is_numeric_dtype(ok[c])]
+    spec: dict[str, Any] = {c: "median" for c in numeric if c not in ("simulated", "profiled")}
+    spec.update(compressor_name="first", simulated="any", run_id=list)
+    for column in ("baseline", *(c for c in ok.columns if c.endswith("_unit"))):
+        spec[column] = "first"
+    for column in (c for c in ok.columns if c.endswith(("_low", "_high", "_n", "_n_base"))):
+        spec[column] = "first"  # one interval per configuration: every row holds the same
+    out = ok.groupby(config, dropna=False, sort=True).agg(spec).reset_index()
+    out["method"] = [names.method(s, c) for s, c in zip(out["scheme"], out["compressor"],
+                                                         strict=True)]  # fmt: skip
+    return out
 
 
 def _speed(configs: pd.DataFrame) -> Section:
-    columns = [*CONFIG[:7], "samples_per_s", "t_iteration_median", "t_comm"]
-    columns += ["bytes_per_iteration", "bits_per_value", "speedup_vs_fp32", "baseline"]
-    columns += ["speedup_vs_flat_fp32"]
-    section = Section("Does low precision help speed?", [], _table(configs, columns))
-    section.sentences.append(
+    table = _rows_table(configs)
+    section = Section("Does low precision help speed?", [], table)
+    section.notes.append(
         "Speedups are over the fastest fp32 configuration of the same model, ranks, backend and "
-        "network (column fp32 baseline; ddp is PyTorch DDP, whose bucketed allreduce overlaps "
-        "backward, the way users train); vs flat fp32 is over fp32 aggregated after backward, "
-        "the baseline of the seed papers."
+        "network (column fp32 baseline; DDP is PyTorch's DistributedDataParallel, whose bucketed "
+        "allreduce overlaps backward, the way users train); vs flat fp32 is over fp32 aggregated "
+        "after backward, the baseline of the seed papers. Each carries the 95 % bootstrap "
+        "interval of its configuration and the samples per side (runs when both sides were "
+        "repeated, it: iterations otherwise); `~` marks a speedup whose interval includes 1: "
+        "within the noise."
     )
-    coded = _compressed(configs)
-    if coded.empty:
-        section.sentences.append("No compressed run has an fp32 run of the same setup to compare.")
-        return section
-    best = coded.loc[coded["speedup_vs_fp32"].idxmax()]
-    worst = coded.loc[coded["speedup_vs_fp32"].idxmin()]
-    faster = int((coded["speedup_vs_fp32"] > 1).sum())
-    section.sentences += [
-        f"{faster} of {len(coded)} compressed configurations are faster than their fp32 baseline.",
-        f"Best speedup: {best['speedup_vs_fp32']:.2f}x ({_describe(best)}).",
-    ]
-    if len(coded) > 1:
-        section.sentences.append(f"Worst: {worst['speedup_vs_fp32']:.2f}x ({_describe(worst)}).")
-    if coded["simulated"].any():
-        section.sentences.append(
-            "Rows marked (simulated) send the compressed bytes without reducing the gradients "
-            "(seed 002 section 4.4): an upper bound on speed, not a training result."
+    coded = cells.compressed(configs)
+    single = coded[coded["world_size"].fillna(0) <= 1]
+    multi = coded[coded["world_size"].fillna(0) > 1]
+    real = multi[~multi["simulated"].astype(bool)]
+    if len(single):
+        section.notes.append(
+            f"{len(single)} compressed 1-rank configurations are left out of the verdict: one "
+            "rank communicates nothing, so their speedup only measures encoding overhead and "
+            "noise."
         )
+    if multi["simulated"].any():
+        section.notes.append(
+            "Rows marked (simulated) send the compressed bytes without reducing the gradients "
+            "(seed 002 section 4.4): an upper bound on speed, not a training result, so they "
+            "are left out of the verdict too."
+        )
+    if real.empty:
+        section.sentences.append(
+            "No compressed multi-rank run has an fp32 run of the same setup to compare: no verdict."
+        )
+        return section
+    section.sentences += _speed_verdict(real)
+    section.warnings += cells.few_runs_warning(real, "speedup_vs_fp32", "comparisons")
     return section
+
+
+def _speed_verdict(multi: pd.DataFrame) -> list[str]:
+    """Counts by verdict, then the verdict itself from beyond-noise configurations only."""
+    rows = multi.to_dict("records")
+    found = [(r, cells.interval(r, "speedup_vs_fp32")) for r in rows]
+    faster = [(r, i) for r, i in found if i is not None and i.low > 1]
+    slower = [(r, i) for r, i in found if i is not None and i.high < 1]
+    noise = len(rows) - len(faster) - len(slower)
+    out = [
+        f"Of {len(rows)} compressed multi-rank configurations, {len(faster)} are faster than "
+        f"their fp32 baseline beyond the noise (interval above 1), {len(slower)} slower beyond "
+        f"it and {noise} within it."
+    ]
+    if faster:
+        best, interval = max(faster, key=lambda ri: ri[1].low)
+        out.append(
+            f"Compression pays here for {len(faster)} of them; the surest gain is "
+            f"{cells.describe(best)}: {interval.text()}."
+        )
+    elif slower and not noise:
+        least, interval = max(slower, key=lambda ri: ri[1].ratio)
+        out.append(
+            "Compression does not pay here: every compressed configuration is slower than its "
+            f"fp32 baseline beyond the noise; the least slow is {cells.describe(least)}: "
+            f"{interval.text()}."
+        )
+    else:
+        out.append(
+            "No verdict that compression pays: no compressed configuration is faster beyond "
+            "the noise."
+        )
+    if slower and faster:
+        worst, interval = min(slower, key=lambda ri: ri[1].high)
+        out.append(f"The clearest loss is {cells.describe(worst)}: {interval.text()}.")
+    return out
+
+
+def _rows_table(configs: pd.DataFrame) -> pd.DataFrame:
+    shown = configs.assign(
+        vs_fp32=[cells.ratio_cell("speedup_vs_fp32")(r) for r in configs.to_dict("records")],
+        vs_flat_fp32=[cells.ratio_cell("speedup_vs_flat_fp32")(r)
+                      for r in configs.to_dict("records")],
+        baseline=[cells.text(b) if pd.isna(b) else names.scheme(b) for b in configs["baseline"]],
+    )  # fmt: skip
+    columns = ["model", "dataset", "backend", "method", "world_size", "network"]
+    columns += ["samples_per_s", "t_iteration_median", "t_comm", "bytes_per_iteration"]
+    columns += ["bits_per_value", "vs_fp32", "baseline", "vs_flat_fp32"]
+    return cells.table(shown, columns)
 
 
 def _accuracy(acc: pd.DataFrame) -> Section:
@@ -164,12 +185,15 @@ def _accuracy(acc: pd.DataFrame) -> Section:
     if acc.empty:
         section.sentences.append("No accuracy-mode runs (set `epochs:` and a real `dataset:`).")
         return section
-    shown = acc.assign(top1=acc["top1_mean"] * 100, diff=acc["diff_vs_fp32"] * 100)
-    section.table = _format(shown, {
-        **{c: (c, _text) for c in ("model", "dataset", "scheme", "compressor", "runs")},
-        "skew": ("skew", _num("g")), "bits_per_value": ("bits/value", _num(".2f")),
-        "top1": ("top-1 %", _num(".2f")), "diff": ("diff vs fp32 (pt)", _num("+.2f")),
-        "time_to_target_s": ("time to target (s)", _num(".2f")),
+    shown = acc.assign(
+        top1=acc["top1_mean"] * 100, diff=acc["diff_vs_fp32"] * 100,
+        method=[names.method(s, c) for s, c in zip(acc["scheme"], acc["compressor"], strict=True)],
+    )  # fmt: skip
+    section.table = cells.format_table(shown, {
+        **{c: (c, cells.text) for c in ("model", "dataset", "method", "runs")},
+        "skew": ("skew", cells.num("g")), "bits_per_value": ("bits/value", cells.num(".2f")),
+        "top1": ("top-1 %", cells.num(".2f")), "diff": ("diff vs fp32 (pt)", cells.num("+.2f")),
+        "time_to_target_s": ("time to target (s)", cells.num(".2f")),
     })  # fmt: skip
     diffs = shown[(shown["compressor"] != "fp32") & shown["diff"].notna()]
     if diffs.empty:
@@ -178,12 +202,12 @@ def _accuracy(acc: pd.DataFrame) -> Section:
     worst, best = diffs.loc[diffs["diff"].idxmin()], diffs.loc[diffs["diff"].idxmax()]
     section.sentences += [
         f"Largest change against fp32: {worst['diff']:+.2f} points of top-1 "
-        f"({worst['compressor']} on {worst['model']} / {worst['dataset']}, {worst['scheme']}).",
+        f"({worst['method']} on {worst['model']} / {worst['dataset']}, {worst['runs']} runs).",
     ]
     if len(diffs) > 1:
         section.sentences.append(
-            f"Smallest: {best['diff']:+.2f} points ({best['compressor']} on {best['model']} / "
-            f"{best['dataset']}, {best['scheme']})."
+            f"Smallest: {best['diff']:+.2f} points ({best['method']} on {best['model']} / "
+            f"{best['dataset']}, {best['runs']} runs)."
         )
     return section
 
@@ -192,20 +216,26 @@ def _one_bit(configs: pd.DataFrame, acc: pd.DataFrame) -> Section:
     """1-bit against the other compressors on the three things that matter: bytes, speed
     and accuracy; the verdict is the comparison, not a threshold chosen here."""
     section = Section("Is 1-bit worth it?", [])
-    coded = _compressed(configs)
+    coded = cells.compressed(configs)
+    coded = coded[coded["world_size"].fillna(0) > 1]  # 1 rank: no communication to save
+    coded = coded[~coded["simulated"].astype(bool)]  # an upper bound, not a training result
     one = coded[coded["bits"] <= 1]
     if one.empty:
-        section.sentences.append("No 1-bit run (e.g. `compressor: {name: onebit}`).")
+        section.sentences.append("No multi-rank 1-bit run (e.g. `compressor: {name: onebit}`).")
         return section
-    per = coded.groupby("compressor").agg(
-        speedup=("speedup_vs_fp32", "max"), bits=("bits_per_value", "median")
-    )
+    best = coded.loc[coded.groupby("compressor")["speedup_vs_fp32"].idxmax()]
     drops = acc[acc["compressor"] != "fp32"].groupby("compressor")["diff_vs_fp32"].min() * 100
-    per = per.assign(drop=drops).reset_index()
-    section.table = _format(per, {
-        "compressor": ("compressor", _text), "bits": ("bits/value", _num(".2f")),
-        "speedup": ("best vs fp32", _num(".2f", unit="x")),
-        "drop": ("worst top-1 diff (pt)", _num("+.2f")),
+    per = best.assign(
+        bits_sent=coded.groupby("compressor")["bits_per_value"].median().reindex(
+            best["compressor"]).to_numpy(),
+        drop=best["compressor"].map(drops),
+        speedup=[cells.ratio_cell("speedup_vs_fp32")(r) for r in best.to_dict("records")],
+        name=best["compressor"].map(names.compressor),
+    )  # fmt: skip
+    section.table = cells.format_table(per, {
+        "name": ("compressor", cells.text), "bits_sent": ("bits/value", cells.num(".2f")),
+        "speedup": ("best vs fp32 (95% CI; samples)", cells.text),
+        "method": ("where", cells.text), "drop": ("worst top-1 diff (pt)", cells.num("+.2f")),
     })  # fmt: skip
     is_one = per["compressor"].isin(one["compressor"])
     section.sentences.append(_one_bit_verdict(per[is_one], per[~is_one]))
@@ -213,63 +243,102 @@ def _one_bit(configs: pd.DataFrame, acc: pd.DataFrame) -> Section:
 
 
 def _one_bit_verdict(one: pd.DataFrame, other: pd.DataFrame) -> str:
-    top = one.loc[one["speedup"].idxmax()]
-    text = f"{top['compressor']} sends {top['bits']:.2f} bits per value and reaches "
-    text += f"{top['speedup']:.2f}x over fp32"
+    top = one.loc[one["speedup_vs_fp32"].idxmax()]
+    text = f"{top['name']} sends {top['bits_sent']:.2f} bits per value and reaches "
+    text += f"{_speedup_text(top)} over fp32"
     if other.empty:
         return text + "; no other compressor was run to compare with."
-    rival = other.loc[other["speedup"].idxmax()]
-    text += f", against {rival['speedup']:.2f}x for {rival['compressor']} "
-    text += f"({rival['bits']:.2f} bits per value)"
+    rival = other.loc[other["speedup_vs_fp32"].idxmax()]
+    text += f", against {_speedup_text(rival)} for {rival['name']} "
+    text += f"({rival['bits_sent']:.2f} bits per value)"
     if pd.notna(top["drop"]) and pd.notna(rival["drop"]):
         text += f"; worst top-1 change {top['drop']:+.2f} vs {rival['drop']:+.2f} points"
     return text + "."
 
 
-def _backends(configs: pd.DataFrame) -> Section:
-    """Each backend's best scheme per setup, matched on everything else (seed 002: low
-    precision can make MPI competitive with NCCL)."""
+def _speedup_text(row: pd.Series) -> str:
+    found = cells.interval(row, "speedup_vs_fp32")
+    return found.text() if found is not None else f"{row['speedup_vs_fp32']:.2f}x"
+
+
+def _backends(configs: pd.DataFrame, throughputs: intervals.Throughputs | None) -> Section:
+    """Each backend's best method per setup, matched on everything else (seed 002: low
+    precision can make MPI competitive with NCCL), with the interval of the ratio."""
     keys = ["model", "dataset", "compressor", "world_size", "network", "skew"]
-    best = configs.groupby([*keys, "backend"], dropna=False)["samples_per_s"].max()
-    wide = best.unstack("backend")
-    names = sorted(wide.columns, key=lambda b: (b != "mpi", b))
-    spec = {c: DISPLAY[c] for c in keys} | {b: (f"{b} samples/s", _num(",.1f")) for b in names}
-    section = Section("MPI vs NCCL/Gloo", [], _format(wide.reset_index(), spec))
-    if len(names) < 2:
-        only = names[0] if names else "no backend"
+    best = configs.loc[configs.groupby([*keys, "backend"], dropna=False)["samples_per_s"].idxmax()]
+    wide = best.set_index([*keys, "backend"])["samples_per_s"].unstack("backend")
+    runs = best.set_index([*keys, "backend"])["run_id"]
+    names_ = sorted(wide.columns, key=lambda b: (b != "mpi", b))
+    shown = wide.reset_index().assign(compressor=lambda f: f["compressor"].map(names.compressor))
+    spec = {c: cells.DISPLAY[c] for c in keys}
+    spec |= {b: (f"{b} samples/s", cells.num(",.1f")) for b in names_}
+    section = Section("MPI vs NCCL/Gloo", [])
+    if len(names_) < 2:
+        section.table = cells.format_table(shown, spec)
+        only = names_[0] if names_ else "no backend"
         section.sentences.append(f"Only {only} was measured; sweep `backend: [gloo, mpi]`.")
         return section
-    for other in names[1:]:
-        ratio = (wide[names[0]] / wide[other]).dropna()
-        if ratio.empty:
-            continue
-        section.sentences.append(
-            f"{names[0]} reaches a median {ratio.median():.2f}x the throughput of {other} "
-            f"over {len(ratio)} matched setups ({ratio.min():.2f}x to {ratio.max():.2f}x)."
-        )
+    first = names_[0]
+    for other in names_[1:]:
+        found: list[intervals.Interval | None] = []
+        for setup, row in wide.iterrows():
+            if pd.isna(row[first]) or pd.isna(row[other]) or throughputs is None:
+                found.append(None)
+                continue
+            key = setup if isinstance(setup, tuple) else (setup,)
+            found.append(throughputs.ratio(runs[(*key, first)], runs[(*key, other)]))
+        column = f"{first} / {other} (95% CI; samples)"
+        shown[column] = [cells.interval_text(i) for i in found]
+        spec[column] = (column, cells.text)
+        section.sentences += _backend_sentence(first, other, [i for i in found if i])
+    section.table = cells.format_table(shown, spec)
     return section
 
 
+def _backend_sentence(first: str, other: str, found: list[intervals.Interval]) -> list[str]:
+    if not found:
+        return [f"No setup ran on both {first} and {other}."]
+    ratios = sorted(i.ratio for i in found)
+    median = ratios[len(ratios) // 2] if len(ratios) % 2 else sum(
+        ratios[len(ratios) // 2 - 1 : len(ratios) // 2 + 1]) / 2  # fmt: skip
+    faster = sum(i.low > 1 for i in found)
+    slower = sum(i.high < 1 for i in found)
+    return [
+        f"{first} reaches a median {median:.2f}x the throughput of {other} over {len(found)} "
+        f"matched setups ({ratios[0]:.2f}x to {ratios[-1]:.2f}x); beyond the noise it is "
+        f"faster in {faster} and slower in {slower}, the other {len(found) - faster - slower} "
+        "are within it."
+    ]
+
+
 def _ranks(configs: pd.DataFrame) -> Section:
-    keys = ["model", "dataset", "backend", "scheme", "compressor", "network"]
-    cells = configs.assign(cell=[
-        "-" if pd.isna(s) else f"{s:,.1f}" + ("" if pd.isna(x) else f" ({x:.2f}x)")
-        for s, x in zip(configs["samples_per_s"], configs["scalability"], strict=True)
+    keys = ["model", "dataset", "backend", "method", "network"]
+    scale = cells.ratio_cell("scalability")
+    shown = configs.assign(cell=[
+        "-" if pd.isna(r["samples_per_s"]) else f"{r['samples_per_s']:,.1f}"
+        + ("" if pd.isna(r["scalability"]) else f"; {scale(r)}")
+        for r in configs.to_dict("records")
     ])  # fmt: skip
-    wide = cells.groupby([*keys, "world_size"], dropna=False)["cell"].first().unstack()
+    wide = shown.groupby([*keys, "world_size"], dropna=False)["cell"].first().unstack()
     table = wide.reset_index().fillna("-")
     table.columns = [c if isinstance(c, str) else f"{c} ranks" for c in table.columns]
-    section = Section("How many ranks?", ["Cells: samples/s (speedup over 1 rank)."], table)
+    section = Section(
+        "How many ranks?",
+        ["Cells: samples/s; speedup over 1 rank (95% CI; samples per side)."], table,
+    )  # fmt: skip
     scaled = configs[(configs["world_size"].fillna(0) > 1) & configs["scalability"].notna()]
     if scaled.empty:
         section.sentences.append("No multi-rank run has a 1-rank run to scale from.")
         return section
     top = scaled.loc[scaled["scalability"].idxmax()]
     linear = 100 * top["scalability"] / top["world_size"]
+    found = cells.interval(top, "scalability")
+    value = found.text() if found is not None else f"{top['scalability']:.2f}x"
     section.sentences.append(
-        f"Best scaling: {top['scalability']:.2f}x at {top['world_size']} ranks "
-        f"({linear:.0f} % of linear; {_describe(top)})."
+        f"Best scaling: {value} at {top['world_size']} ranks ({linear:.0f} % of linear; "
+        f"{cells.describe(top)})."
     )
+    section.warnings += cells.few_runs_warning(scaled, "scalability", "scaling ratios")
     return section
 
 
@@ -280,69 +349,27 @@ def _money(configs: pd.DataFrame) -> Section:
     if priced.empty:
         section.sentences.append("No `price_per_hour` in the scenario, so no costs.")
         return section
-    section.table = _table(priced, [*CONFIG[:7], *columns])
+    section.table = cells.table(priced, ["model", "dataset", "backend", "method", "world_size",
+                                    "network", *columns])  # fmt: skip
     for column, what in (("cost_to_target", "run to the target"), ("cost_per_epoch", "epoch")):
         if priced[column].notna().any():
             low = priced.loc[priced[column].idxmin()]
-            section.sentences.append(f"Cheapest {what}: ${low[column]:.3g} ({_describe(low)}).")
+            section.sentences.append(
+                f"Cheapest {what}: ${low[column]:.3g} ({cells.describe(low)})."
+            )
     return section
 
 
 def _failed(summary: pd.DataFrame) -> Section:
-    bad = summary[summary["status"] != "ok"]
-    first = bad["error"].map(lambda e: _text(e).strip().splitlines()[0] if _text(e).strip()
-                             else "-")  # fmt: skip
+    bad = summary[~summary["status"].isin(["ok", "profiled"])]
+    first = bad["error"].map(lambda e: (cells.text(e).strip().splitlines() or ["-"])[0])
     table = bad.assign(error=first)[["run_id", "status", "exit_code", "error"]]
     table = table.astype(object).fillna("-")
     said = f"{len(bad)} of {len(summary)} runs are not ok." if len(bad) else "All runs are ok."
+    profiled = int((summary["status"] == "profiled").sum())
+    if profiled:
+        said += (
+            f" {profiled} profiled runs (their traces in each run's profile/ folder) are "
+            "measured but kept out of every speed comparison: the profiler slows them."
+        )
     return Section("Failed runs", [said], table if len(bad) else None)
-
-
-def _table(frame: pd.DataFrame, columns: list[Any]) -> pd.DataFrame:
-    spec = {c: DISPLAY.get(c, (str(c), _num(",.1f"))) for c in columns}
-    return _format(frame, spec)
-
-
-def _format(frame: pd.DataFrame, spec: dict[Any, tuple[str, Formatter]]) -> pd.DataFrame:
-    """Strings for people: the page shows numbers, it does not compute with them."""
-    return pd.DataFrame({head: frame[c].map(f).astype(str) for c, (head, f) in spec.items()})
-
-
-# -- rendering -------------------------------------------------------------------------------
-def to_markdown(title: str, intro: str, sections: list[Section]) -> str:
-    parts = [f"# {title}", intro]
-    for s in sections:
-        parts += [f"## {s.title}", " ".join(s.sentences)]
-        if s.table is not None and not s.table.empty:
-            rows = s.table.itertuples(index=False, name=None)
-            parts.append(markdown_table(list(map(str, s.table.columns)), rows))
-        parts += [f"![{Path(name).stem}]({name})" for name in s.figures]
-    return "\n\n".join(parts) + "\n"
-
-
-def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """A GitHub markdown table; ``|`` in cells is escaped (report.py's tables use it too)."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in rows:
-        lines.append("| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |")
-    return "\n".join(lines)
-
-
-def to_html(title: str, intro: str, sections: list[Section]) -> str:
-    body = [f"<h1>{html.escape(title)}</h1>", f"<p>{_inline(intro)}</p>"]
-    for s in sections:
-        body += [f"<h2>{html.escape(s.title)}</h2>", f"<p>{_inline(' '.join(s.sentences))}</p>"]
-        if s.table is not None and not s.table.empty:
-            body.append(s.table.to_html(index=False, border=0, escape=True))
-        for name in s.figures:
-            src = html.escape(name, quote=True)
-            body.append(f'<figure><img src="{src}" alt="{src}"><figcaption>{src}</figcaption>'
-                        "</figure>")  # fmt: skip
-    head = f'<meta charset="utf-8"><title>{html.escape(title)}</title><style>{_CSS}</style>'
-    page = [f"<!DOCTYPE html>\n<html><head>{head}</head><body>", *body, "</body></html>\n"]
-    return "\n".join(page)
-
-
-def _inline(text: str) -> str:
-    """Escaped text with `code` spans, the one piece of markdown the sentences use."""
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text, quote=False))

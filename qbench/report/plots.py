@@ -22,6 +22,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import NullLocator
 
 from qbench.records.store import atomic_write_bytes
+from qbench.report import names
 from qbench.report.stats import SIMULATED_SUFFIX
 
 DPI = 150
@@ -111,28 +112,35 @@ def _measured(summary: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def wrap_label(label: str, width: int = 28) -> str:
-    """A long series label over several lines, broken before ``+`` parameters and at `` / ``
-    (async-ps+downqsgd-8b-b512+staleness6 ... would otherwise squeeze the axes to nothing)."""
+    """A long name over several lines, broken after ``·`` and ``,`` (and before ``+`` of a
+    label no name was found for), so no tick label or title squeezes its axes to nothing."""
     if len(label) <= width:
         return label
     lines: list[str] = []
-    for part in label.split(" / "):
+    for part in label.split("\n"):
         line = ""
-        for piece in part.replace("+", "\0+").split("\0"):
+        for piece in (
+            part.replace(" · ", " ·\0").replace(", ", ",\0").replace("+", "\0+").split("\0")
+        ):
             if line and len(line) + len(piece) > width:
-                lines.append(line)
+                lines.append(line.rstrip())
                 line = ""
-            line += piece
-        lines.append(line)
+            line += piece if line else piece.lstrip()
+        lines.append(line.rstrip())
     return "\n".join(lines)
 
 
 def _series_labels(rows: pd.DataFrame) -> pd.Series:
-    """compressor, plus the scheme and the compute precision when the rows have several (runs
-    of different precisions are separate bars and lines, never one median)."""
-    label = rows["compressor"].fillna("?").astype(str)
+    """The compressor's name (:mod:`qbench.report.names`), as scheme and compressor when the
+    rows have several schemes, plus the compute precision when they have several (runs of
+    different precisions are separate bars and lines, never one median)."""
+    compressors = rows["compressor"].fillna("?").astype(str)
     if rows["scheme"].nunique() > 1:
-        label = label + " / " + rows["scheme"].fillna("?").astype(str)
+        schemes = rows["scheme"].fillna("?").astype(str)
+        label = pd.Series([names.method(s, c) for s, c in zip(schemes, compressors, strict=True)],
+                          index=rows.index)  # fmt: skip
+    else:
+        label = compressors.map(names.compressor)
     if "precision" in rows and rows["precision"].nunique() > 1:
         label = label + " · " + rows["precision"].fillna("fp32").astype(str)
     return label
@@ -148,8 +156,9 @@ def breakdown_figure(summary: pd.DataFrame) -> Figure | None:
     panels = list(data.groupby(["model", "dataset"], sort=True))
     widest = max(len(rows) for _, rows in panels)
     width = min(18.0, max(6.0, 2.0 + 0.55 * widest))
-    lines = max(wrap_label(s).count("\n") + 1 for s in data["series"])  # tick label height
-    fig = Figure(figsize=(width, 0.8 + (3.6 + 0.2 * lines) * len(panels)), layout="constrained")
+    longest = max(len(line) for s in data["series"] for line in wrap_label(s, 20).split("\n"))
+    fig = Figure(figsize=(width, 0.8 + (3.6 + 0.075 * longest) * len(panels)),
+                 layout="constrained")  # fmt: skip
     axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
     show_net = data["network"].nunique() > 1
     for ax, ((model, dataset), rows) in zip(axes, panels, strict=True):
@@ -172,7 +181,8 @@ def _breakdown_panel(ax: Axes, rows: pd.DataFrame, show_net: bool) -> None:
         _group_label(ax, positions, f"{where}\n{_gpus(world_size)}")
         ticks += list(zip(positions, group["series"], strict=True))
         x = positions[-1] + 1.8
-    ax.set_xticks([p for p, _ in ticks], [wrap_label(s) for _, s in ticks], rotation=40, ha="right")
+    # upright: rotated labels of neighbouring bars overlap (and their boxes, which tests check)
+    ax.set_xticks([p for p, _ in ticks], [wrap_label(s, 20) for _, s in ticks], rotation=90)
     ax.tick_params(axis="x", length=0)
     low, high = -0.7, x - 1.1
     pad = max(0.0, (3.0 - (high - low)) / 2)  # a lone bar should not fill the panel

@@ -13,6 +13,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from qbench.report import names
 from qbench.report.accuracy import family
 from qbench.report.plots import compressor_color, wrap_label
 
@@ -30,13 +31,21 @@ def accuracy_figure(summary: pd.DataFrame, epochs: pd.DataFrame) -> Figure | Non
     panels = list(rows.groupby(PANEL_KEYS, sort=True, dropna=False))[:MAX_PANELS]
     cols = min(3, len(panels))
     nrows = math.ceil(len(panels) / cols)
-    fig = Figure(figsize=(4.2 * cols, 3.2 * nrows), layout="constrained")
+    lines = rows["line"].nunique()
+    width = max(5.0, 4.2 * cols)
+    ncols = max(1, min(3, int(width * 72 // (4.6 * rows["line"].str.len().max() + 40))))
+    fig = Figure(figsize=(width, 0.9 + 3.2 * nrows + 0.2 * math.ceil(lines / ncols)),
+                 layout="constrained")  # fmt: skip
     axes = fig.subplots(nrows, cols, squeeze=False).ravel()
     for ax, (key, group) in zip(axes, panels, strict=False):
         _panel(ax, group, key)
     for ax in axes[len(panels) :]:
         ax.set_visible(False)
-    fig.suptitle("Test accuracy of the averaged model (mean over seeds, band: +/- 1 std)")
+    # one legend for all panels, below them: lines end where the data is, never under it
+    found = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
+    fig.legend(handles=list(found.values()), loc="outside lower center", ncols=ncols,
+               fontsize=8, frameon=False)  # fmt: skip
+    fig.suptitle("Test accuracy of the averaged model\n(mean over seeds, band: +/- 1 std)")
     return fig
 
 
@@ -45,7 +54,8 @@ def _rows(summary: pd.DataFrame, epochs: pd.DataFrame) -> pd.DataFrame:
                                              "compressor", "skew", "precision"]]  # fmt: skip
     rows = epochs.merge(ok, on="run_id", how="inner")
     rows["family"] = rows["scheme"].map(family)
-    rows["line"] = rows["compressor"].astype(str) + " / " + rows["scheme"].astype(str)
+    rows["line"] = [names.method(s, c) for s, c in zip(rows["scheme"], rows["compressor"],
+                                                        strict=True)]  # fmt: skip
     if rows["precision"].nunique() > 1:  # seeds of one configuration only: never mix precisions
         rows["line"] += " · " + rows["precision"].astype(str)
     return rows
@@ -62,6 +72,7 @@ def _panel(ax: Axes, group: pd.DataFrame, key: tuple[object, ...]) -> None:
         mean, std = stats["mean"].to_numpy() * 100, stats["std"].to_numpy() * 100
         ax.plot(x, mean, style, color=color, label=str(line), marker=marker, markersize=3.5)
         ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.15, linewidth=0)
+    kind = str(kind) if kind == "centralized" else names.scheme(kind)
     title = f"{model} on {dataset}, {kind}"
     title += f", skew {float(str(skew)):g}" if float(str(skew)) else ""
     ax.set_title(wrap_label(title, 40))
@@ -69,4 +80,3 @@ def _panel(ax: Axes, group: pd.DataFrame, key: tuple[object, ...]) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("test top-1 (%)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")

@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
 
-from qbench.report import plots
+from qbench.report import names, plots
 from qbench.report.accuracy import CONFIG_KEYS
 from qbench.report.stats import SIMULATED_SUFFIX
 
@@ -112,7 +112,8 @@ def speedup_ratio_figure(summary: pd.DataFrame) -> Figure | None:
     )
     markers = {setup: _MARKERS[i % len(_MARKERS)] for i, setup in enumerate(setups)}
     for key, line in rows.groupby(keys, sort=True, dropna=False):
-        _speedup_line(ax, line, [str(k) for k in key], markers[(str(key[1]), str(key[2]))])
+        _speedup_line(ax, line, dict(zip(keys, map(str, key), strict=True)),
+                      markers[(str(key[1]), str(key[2]))])  # fmt: skip
     top = _speedup_top(rows["speedup_vs_fp32"], _bounds(rows))
     _draw_bounds(ax, _bounds(rows), top)
     ax.axhline(1.0, color="#444444", ls="--", lw=1.0, label="fp32 (no speedup)")
@@ -139,14 +140,19 @@ def _log_ratio_axis(ax: Axes, ratios: pd.Series) -> None:
     ax.set_xlim(low / (high / low) ** 0.08, high * (high / low) ** 0.08)
 
 
-def _speedup_line(ax: Axes, line: pd.DataFrame, key: list[str], marker: str) -> None:
+def _speedup_line(ax: Axes, line: pd.DataFrame, key: dict[str, str], marker: str) -> None:
+    """One line; its label names the method (scheme too when schemes vary), backend, ranks
+    and whatever else varies."""
     points = line.groupby("ratio", sort=True)["speedup_vs_fp32"].median()  # repeats, seeds
-    key[2] = f"{key[2]} ranks"
+    color = plots.compressor_color(key["compressor"])
+    name = (names.method(key["scheme"], key["compressor"]) if "scheme" in key
+            else names.compressor(key["compressor"]))  # fmt: skip
+    label = [name, key["backend"], f"{key['world_size']} ranks"]
+    label += [key[c] for c in ("network", "precision") if c in key]
     simulated = _is_simulated(line)
-    color = plots.compressor_color(key[0])
     ax.plot(points.index, points.to_numpy(), "--" if simulated else "-", color=color,
             marker=marker, ms=6, lw=1.6, mfc="white" if simulated else color,
-            label=legend_label(key, simulated))  # fmt: skip
+            label=legend_label(label, simulated))  # fmt: skip
 
 
 def _bounds(rows: pd.DataFrame) -> dict[str, float]:
@@ -170,7 +176,7 @@ def _draw_bounds(ax: Axes, bounds: dict[str, float], top: float) -> None:
     far = []
     for name, bits in sorted(bounds.items(), key=lambda kv: kv[1]):
         bound = 32 / bits
-        text = f"{name}: 32/{bits:.3g} bits = {bound:.3g}x"
+        text = f"{names.compressor(name)}: 32/{bits:.3g} bits = {bound:.3g}x"
         if bound > top:
             far.append(text)
             continue
@@ -229,7 +235,9 @@ def _y_axis(summary: pd.DataFrame, configs: pd.DataFrame) -> tuple[str, str]:
 def pareto_figure(summary: pd.DataFrame) -> Figure | None:
     """Time to target accuracy (or final top-1) against bits per value (log2 x): one point per
     configuration with +/- 1 std over seeds, the Pareto front as a step line; one panel per
-    (model, dataset, skew). None without accuracy-mode runs."""
+    (model, dataset, skew). Colour is the compressor's, the marker the scheme's; the legend
+    below the panels names every configuration (scheme and compressor), those that never
+    reached the target included, so no label sits on the data. None without accuracy runs."""
     configs = _configs(summary)
     if configs.empty:
         return None
@@ -237,51 +245,80 @@ def pareto_figure(summary: pd.DataFrame) -> Figure | None:
     panels = list(configs.groupby(["model", "dataset", "skew"], sort=True))[:MAX_PANELS]
     cols = min(2, len(panels))
     nrows = math.ceil(len(panels) / cols)
-    fig = Figure(figsize=(6.4 * cols, 0.6 + 4.6 * nrows), layout="constrained")
+    schemes = sorted(configs["scheme"].astype(str).unique())
+    markers = {s: _MARKERS[i % len(_MARKERS)] for i, s in enumerate(schemes)}
+    varying = [c for c in ("backend", "world_size") if configs[c].nunique() > 1]
+    handles: dict[str, Line2D] = {}
+    for _, group in panels:
+        handles |= _pareto_handles(group, y, markers, varying)
+    width = 6.4 * cols
+    fig = Figure(figsize=(width, 0.9 + 4.4 * nrows + 0.2 * len(handles) / _ncols(
+        handles, width)), layout="constrained")  # fmt: skip
     axes = fig.subplots(nrows, cols, squeeze=False).ravel()
     for ax, ((model, dataset, skew), group) in zip(axes, panels, strict=False):
-        _pareto_panel(ax, group, y, ylabel)
+        _pareto_panel(ax, group, y, ylabel, markers)
         ax.set_title(f"{model} on {dataset}" + (f", skew {float(skew):g}" if skew else ""))
     for ax in axes[len(panels) :]:
         ax.set_visible(False)
+    front = Line2D([], [], color="#444444", ls="--", marker="o", ms=13, mfc="none")
+    front.set_label("Pareto front (fewer bits, less time)" if y == "time" else
+                    "Pareto front (fewer bits, higher top-1)")  # fmt: skip
+    entries = [*handles.values(), front]
+    fig.legend(handles=entries, loc="outside lower center", ncols=_ncols(handles, width),
+               fontsize=8, frameon=False)  # fmt: skip
     what = "Time to accuracy" if y == "time" else "Final accuracy"
-    fig.suptitle(f"{what} vs bits sent per value (mean over seeds, bars: +/- 1 std)")
+    fig.suptitle(f"{what} vs bits sent per value\n(mean over seeds, bars: +/- 1 std)")
     return fig
 
 
-def _pareto_panel(ax: Axes, group: pd.DataFrame, y: str, ylabel: str) -> None:
+def _ncols(handles: dict[str, Line2D], width_in: float) -> int:
+    """Legend columns that fit the figure's width (about 4.6 pt per character at 8 pt)."""
+    longest = max((len(label) for label in handles), default=10)
+    return max(1, min(3, int(width_in * 72 // (4.6 * longest + 40))))
+
+
+def _pareto_label(row: dict[str, object], varying: list[str]) -> str:
+    parts = [names.method(row["scheme"], row["compressor"])]
+    parts += [f"{row[c]} ranks" if c == "world_size" else str(row[c]) for c in varying]
+    return legend_label(parts, bool(row["simulated"]))
+
+
+def _pareto_handles(
+    group: pd.DataFrame, y: str, markers: dict[str, str], varying: list[str]
+) -> dict[str, Line2D]:
+    """Legend entries of a panel's configurations (label -> handle); those without a value
+    (never reached the target) say so."""
+    out = {}
+    for row in group.to_dict("records"):
+        color = plots.compressor_color(str(row["compressor"]))
+        label = _pareto_label(row, varying)
+        if pd.isna(row[y]):
+            label += " (never reached the target)"
+            handle = Line2D([], [], color=color, marker="x", ls="none", ms=7)
+        else:
+            handle = Line2D([], [], color=color, marker=markers[str(row["scheme"])], ls="none",
+                            ms=7, mfc="white" if row["simulated"] else color)  # fmt: skip
+        handle.set_label(label)
+        out[label] = handle
+    return out
+
+
+def _pareto_panel(
+    ax: Axes, group: pd.DataFrame, y: str, ylabel: str, markers: dict[str, str]
+) -> None:
     points = group[group[y].notna()]
-    varying = [c for c in ("scheme", "backend", "world_size") if group[c].nunique() > 1]
-    middle = math.sqrt(float(group["bits"].min()) * float(group["bits"].max()))
     for row in points.to_dict("records"):
         color = plots.compressor_color(str(row["compressor"]))
-        label = legend_label([str(row["compressor"]), *(str(row[c]) for c in varying)],
-                             bool(row["simulated"]))  # fmt: skip
-        ax.errorbar(row["bits"], row[y], yerr=row[f"{y}_std"], fmt="o", color=color, ms=7,
-                    capsize=3, label=label, mfc="white" if row["simulated"] else color)  # fmt: skip
-        left = row["bits"] > middle  # labels point inwards, so none leaves the panel
-        ax.annotate(label, (row["bits"], row[y]), xytext=(-6 if left else 6, 6), fontsize=8,
-                    textcoords="offset points", ha="right" if left else "left")  # fmt: skip
+        marker = markers[str(row["scheme"])]
+        ax.errorbar(row["bits"], row[y], yerr=row[f"{y}_std"], fmt=marker, color=color, ms=7,
+                    capsize=3, mfc="white" if row["simulated"] else color)  # fmt: skip
     front = pareto_front(points, y, lower_is_better=y == "time")
     ax.step(front["bits"], front[y], where="post", color="#444444", lw=1.2, ls="--")
     ax.scatter(front["bits"], front[y], s=260, facecolors="none", edgecolors="#444444", lw=1.2)
-    _missed_note(ax, group, y)
     _log2_bits_axis(ax, group["bits"])
     ax.set(xlabel="bits sent per value (log2; fp32 = 32)", ylabel=ylabel)
     ax.margins(y=0.15)
     ax.grid(alpha=0.3)
-    front_handle = Line2D([], [], color="#444444", ls="--", marker="o", ms=13, mfc="none")
-    front_handle.set_label("Pareto front (fewer bits, less time)" if y == "time" else
-                           "Pareto front (fewer bits, higher top-1)")  # fmt: skip
-    handles = [*ax.get_legend_handles_labels()[0], front_handle]
-    ax.legend(handles=handles, fontsize=8, loc="best")
-
-
-def _missed_note(ax: Axes, group: pd.DataFrame, y: str) -> None:
-    missed = group[group[y].isna()]["compressor"].astype(str).tolist()
-    if missed:
-        ax.text(0.01, 0.01, "never reached the target: " + ", ".join(missed), fontsize=8,
-                transform=ax.transAxes, va="bottom", color="#A00000")  # fmt: skip
 
 
 def _log2_bits_axis(ax: Axes, bits: pd.Series) -> None:

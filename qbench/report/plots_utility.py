@@ -20,7 +20,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from qbench.report import plots
+from qbench.report import names, plots
 from qbench.spec import network
 
 UNSHAPED = "unshaped"
@@ -99,7 +99,7 @@ def _panel(ax: Axes, panel: pd.DataFrame, key: tuple[object, ...]) -> None:
         color = plots.compressor_color(str(comp))
         ax.plot(x.iloc[order], line["vs_ddp"].iloc[order], marker="o", color=color,
                 linestyle="-" if "backward" in str(scheme) or scheme == "ddp" else "--",
-                label=f"{comp} · {scheme}")  # fmt: skip
+                label=names.method(scheme, comp))  # fmt: skip
         cross = crossover(line)
         if cross is not None:
             ax.axvline(cross, color=color, linewidth=0.8, alpha=0.5)

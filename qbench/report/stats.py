@@ -28,18 +28,21 @@ from qbench.records.schema import (
     iterations_frame,
 )
 from qbench.records.store import ResultStore
-from qbench.report import accuracy
+from qbench.report import accuracy, intervals, speedups
 
 UNREADABLE = "unreadable"
+PROFILED = "profiled"
+"""Status of an ok run traced by the profiler: its times are real but slowed, so it is
+measured and shown, never compared (no speedups, no baseline, no speed figure)."""
 SIMULATED_SUFFIX = " (simulated)"
 PARTS = ("t_compute", "t_encode", "t_comm", "t_decode", "t_step")
 LABELS = (
     *("model", "dataset", "backend", "scheme", "compressor", "compressor_name", "bits"),
     *("world_size", "batch_size", "global_batch", "simulated", "network", "numel", "seed"),
     *("repeat", "skew", "target_accuracy", "nodes", "price_per_hour", "gflops_per_sample"),
-    *("compute", "norm", "weight_bits", "overlap"),
+    *("compute", "norm", "weight_bits", "overlap", "profiled"),
 )
-RUN_COLUMNS = ("run_id", "status", "error", "exit_code", *LABELS)
+RUN_COLUMNS = ("run_id", "status", "error", "exit_code", "git_commit", *LABELS)
 _INT_COLUMNS = (
     *("exit_code", "world_size", "batch_size", "global_batch", "numel", "seed", "repeat"),
     "nodes",
@@ -50,6 +53,7 @@ _METRICS = (
     *("_grad_bytes", "_payload_bytes"),
 )
 ASYNC_SCHEME = "async-ps"
+RATIOS = speedups.RATIOS
 # seed 002 section 5.4: dollars, from the scenario's price of one machine hour (NaN without one)
 MONEY_COLUMNS = ("cost_per_iteration", "cost_per_epoch", "cost_to_target")
 SUMMARY_COLUMNS = (
@@ -58,10 +62,12 @@ SUMMARY_COLUMNS = (
     *("t_iteration_p95", *PARTS, "bytes_per_iteration", "compression_ratio", "bits_per_value"),
     *("speedup_vs_fp32", "baseline", "speedup_vs_flat_fp32", "overlap", "scalability"),
     *(*accuracy.RUN_METRICS, *MONEY_COLUMNS),
+    # 95 % intervals of the ratios, per configuration (qbench.report.intervals)
+    *(f"{r}_{p}" for r in RATIOS for p in intervals._PARTS),
     # not in the headline list, but needed by figures, failure tables and CSV readers
     *("compressor_name", "bits", "simulated", "global_batch", "repeat", "skew", "exit_code"),
     *("batch_size", "numel", "gflops_per_sample", "nodes", "price_per_hour", "target_accuracy"),
-    "error",
+    *("profiled", "git_commit", "error"),
 )
 
 
@@ -146,6 +152,10 @@ def _record_row(run_id: str, record: RunRecord) -> dict[str, Any]:
     cores = record.machine.get("cores") if isinstance(record.machine, dict) else None
     # cores of the host that ran it (per node): the cost model scales CPU time by ranks / cores
     fixed["host_cores"] = cores if isinstance(cores, int) and cores > 0 else None
+    fixed["git_commit"] = record.git_commit  # provenance: the report page names the commits
+    spec = record.spec if isinstance(record.spec, dict) else {}
+    # profile: true (qbench.run.profile): measured, but slowed, so never compared
+    fixed["profiled"] = bool(record.labels.get("profiled") or spec.get("profile"))
     return {**{k: v for k, v in record.labels.items() if k not in fixed}, **fixed}
 
 
@@ -184,6 +194,7 @@ def _runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     runs["skew"] = pd.to_numeric(runs["skew"], errors="coerce").fillna(0.0)  # older runs: IID
     runs["precision"] = _precision(runs)
     runs["simulated"] = runs["simulated"].map(_truthy).astype(bool)
+    runs["profiled"] = runs["profiled"].map(_truthy).astype(bool)
     runs["nodes"] = runs["nodes"].fillna(1)  # run.json from before multi-node: one host
     for column in ("price_per_hour", "gflops_per_sample", "target_accuracy"):
         runs[column] = pd.to_numeric(runs[column], errors="coerce")
@@ -230,7 +241,8 @@ def summarize(results: Results) -> pd.DataFrame:
     """One row per run (``SUMMARY_COLUMNS``); runs that are not ok keep NaN metrics."""
     iterations = results.iterations
     is_async = iterations["run_id"].isin(_async_runs(results.runs))
-    metrics = _run_metrics(per_iteration(iterations[~is_async]))
+    per_it = per_iteration(iterations[~is_async])
+    metrics = _run_metrics(per_it)
     if is_async.any():
         metrics = pd.concat([metrics, _async_metrics(iterations[is_async])], ignore_index=True)
     else:
@@ -238,6 +250,7 @@ def summarize(results: Results) -> pd.DataFrame:
     table = results.runs.merge(metrics, "left", "run_id")
     table["iterations"] = table["iterations"].fillna(0).astype("Int64")
     table.loc[table["status"] != "ok", [*_METRICS, "_samples_per_s"]] = math.nan
+    table.loc[table["profiled"] & (table["status"] == "ok"), "status"] = PROFILED
     table["compressor"] = _display_compressor(table)
     per_update = table["_samples_per_s"].astype(float) * table["batch_size"].astype(float)
     table["samples_per_s"] = per_update.fillna(_global_batch(table) / table["t_iteration_median"])
@@ -246,13 +259,19 @@ def summarize(results: Results) -> pd.DataFrame:
     )
     table["bits_per_value"] = 32 / table["compression_ratio"]  # what was actually sent
     table["overlap"] = table["overlap"].fillna("none")  # runs recorded before DDP: flat
-    table["speedup_vs_fp32"], table["baseline"] = _speedup_vs_fp32(table)
-    table["speedup_vs_flat_fp32"] = _speedup_vs_flat_fp32(table)
-    table["scalability"] = _scalability(table)
+    table = speedups.add(table, per_it, _global_batch(table))
     targets = pd.to_numeric(table.set_index("run_id")["target_accuracy"], errors="coerce")
     table = table.merge(accuracy.run_metrics(results.epochs, targets), "left", "run_id")
     table = _add_money(table, results.epochs)
     return _sorted(table)[list(SUMMARY_COLUMNS)].reset_index(drop=True)
+
+
+def throughputs(results: Results, summary: pd.DataFrame) -> intervals.Throughputs:
+    """Per-iteration samples/s of every lock-step run (async-ps rows are events, not
+    iterations), for intervals of ratios the summary has no column for."""
+    is_async = results.iterations["run_id"].isin(_async_runs(results.runs))
+    batch = pd.Series(_global_batch(summary).to_numpy(), index=summary["run_id"].astype(str))
+    return intervals.Throughputs(per_iteration(results.iterations[~is_async]), batch)
 
 
 def _run_metrics(per_it: pd.DataFrame) -> pd.DataFrame:
@@ -313,55 +332,6 @@ def _display_compressor(table: pd.DataFrame) -> pd.Series:
 def _global_batch(table: pd.DataFrame) -> pd.Series:
     fallback = table["batch_size"] * table["world_size"]
     return table["global_batch"].fillna(fallback).astype(float)
-
-
-SPEEDUP_KEYS = ["model", "dataset", "backend", "world_size", "network", "skew", "precision"]
-"""A speedup compares runs that differ only in how gradients are communicated."""
-
-
-def _speedup_vs_fp32(table: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
-    """samples/s over the FASTEST fp32 configuration with the same keys (median over its
-    repeats): DDP's bucketed allreduce overlapped with backward where it ran, which is what
-    users train with, else the flat allreduce; and that baseline's scheme label."""
-    base = table[(table["compressor_name"] == "none") & table["samples_per_s"].notna()]
-    by_config = base.groupby([*SPEEDUP_KEYS, "scheme"], dropna=False)["samples_per_s"].median()
-    if by_config.empty:
-        nan = pd.Series(math.nan, index=table.index, dtype=float)
-        return nan, pd.Series(None, index=table.index, dtype=object)
-    best = by_config.reset_index().sort_values("samples_per_s", ascending=False)
-    best = best.drop_duplicates(SPEEDUP_KEYS).rename(
-        columns={"samples_per_s": "_ref", "scheme": "_baseline"}
-    )
-    matched = table[SPEEDUP_KEYS].merge(best, how="left", on=SPEEDUP_KEYS)
-    speedup = table["samples_per_s"] / pd.Series(matched["_ref"].to_numpy(float), table.index)
-    return speedup, pd.Series(matched["_baseline"].to_numpy(object), index=table.index)
-
-
-def _speedup_vs_flat_fp32(table: pd.DataFrame) -> pd.Series:
-    """samples/s over fp32 aggregated after backward (flat allreduce, else any flat scheme):
-    the baseline of the seeds' studies, kept as its own column."""
-    keys = SPEEDUP_KEYS
-    base = table[
-        (table["compressor_name"] == "none")
-        & table["samples_per_s"].notna()
-        & (table["overlap"] == "none")
-    ]
-    not_allreduce = base["scheme"] != "allreduce"  # prefer allreduce, else any scheme
-    base = base[not_allreduce == not_allreduce.groupby([base[k] for k in keys]).transform("min")]
-    return table["samples_per_s"] / _reference(table, base, keys)
-
-
-def _scalability(table: pd.DataFrame) -> pd.Series:
-    keys = ["model", "dataset", "backend", "scheme", "compressor", "network", "skew", "precision"]
-    base = table[(table["world_size"] == 1) & table["samples_per_s"].notna()]
-    return table["samples_per_s"] / _reference(table, base, keys)
-
-
-def _reference(table: pd.DataFrame, base: pd.DataFrame, keys: list[str]) -> pd.Series:
-    """samples_per_s of the matching baseline row for every row (median over repeats)."""
-    ref = base.groupby(keys, dropna=False)["samples_per_s"].median().rename("_ref")
-    matched = table[keys].merge(ref, how="left", left_on=keys, right_index=True)
-    return pd.Series(matched["_ref"].to_numpy(dtype=float), index=table.index)
 
 
 def _add_money(table: pd.DataFrame, epochs: pd.DataFrame) -> pd.DataFrame:

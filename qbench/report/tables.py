@@ -20,14 +20,22 @@ from rich.table import Table
 from qbench.errors import UserError, choice_error
 from qbench.records.store import (
     ACCURACY_CSV,
-    COMPARE_CSV,
-    COMPARE_MD,
     SUMMARY_CSV,
     SUMMARY_MD,
     ResultStore,
     atomic_write_bytes,
 )
-from qbench.report import accuracy, plots, plots_accuracy, plots_study, plots_utility, stats
+from qbench.report import (
+    accuracy,
+    intervals,
+    names,
+    page_cells,
+    plots,
+    plots_accuracy,
+    plots_study,
+    plots_utility,
+    stats,
+)
 from qbench.report import page as report_page
 
 FORMATS = ("table", "csv", "md", "json")
@@ -74,7 +82,8 @@ def write_report(
     study = plots_study.write_study_figures(summary, report_dir)
     figures, notes = figures + study[0], notes + study[1]
     figures += plots_utility.write_utility_figure(summary, report_dir)
-    page = report_page.write_page(report_dir, summary, acc, figures)
+    through = stats.throughputs(results, summary)
+    page = report_page.write_page(report_dir, summary, acc, figures, through)
     if fmt is not None:
         render(summary, fmt, out)
     return ReportPaths(csv_path, md_path, tuple(figures), tuple(notes), summary, page)
@@ -87,6 +96,9 @@ def load_summary(root: Path | str) -> pd.DataFrame:
 
 def _load(root: Path | str) -> stats.Results:
     fix = f"run `qbench sweep SCENARIO.yaml --out {root}` first"
+    if Path(root).exists() and not Path(root).is_dir():
+        raise UserError(f"results directory {root} is a file, not a directory; give the --out "
+                        "directory of a sweep")  # fmt: skip
     if not Path(root).is_dir():
         raise UserError(f"results directory {root} does not exist; {fix}")
     results = stats.load(root)
@@ -125,6 +137,31 @@ def _num(scale: float, digits: int, suffix: str = "") -> Callable[[Any], str]:
 
 
 _MS, _X = _num(1e3, 2), _num(1.0, 2, "x")
+
+
+def ratio_text(row: Any, prefix: str) -> str:
+    """A ratio with its 95 % interval and samples per side: ``1.21x (1.17-1.24; 5/5 it)``;
+    ``~`` marks one whose interval includes 1 (within noise); ``-`` when there is none."""
+    value = row.get(prefix)
+    if _missing(value):
+        return _NA
+    found = intervals.of_row(row, prefix)
+    return _X(value) if found is None else page_cells.interval_text(found)
+
+
+def for_people(summary: pd.DataFrame) -> pd.DataFrame:
+    """The summary as tables show it: schemes and compressors by their display names
+    (:mod:`qbench.report.names`), each ratio with its interval (``ratio_text``)."""
+    shown = summary.copy()
+    for column, name in (("scheme", names.scheme), ("baseline", names.scheme),
+                         ("compressor", names.compressor)):  # fmt: skip
+        shown[column] = [v if _missing(v) else name(v) for v in summary[column]]
+    records = summary.to_dict("records")
+    for prefix in stats.RATIOS:
+        shown[prefix] = [ratio_text(r, prefix) for r in records]
+    return shown
+
+
 # column -> (header, formatter); the markdown table shows all, the terminal table a subset
 _COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "run_id": ("run", _text),
@@ -145,24 +182,25 @@ _COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "t_step": ("step ms", _MS),
     "bytes_per_iteration": ("MB/iter", _num(1e-6, 3)),
     "compression_ratio": ("ratio", _num(1.0, 1, "x")),
-    "speedup_vs_fp32": ("vs fp32", _X),
+    "speedup_vs_fp32": ("vs fp32 (95% CI; samples)", _text),
     "baseline": ("fp32 baseline", _text),
-    "speedup_vs_flat_fp32": ("vs flat fp32", _X),
-    "scalability": ("scale", _X),
+    "speedup_vs_flat_fp32": ("vs flat fp32 (95% CI; samples)", _text),
+    "scalability": ("scale (95% CI; samples)", _text),
     **{c: report_page.DISPLAY[c] for c in stats.MONEY_COLUMNS},  # shown when a price is set
 }
 _MD_COLUMNS = tuple(c for c in _COLUMNS if c not in stats.MONEY_COLUMNS)
-_TERMINAL_COLUMNS = (
+_TERMINAL_COLUMNS = (  # the breakdown's other parts: summary.md, summary.csv, breakdown.png
     *(*_LABEL_COLUMNS, "compressor", "world_size", "status", "samples_per_s"),
-    *("t_iteration_median", "t_compute", "t_encode", "t_comm", "t_decode"),
-    *("bytes_per_iteration", "compression_ratio", "speedup_vs_fp32", "baseline"),
-    "scalability",
+    *("t_iteration_median", "t_comm", "bytes_per_iteration", "compression_ratio"),
+    *("speedup_vs_fp32", "baseline", "scalability"),
 )
 
-_TEXTUAL = (*_LABEL_COLUMNS, "compressor", "status")
+_FINE = ("ok", stats.PROFILED)  # a profiled run finished: measured, only not compared
+_TEXTUAL = (*_LABEL_COLUMNS, "compressor", "status", "baseline")
 
 
 def _cells(summary: pd.DataFrame, columns: tuple[str, ...]) -> list[list[str]]:
+    summary = for_people(summary)
     formatters = [_COLUMNS[c][1] for c in columns]
     rows = summary[list(columns)].itertuples(index=False, name=None)
     return [[f(v) for f, v in zip(formatters, row, strict=True)] for row in rows]
@@ -176,7 +214,7 @@ def _markdown_table(frame: pd.DataFrame, columns: tuple[str, ...]) -> str:
 def _failed_rows(summary: pd.DataFrame) -> list[list[str]]:
     """run, status, exit code and first line of the error of every run that is not ok."""
     rows = []
-    for row in summary[summary["status"] != "ok"].itertuples(index=False):
+    for row in summary[~summary["status"].isin(_FINE)].itertuples(index=False):
         error = _text(row.error).strip().splitlines() or [_NA]
         rows.append([str(row.run_id), str(row.status), _text(row.exit_code), error[0]])
     return rows
@@ -214,14 +252,15 @@ def markdown_report(summary: pd.DataFrame, title: str, acc: pd.DataFrame | None 
 def _print_table(summary: pd.DataFrame, out: TextIO) -> None:
     constant = [c for c in _LABEL_COLUMNS if summary[c].nunique(dropna=False) == 1]
     columns = tuple(c for c in _TERMINAL_COLUMNS if c not in constant)
-    caption = " · ".join(f"{c}={_text(summary[c].iloc[0])}" for c in constant)
+    people = for_people(summary.iloc[:1])
+    caption = " · ".join(f"{c}={_text(people[c].iloc[0])}" for c in constant)
     table = Table(title="qbench summary", caption=caption or None, header_style="bold")
     for column in columns:
         textual = column in _TEXTUAL  # text may fold; numbers never wrap
         table.add_column(_COLUMNS[column][0], justify="left" if textual else "right",
                          no_wrap=not textual, overflow="fold")  # fmt: skip
     for cells, status in zip(_cells(summary, columns), summary["status"], strict=True):
-        table.add_row(*cells, style=None if status == "ok" else "red")
+        table.add_row(*cells, style=None if status in _FINE else "red")
     width = None if out.isatty() else _PIPE_WIDTH  # a file or pipe has no reason to squeeze
     console = Console(file=out, width=width)
     console.print(table)
@@ -229,104 +268,6 @@ def _print_table(summary: pd.DataFrame, out: TextIO) -> None:
     if failed:
         errors = Table("run", "status", "exit code", "error", title="Failed runs", style="red")
         for row in failed:
-            errors.add_row(*row)
-        console.print(errors)
-
-
-# -- A/B comparison --------------------------------------------------------------------------
-_COMPARE_SHOW = (
-    *("model", "backend", "scheme", "compressor", "world_size", "network", "a_runs", "b_runs"),
-    *("a_median_s", "b_median_s", "ratio", "ci", "verdict"),
-)
-_COMPARE_HEAD = {
-    "world_size": "ranks", "a_median_s": "A ms", "b_median_s": "B ms", "ratio": "B/A",
-    "ci": "95% interval", "a_runs": "A runs", "b_runs": "B runs",
-}  # fmt: skip
-
-
-def write_comparison(
-    a: Path | str, b: Path | str, fmt: str | None = "table", out: TextIO | None = None
-) -> tuple[Path, Path, pd.DataFrame]:
-    """Compare ``b`` against baseline ``a`` (:mod:`qbench.report.compare`); write
-    ``b/report/compare.{csv,md}`` and print the table in ``fmt``; failed runs of both listed."""
-    from qbench.report import compare
-
-    if fmt is not None and fmt not in FORMATS:
-        raise choice_error("report format", fmt, FORMATS)
-    sa, sb = load_summary(a), load_summary(b)  # one-line errors for missing / empty dirs
-    frame = compare.compare(a, b)
-    report_dir = ResultStore(b).report_dir()
-    csv_path, md_path = report_dir / COMPARE_CSV, report_dir / COMPARE_MD
-    atomic_write_bytes(csv_path, frame.to_csv(index=False).encode())
-    failed = pd.concat([sa.assign(side="A"), sb.assign(side="B")], ignore_index=True)
-    text = _compare_markdown(frame, failed, str(a), str(b))
-    atomic_write_bytes(md_path, text.encode())
-    if fmt is not None:
-        stream = out if out is not None else sys.stdout
-        if fmt == "csv":
-            stream.write(frame.to_csv(index=False))
-        elif fmt == "json":
-            stream.write(frame.to_json(orient="records", indent=2) + "\n")
-        elif fmt == "md":
-            stream.write(text)
-        else:
-            _print_comparison(frame, failed, stream, str(a), str(b))
-    return csv_path, md_path, frame
-
-
-def _compare_cells(frame: pd.DataFrame) -> list[list[str]]:
-    rows = []
-    for r in frame.to_dict("records"):
-        ci = _NA if _missing(r["ci_low"]) else f"{r['ci_low']:.3f}-{r['ci_high']:.3f}"
-        cells = {**r, "ci": ci}
-        rows.append([
-            _MS(cells[c]) if c in ("a_median_s", "b_median_s")
-            else _num(1.0, 3)(cells[c]) if c == "ratio" else _text(cells[c])
-            for c in _COMPARE_SHOW
-        ])  # fmt: skip
-    return rows
-
-
-def _compare_markdown(frame: pd.DataFrame, failed: pd.DataFrame, a: str, b: str) -> str:
-    head = [_COMPARE_HEAD.get(c, c) for c in _COMPARE_SHOW]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += [
-        "| " + " | ".join(_compare_cells(frame.iloc[[i]])[0]) + " |" for i in range(len(frame))
-    ]
-    counts = frame["verdict"].value_counts()
-    verdicts = ", ".join(f"{n} {v}" for v, n in counts.items())
-    parts = [
-        f"# qbench comparison: B = {b} against A = {a}",
-        f"{len(frame)} configurations: {verdicts}.",
-    ]
-    parts.append(
-        "B/A is the ratio of median iteration times (below 1: B is faster). The 95 % interval "
-        "bootstraps whole runs when both sides have two or more, otherwise iterations (noise "
-        "within one run only). A change is beyond the noise when the interval excludes 1."
-    )
-    parts += ["## Configurations", "\n".join(lines)]
-    bad = failed[failed["status"] != "ok"]
-    parts += ["## Failed runs", _failed_runs(bad.assign(run_id=bad["side"] + ": " + bad["run_id"]))]
-    return "\n\n".join(parts) + "\n"
-
-
-def _print_comparison(
-    frame: pd.DataFrame, failed: pd.DataFrame, out: TextIO, a: str, b: str
-) -> None:
-    table = Table(title=f"B = {b} vs A = {a}", header_style="bold",
-                  caption="B/A < 1: B faster; verdict from a 95 % bootstrap interval")  # fmt: skip
-    for c in _COMPARE_SHOW:
-        textual = c in ("model", "backend", "scheme", "compressor", "network", "verdict")
-        table.add_column(_COMPARE_HEAD.get(c, c), justify="left" if textual else "right")
-    for cells, verdict in zip(_compare_cells(frame), frame["verdict"], strict=True):
-        style = {"slower": "red", "faster": "green"}.get(str(verdict))
-        table.add_row(*cells, style=style)
-    console = Console(file=out, width=None if out.isatty() else _PIPE_WIDTH)
-    console.print(table)
-    bad = failed[failed["status"] != "ok"]
-    if not bad.empty:
-        errors = Table("run", "status", "exit code", "error", title="Failed runs", style="red")
-        for row in _failed_rows(bad.assign(run_id=bad["side"] + ": " + bad["run_id"])):
             errors.add_row(*row)
         console.print(errors)
 

@@ -28,7 +28,7 @@ from qbench.ddp.scheme_hook import SchemeHookState, scheme_hook
 from qbench.ddp.timeline import overlap_fraction
 from qbench.ddp.torch_hooks import TorchHookState, make_state, torch_hook
 from qbench.records.schema import buckets_frame
-from qbench.run import precision
+from qbench.run import precision, profile
 from qbench.run.training import Training
 from qbench.spec.matrix import RunSpec
 from qbench.timing import PhaseTimer
@@ -78,18 +78,22 @@ class DDPRun(Training):
         self.comm.bytes_sent = 0
         self.state.reset()
         timer.start()
+        profile.phase("forward")
         self.opt.zero_grad()  # as a plain DDP loop does (grads to None)
         with precision.autocast(self.spec.compute, self.device):
             loss = self.loss_fn(self.ddp(x), y)
         timer.mark("compute")
         forward_end = timer.last_mark
+        profile.phase("backward")
         loss.backward()  # DDP communicates each bucket as backward completes it
         timer.mark("comm")
         backward_end = timer.last_mark
+        profile.phase("step")
         self.opt.step()
         if self.spec.weight_bits:  # seed 000 section 5.4: the model itself in low precision
             precision.quantize_tensors_(self.named.values(), self.spec.weight_bits)
         timer.mark("step")
+        profile.phase(None)
         self._losses.append(loss.detach())
         self._record(it, timer, forward_end, backward_end)
         for row in self.state.timeline.rows(origin=forward_end):

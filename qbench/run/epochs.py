@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,27 +127,38 @@ def averaged(model: nn.Module, comm: Comm) -> nn.Module:
     return avg
 
 
-def evaluate(model: nn.Module, data: EpochData, comm: Comm) -> dict[str, float]:
+def evaluate(
+    model: nn.Module, data: EpochData, comm: Comm,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> dict[str, float]:  # fmt: skip
     """Top-1 (and top-5 when there are more than 10 classes) accuracy and mean loss on the test
-    split, summed over the ranks' shares."""
+    split, summed over the ranks' shares. ``loss_fn``: the run's loss when it is not cross
+    entropy (a batch mean); top-1 is then NaN unless outputs are class scores."""
     sums = torch.zeros(4, dtype=torch.float64, device=data.test_y.device)  # n, loss, top1, top5
-    k = min(5, data.num_classes)
+    k = max(1, min(5, data.num_classes))
+    classify = data.test_y.dim() == 1 and not data.test_y.is_floating_point()
     model.eval()
     with torch.no_grad():
         for start in range(0, len(data.test_y), EVAL_BATCH):
             x = data.test_x[start : start + EVAL_BATCH]
             y = data.test_y[start : start + EVAL_BATCH]
             logits = model(x).float()
-            top = logits.topk(k, dim=1).indices
             sums[0] += len(y)
-            sums[1] += F.cross_entropy(logits, y, reduction="sum").double()
-            sums[2] += (top[:, 0] == y).sum()
-            sums[3] += (top == y[:, None]).any(1).sum()
+            if loss_fn is None:
+                sums[1] += F.cross_entropy(logits, y, reduction="sum").double()
+            else:
+                sums[1] += float(loss_fn(logits, y)) * len(y)
+            if classify and logits.dim() == 2:
+                top = logits.topk(min(k, logits.shape[1]), dim=1).indices
+                sums[2] += (top[:, 0] == y).sum()
+                sums[3] += (top == y[:, None]).any(1).sum()
+            else:
+                classify = False
     model.train()
     quiet_allreduce(comm, sums)
     n = max(float(sums[0]), 1.0)
-    out = {"test_loss": float(sums[1]) / n, "top1": float(sums[2]) / n}
-    out["top5"] = float(sums[3]) / n if data.num_classes > 10 else math.nan
+    out = {"test_loss": float(sums[1]) / n, "top1": float(sums[2]) / n if classify else math.nan}
+    out["top5"] = float(sums[3]) / n if classify and data.num_classes > 10 else math.nan
     return out
 
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from qbench import comm, data, models
 from qbench.records.schema import iterations_frame
-from qbench.run import epochs, precision
+from qbench.run import epochs, precision, workload
 from qbench.spec import layers
 from qbench.spec.matrix import RunSpec
 
@@ -51,9 +51,8 @@ class Training:
         part, parts = shard or (cm.rank, cm.world_size)
         self.device = device_for(spec.device_kind)
         torch.manual_seed(spec.seed)  # same initial model on every rank
-        info = models.info(spec.model, spec.model_params)
-        self.model = with_precision(models.build(spec.model, spec.model_params), spec)
-        self.model = self.model.to(self.device)
+        info, model = workload.model(spec)  # the zoo's or a factory's
+        self.model = with_precision(model, spec).to(self.device)
         self.named = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         policy = layers.LayerPolicy(**spec.layers) if spec.layers else layers.LayerPolicy()
         self.groups = layers.plan(
@@ -65,7 +64,12 @@ class Training:
         self.scaler = precision.LossScaler(enabled=spec.compute == "fp16")
         self.epoch_data: epochs.EpochData | None = None
         self.data: data.BatchSource | epochs.EpochBatches
-        if spec.dataset == "synthetic":
+        if spec.data:  # a dataset factory: partitioned like the built-in datasets
+            self.epoch_data = workload.epoch_data(
+                spec, info, world_size=parts, rank=part, device=self.device
+            )
+            self.data = epochs.EpochBatches(self.epoch_data, spec.batch_size, spec.seed, part)
+        elif spec.dataset == "synthetic":
             self.data = data.make(
                 spec.dataset, info, spec.batch_size, seed=spec.seed, rank=part,
                 device=self.device,
@@ -78,12 +82,9 @@ class Training:
             self.data = epochs.EpochBatches(
                 self.epoch_data, spec.batch_size, spec.seed, part, spec.steps_per_epoch
             )
-        self.opt = torch.optim.SGD(
-            self.model.parameters(), lr=spec.lr, momentum=spec.momentum,
-            weight_decay=spec.weight_decay,
-        )  # fmt: skip
+        self.opt = workload.optimizer(self.model.parameters(), spec)
         self.epoch_rows: list[dict[str, Any]] = []
-        self.loss_fn = nn.CrossEntropyLoss()
+        self.loss_fn = workload.loss(spec)
         self.rows: list[dict[str, Any]] = []
         self._losses: list[torch.Tensor] = []
 
@@ -130,9 +131,13 @@ class Training:
         epochs.quiet_allreduce(self.comm, slowest, op="max")
         epochs.quiet_allreduce(self.comm, sums)
         avg = epochs.averaged(self.model, self.comm)
-        scores = epochs.evaluate(avg, self.epoch_data, self.comm)
+        scores = epochs.evaluate(
+            avg, self.epoch_data, self.comm, self.loss_fn if self.spec.loss else None
+        )
         gn = float("nan")  # a full pass over the partition: only where it is the measure
-        if self.spec.model in models.CONVEX:  # the same on every rank: all or none call
+        if (
+            self.spec.model in models.CONVEX and not self.spec.workload
+        ):  # the same on every rank: all or none call
             gn = epochs.gradient_norm(avg, self.epoch_data, self.comm, self.spec.weight_decay)
         previous = self.epoch_rows[-1]["train_time_s"] if self.epoch_rows else 0.0
         self.epoch_rows.append({

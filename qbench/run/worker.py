@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from qbench import aggregate, catalog, comm, models
+from qbench import aggregate, catalog, comm
 from qbench.catalog import rules
 from qbench.compress import Compressor, from_spec
 from qbench.launch.slurm.env import apply_worker_env
@@ -34,8 +34,9 @@ from qbench.records.store import (
     model_part,
     parts_beside,
     rank_part,
+    trace_path,
 )
-from qbench.run import async_ps, precision
+from qbench.run import async_ps, precision, profile, workload
 from qbench.run.telemetry import Telemetry
 from qbench.run.training import Training
 from qbench.spec.matrix import RunSpec
@@ -106,15 +107,18 @@ class Run(Training):
         x, y = self.data.batch(it)
         self.comm.bytes_sent = 0
         timer.start()
+        profile.phase("forward")
         self.flat.zero_()
         with precision.autocast(self.spec.compute, self.device):
             loss = self.loss_fn(self.model(x), y)
+        profile.phase("backward")
         (loss * self.scaler.scale if self.scaler.enabled else loss).backward()
         if not self.scaler.unscale_(self.flat):
             # fp16 overflow: this rank contributes nothing this step (the others go on, so no
             # collective is skipped and no rank waits), and its loss scale halves.
             self.flat.zero_()
         timer.mark("compute")
+        profile.phase(None)  # encode / comm / decode: ranges of their own
         grad = None
         if self.telemetry is not None:
             grad = self.flat.clone()  # for the telemetry pass; not part of training
@@ -124,10 +128,12 @@ class Run(Training):
             mean = agg.aggregate(view, it, timer)
             if mean.data_ptr() != view.data_ptr():
                 view.copy_(mean)
+        profile.phase("step")
         self.opt.step()
         if self.spec.weight_bits:  # seed 000 section 5.4: the model itself in low precision
             precision.quantize_weights_(self.params, self.sizes, self.spec.weight_bits)
         timer.mark("step")
+        profile.phase(None)
         for part, agg in self.aggs:
             agg.after_step(self.params[part], it, timer)  # decentralized schemes mix models
         self._losses.append(loss.detach())
@@ -240,6 +246,7 @@ def run_config(
     if cm.rank == 0:
         _write_model(parts, spec)
     run: Training | None = None
+    tracer: profile.Tracer | None = None
     try:
         if catalog.SCHEMES[spec.scheme].kind == "asynchronous":  # server + workers (seed 003)
             run = Training(spec, cm, shard=async_ps.shard(cm.rank, cm.world_size))
@@ -248,11 +255,15 @@ def run_config(
             return True
         run = _training(spec, cm)
         timer = PhaseTimer(run.device)
+        trace = trace_path(parts, cm.rank) if spec.profile else None
+        tracer = profile.Tracer(trace, spec.warmup, run.total_iterations - spec.warmup,
+                                run.device, cm)  # fmt: skip
         for it in range(run.total_iterations):
             if fault is not None and it == fault[0]:
                 _inject(fault, it)
             run.before(it)
             run.iteration(it, timer)
+            tracer.step()
             run.after(it)
         cm.barrier()
         return True
@@ -263,6 +274,8 @@ def run_config(
         print(line, file=sys.stderr, flush=True)
         return False
     finally:
+        if tracer is not None:
+            tracer.close()
         if run is not None:
             run.close()
         if run is not None and run.rows:
@@ -295,11 +308,7 @@ def _write_model(parts: Path, spec: RunSpec) -> None:
     """The model's size and forward FLOPs per sample (meta device, cached on disk): the run's
     ``numel`` and ``gflops_per_sample`` labels, the computation side of seed 002's
     communication / computation ratio, for reports that cannot import the models."""
-    stats = {
-        "numel": models.parameter_count(spec.model, spec.model_params),
-        "gflops_per_sample": models.flops_per_sample(spec.model, spec.model_params) / 1e9,
-    }
-    atomic_write_json(model_part(parts), stats)
+    atomic_write_json(model_part(parts), workload.model_stats(spec))  # zoo or factory
 
 
 def _write_host(parts: Path, rank: int, spec: RunSpec) -> None:

@@ -18,6 +18,20 @@ FILTER_KEYS = (
 LR_SCHEDULE_KEYS = ("milestones", "every", "gamma")
 
 
+class EmptyMatrix(UserError):
+    """No combination of the scenario can run; ``excluded`` (``matrix.Excluded``) says why
+    each cannot, for ``--dry-run`` to print."""
+
+    def __init__(self, name: str, excluded: list[Any]) -> None:
+        self.excluded = excluded
+        first = f", e.g. {excluded[0].description}: {excluded[0].reason}" if excluded else ""
+        super().__init__(
+            f"scenario {name!r} expands to no runnable combination: every one of its "
+            f"{len(excluded)} is excluded{first}; `qbench sweep SCENARIO --dry-run` lists every "
+            "reason"
+        )
+
+
 def check_name(name: str) -> None:
     if not name or any(c in name for c in "/\\ \t") or name.startswith("."):
         raise UserError(f"name {name!r} must be a plain directory name; e.g. `name: smoke`")

@@ -3,8 +3,8 @@
 Pure: no processes, no files. Combinations that cannot work are never dropped silently; they are
 returned as :class:`Excluded` with the reason.
 
-Why one module: a RunSpec field, its default in the run id (``_OPTIONAL_ID_FIELDS``) and the
-line of ``_run_spec`` that fills it change together; apart they drift.
+Why one module: a RunSpec's fields, its id and the expansion that fills them in are one
+contract (the id hashes exactly what expansion resolves), so they change together.
 """
 
 from __future__ import annotations
@@ -17,17 +17,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from qbench import catalog
-from qbench.catalog import datasets, rules
-from qbench.catalog import models as zoo
-from qbench.errors import UserError, choice_error
-from qbench.spec import network
+from qbench.catalog import rules
+from qbench.errors import UserError
+from qbench.spec import checks, network
+from qbench.spec import workload as user
 from qbench.spec.scenario import Scenario
 
 # Fields added after results existed: left out of the hash while they hold their default.
 _OPTIONAL_ID_FIELDS: dict[str, Any] = {
     "model_params": {}, "repeat": 0, "nodes": 1, "device": "", "epochs": 0, "lr_schedule": {},
     "weight_decay": 0.0, "skew": 0.0, "compute": "fp32", "norm": "batchnorm", "weight_bits": 0,
-    "steps_per_epoch": 0,
+    "steps_per_epoch": 0, "profile": False, "workload": {}, "data": {}, "optimizer": {},
+    "loss": {},
 }  # fmt: skip
 
 
@@ -80,6 +81,15 @@ class RunSpec:
     weight_bits: int = 0
     """Quantize all parameters to this many bits after each step (0: no)."""
     steps_per_epoch: int = 0  # accuracy mode: at most this many steps per epoch (0: all)
+    profile: bool = False  # profiler traces (qbench.run.profile); labelled ``profiled``
+    # The user's workload (qbench.spec.workload): empty for the zoo, built-in data, SGD, CE.
+    workload: dict[str, Any] = field(default_factory=dict)
+    """Model factory; ``model`` is then its label."""
+    data: dict[str, Any] = field(default_factory=dict)
+    """Dataset factory; ``dataset`` is then its label."""
+    optimizer: dict[str, Any] = field(default_factory=dict)
+    """An optimizer other than SGD: name and parameters besides lr, momentum, weight_decay."""
+    loss: dict[str, Any] = field(default_factory=dict)
 
     @property
     def run_id(self) -> str:
@@ -147,6 +157,8 @@ class RunSpec:
             "compute": self.compute,
             "norm": self.norm,
             "weight_bits": self.weight_bits,
+            "optimizer": self.optimizer.get("name", "sgd" if self.momentum == 0 else "momentum"),
+            "loss": self.loss.get("name", self.loss.get("factory", "cross-entropy")),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -175,7 +187,9 @@ class _Point:
 
     model: str
     model_params: dict[str, Any]
+    workload: dict[str, Any]
     dataset: str
+    data: dict[str, Any]
     network: dict[str, Any]
     world_size: int
     nodes: int
@@ -210,7 +224,7 @@ def expand(sc: Scenario) -> Matrix:
             seen.add(spec.run_id)
             runs.append(spec)
     if not runs:
-        raise UserError(f"scenario {sc.name!r} expands to no runnable combination; see --dry-run")
+        raise checks.EmptyMatrix(sc.name, excluded)  # --dry-run lists every reason
     # Repeats interleaved: every configuration's first repeat, then every second one, ...; a
     # slow spell of a shared machine then hits one repeat of many configurations, not all the
     # repeats of one (their median is what reports and the cost model compare).
@@ -218,13 +232,11 @@ def expand(sc: Scenario) -> Matrix:
     return Matrix(runs, excluded)
 
 
-def _check(sc: Scenario) -> list[tuple[str, dict[str, Any]]]:
+def _check(sc: Scenario) -> list[user.Model]:
     """Every name and parameter of the scenario validated (UserError naming the bad one);
     returns the models with their normalised parameters."""
-    model_entries = [(m["name"], zoo.check_params(m["name"], _params(m))) for m in sc.model]
-    for d in sc.dataset:
-        if d not in datasets.DATASETS:
-            raise choice_error("dataset", d, list(datasets.DATASETS))
+    model_entries = [user.model(m) for m in sc.model]
+    user.datasets_of(sc)
     for c in (*sc.compressor, *sc.layers.overrides.values()):
         catalog.compressor(c)
     for s in sc.scheme:
@@ -243,21 +255,22 @@ def _check(sc: Scenario) -> list[tuple[str, dict[str, Any]]]:
     return model_entries
 
 
-def _points(sc: Scenario, model_entries: list[tuple[str, dict[str, Any]]]) -> Iterator[_Point]:
+def _points(sc: Scenario, model_entries: list[user.Model]) -> Iterator[_Point]:
     # Nested products (same order as one flat product): typed, where an 11-way one is not.
     places = list(itertools.product(sc.world_size, sc.nodes, sc.backend, sc.device))
     variants = list(itertools.product(sc.compressor, sc.scheme))
     draws = list(itertools.product(sc.seed, range(sc.repeats), sc.skew, sc.compute, sc.weights))
-    axes = itertools.product(model_entries, sc.dataset, sc.network, places, variants, draws)
-    for (model, mparams), dataset, net, place, (comp, scheme_spec), draw in axes:
+    data_entries = user.datasets_of(sc)
+    axes = itertools.product(model_entries, data_entries, sc.network, places, variants, draws)
+    for (model, mparams, factory), (dataset, data), net, place, (comp, scheme_spec), draw in axes:
         ws, nodes, backend, dev = place
         seed, rep, skew, compute, weights = draw
         spec = catalog.compressor(comp)
         name = rules.resolve_auto(spec) if scheme_spec["name"] == "auto" else scheme_spec["name"]
         scheme, params = rules.canonical(name, _params(scheme_spec), spec.name)
         yield _Point(
-            model, mparams, dataset, dict(net), ws, nodes, backend, dev, spec, scheme_spec,
-            scheme, params, seed, rep, skew, compute, int(weights.get("bits", 0)),
+            model, mparams, factory, dataset, data, dict(net), ws, nodes, backend, dev, spec,
+            scheme_spec, scheme, params, seed, rep, skew, compute, int(weights.get("bits", 0)),
         )  # fmt: skip
 
 
@@ -267,8 +280,8 @@ def _why_not(sc: Scenario, p: _Point) -> str | None:
     combo = rules.Combo(
         p.backend, p.scheme, p.scheme_params, p.compressor, world_size=p.world_size,
         overrides=tuple(catalog.compressor(c) for c in sc.layers.overrides.values()),
-        accuracy=bool(sc.epochs), momentum=sc.momentum, telemetry=sc.telemetry,
-        compute=p.compute,
+        accuracy=bool(sc.epochs), momentum=user.optimizer(sc)[1], telemetry=sc.telemetry,
+        compute=p.compute, profile=sc.profile, optimizer=user.optimizer(sc)[3].get("name", ""),
     )  # fmt: skip
     device, device_problem = _device_for(p.backend, p.device)
     kind = device or natural_device(p.backend)
@@ -294,7 +307,8 @@ def _filter_values(p: _Point, device: str) -> dict[str, tuple[Any, ...]]:
     """What include / exclude entries may match per axis: names, labels and full mappings."""
     c = p.compressor
     return {
-        "model": (p.model, {"name": p.model, **p.model_params}), "dataset": (p.dataset,),
+        "model": (p.model, {"name": p.model, **p.model_params}),
+        "dataset": (p.dataset, *((p.data,) if p.data else ())),
         "world_size": (p.world_size,), "nodes": (p.nodes,), "backend": (p.backend,),
         "device": (p.device, device),
         "scheme": (p.scheme, p.scheme_spec["name"], dict(p.scheme_spec),
@@ -320,18 +334,20 @@ def _describe(p: _Point) -> str:
 
 def _run_spec(sc: Scenario, p: _Point) -> RunSpec:
     device, _ = _device_for(p.backend, p.device)
+    lr, momentum, weight_decay, optimizer = user.optimizer(sc)
     return RunSpec(
         scenario=sc.name, model=p.model, dataset=p.dataset, world_size=p.world_size,
         backend=p.backend, scheme=p.scheme, compressor=dict(p.compressor.given),
         batch_size=sc.batch_for(p.world_size), warmup=sc.warmup, iterations=sc.iterations,
-        lr=sc.lr, momentum=sc.momentum, seed=p.seed, timeout=sc.timeout,
+        lr=lr, momentum=momentum, seed=p.seed, timeout=sc.timeout,
         telemetry=sc.telemetry, layers=_layers_for(p.compressor.given, sc),
         scheme_params=p.scheme_params, network=p.network, model_params=p.model_params,
         repeat=p.repeat, nodes=p.nodes, price_per_hour=sc.price_per_hour, device=device,
         epochs=sc.epochs or 0, lr_schedule=dict(sc.lr_schedule),
-        weight_decay=sc.weight_decay, skew=p.skew, target_accuracy=sc.target_accuracy,
-        compute=p.compute, norm=sc.norm, weight_bits=p.weight_bits,
-        steps_per_epoch=sc.steps_per_epoch or 0,
+        weight_decay=weight_decay, skew=p.skew, target_accuracy=sc.target_accuracy,
+        compute=p.compute, norm=sc.norm, weight_bits=p.weight_bits, profile=sc.profile,
+        steps_per_epoch=sc.steps_per_epoch or 0, workload=p.workload, data=p.data,
+        optimizer=optimizer, loss=dict(sc.loss),
     )  # fmt: skip
 
 

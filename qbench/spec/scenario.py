@@ -2,10 +2,14 @@
 
 Scalars or lists are accepted for every sweep axis; a list means "sweep over these".
 Errors are :class:`qbench.errors.UserError` with one line naming the key, the value and a fix.
+
+Why one module: the Scenario dataclass, its defaults and the parser that checks and fills each
+field are one schema; apart, a key's type and its check drift.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -13,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from qbench import catalog
+from qbench.catalog import specs, workloads
 from qbench.errors import UserError, did_you_mean, type_name
 from qbench.spec import checks, layers, network
 from qbench.spec.checks import FILTER_KEYS, LR_SCHEDULE_KEYS  # noqa: F401  # the schema's
@@ -32,10 +38,13 @@ class Scenario:
     name: str
     """Sweep name; results go to ``results/<name>/`` unless ``--out`` is given."""
     model: tuple[dict[str, Any], ...]
-    """Workloads, each a registry name (``qbench models`` lists them) or
-    ``{name: synthetic, params: 25M, gflops: 1}`` with model parameters."""
-    dataset: tuple[str, ...] = ("synthetic",)
-    """Input data; ``synthetic`` makes random inputs of the model's shape."""
+    """Workloads, each a registry name (``qbench models`` lists them),
+    ``{name: synthetic, params: 25M, gflops: 1}`` with model parameters, or the user's own
+    ``{factory: "mypkg.nets:build", params: {...}, input_shape: [3, 32, 32], num_classes: 10}``
+    (``qbench.catalog.workloads``)."""
+    dataset: tuple[str | dict[str, Any], ...] = ("synthetic",)
+    """Input data; ``synthetic`` makes random inputs of the model's shape; a real dataset by
+    name, or ``{factory: "mypkg.data:splits"}`` returning a torch Dataset."""
     world_size: tuple[int, ...] = (1, 2)
     """Numbers of ranks (processes) in all; CPU ranks get one thread each."""
     nodes: tuple[int, ...] = (1,)
@@ -89,6 +98,12 @@ class Scenario:
     """SGD learning rate."""
     momentum: float = 0.9
     """SGD momentum."""
+    optimizer: dict[str, Any] = field(default_factory=dict)
+    """The optimizer with every parameter resolved (``qbench.catalog.workloads``); ``{}``: SGD
+    with the ``lr``, ``momentum`` and ``weight_decay`` above. One per scenario: reports compare
+    runs of one optimizer."""
+    loss: dict[str, Any] = field(default_factory=dict)
+    """The loss (``qbench.catalog.workloads.loss``); ``{}``: cross entropy."""
     seed: tuple[int, ...] = (0,)
     """Seeds for model init, data and stochastic rounding; a list sweeps them."""
     repeats: int = 1
@@ -111,6 +126,9 @@ class Scenario:
     """Seconds a run may take before its processes are killed and it is marked timeout."""
     telemetry: bool = False
     """Record per-layer quantization error, residual norm and bits per value (slower)."""
+    profile: bool = False
+    """Write a torch.profiler Chrome trace per rank of a few measured iterations, phases as
+    named ranges (slower: reports keep these runs out of speed summaries)."""
     layers: layers.LayerPolicy = field(default_factory=layers.LayerPolicy)
     """Which tensors travel in full precision, and per-layer compressor overrides."""
     source: str = field(default="<embedded>", compare=False)
@@ -121,7 +139,7 @@ class Scenario:
         checks.check_choices("backend", self.backend, BACKENDS)
         checks.check_choices("device", self.device, DEVICES)
         for m in self.model:
-            if not isinstance(m.get("name"), str):
+            if not isinstance(m.get("name"), str) and "factory" not in m:
                 raise UserError(
                     f"model {m!r} has no name; e.g. `model: mlp` or "
                     "`- {name: synthetic, params: 25M}`"
@@ -179,7 +197,6 @@ class Scenario:
 
 # -- loading -------------------------------------------------------------------------------------
 _AXES = {
-    "dataset": str,
     "world_size": int,
     "nodes": int,
     "backend": str,
@@ -205,15 +222,40 @@ _SCALARS = {
     "momentum": float,
     "timeout": float,
     "telemetry": bool,
+    "profile": bool,
 }
 
 
 def load(path: str | Path) -> Scenario:
     """Read and validate a scenario file."""
-    p = Path(path)
+    return loads(read_text(path), source=str(path))
+
+
+def read_text(path: str | Path) -> str:
+    """A scenario file's text, or one UserError line saying why it cannot be one: missing, a
+    directory or other non-file, unreadable, binary or not UTF-8."""
+    p, name = Path(path), repr(str(path))
+    if p.is_symlink() and not p.exists():
+        raise UserError(f"scenario file {name} is a broken symbolic link; check the path")
+    if p.is_dir():
+        raise UserError(f"scenario file {name} is a directory; give its YAML file, e.g. "
+                        "scenarios/tour.yaml")  # fmt: skip
+    if not p.exists():
+        raise UserError(f"scenario file {name} not found; check the path (e.g. scenarios/)")
     if not p.is_file():
-        raise UserError(f"scenario file {str(p)!r} not found; check the path (e.g. scenarios/)")
-    return loads(p.read_text(), source=str(p))
+        raise UserError(f"scenario file {name} is not a regular file; give a YAML file")
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise UserError(f"scenario file {name} cannot be read ({e.strerror}); check its "
+                        "permissions") from None  # fmt: skip
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"scenario file {name} is not UTF-8 text (byte {e.start}: {data[e.start]:#04x}); "
+            "save it as UTF-8 YAML"
+        ) from None
 
 
 def loads(text: str, source: str = "<embedded>") -> Scenario:
@@ -254,18 +296,36 @@ def with_overrides(text: str, source: str, sets: Sequence[str]) -> str:
     if not isinstance(raw, dict):
         loads(text, source)  # the usual one-line error for text that is not a scenario
         raise UserError(f"{source}: a scenario must be a YAML mapping of keys")
+    valid = [f.name for f in fields(Scenario) if f.name != "source"]
     for item in sets:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. --set seed=0")
+        if key.strip() not in valid:  # the option's mistake, not the file's
+            raise UserError(
+                f"--set {item!r}: unknown key {key.strip()!r}"
+                f"{did_you_mean(key.strip(), valid)}; valid keys: {', '.join(valid)}"
+            )
         try:
             raw[key.strip()] = yaml.safe_load(value)
         except yaml.YAMLError:
             raise UserError(
                 f"--set {item!r}: the value is not valid YAML; quote it, e.g. --set 'seed=[0, 1]'"
             ) from None
+    _blame_sets(raw, source, sets)
     note = f"# {source} with --set {' '.join(sets)}\n"
     return note + yaml.safe_dump(raw, sort_keys=False)
+
+
+def _blame_sets(raw: dict[Any, Any], source: str, sets: Sequence[str]) -> None:
+    """A value --set gave that the scenario rejects is reported against --set."""
+    try:
+        parse(raw, source)
+    except UserError as e:
+        said = str(e).removeprefix(f"{source}: ")
+        for item in sets:
+            if re.match(rf"{re.escape(item.partition('=')[0].strip())}\b", said):
+                raise UserError(f"--set {item!r}: {said}") from None
 
 
 def _short(e: BaseException, limit: int = 80) -> str:
@@ -298,7 +358,8 @@ def parse(raw: Any, source: str = "<embedded>") -> Scenario:
             kw[key] = _typed(key, raw[key], typ)
     for key in ("model", "compressor", "scheme"):
         if key in raw:
-            kw[key] = tuple(_named(key, c) for c in _as_list(key, raw[key]))
+            entries = enumerate(_as_list(key, raw[key]), 1)
+            kw[key] = tuple(_entry(source, key, i, c) for i, c in entries)
     if "network" in raw:
         kw["network"] = tuple(network.parse(n) for n in _as_list("network", raw["network"]))
     if "batch_size" in raw:
@@ -312,6 +373,13 @@ def parse(raw: Any, source: str = "<embedded>") -> Scenario:
         kw["slurm"] = _mapping("slurm", raw["slurm"])
     if "lr_schedule" in raw:
         kw["lr_schedule"] = _mapping("lr_schedule", raw["lr_schedule"])
+    if "dataset" in raw:
+        kw["dataset"] = tuple(_dataset(d) for d in _as_list("dataset", raw["dataset"]))
+    if "optimizer" in raw:
+        top = {k: raw[k] for k in workloads.TOP_LEVEL if k in raw}
+        kw["optimizer"] = workloads.optimizer(raw["optimizer"], top)
+    if "loss" in raw:
+        kw["loss"] = workloads.loss(raw["loss"])
     if "weights" in raw:
         kw["weights"] = tuple(
             {} if w is None or w == "none" else _mapping("weights", w)
@@ -337,8 +405,47 @@ def _typed(key: str, value: Any, typ: type) -> Any:
     return value
 
 
+def _entry(source: str, key: str, index: int, c: Any) -> dict[str, Any]:
+    """A model, compressor or scheme entry; compressors and schemes are validated here, so a
+    mistake names the file and the entry as written (the catalog suggests the nearest key)."""
+    try:
+        entry = _named(key, c)
+        if key == "compressor":
+            catalog.compressor(entry)
+        elif key == "scheme" and entry.get("name") != "auto":
+            catalog.scheme(entry)
+    except UserError as e:
+        raise UserError(f"{source}: {key} entry {index} `{_written(c)}`: {e}") from None
+    return entry
+
+
+def _written(value: Any) -> str:
+    """An entry as YAML flow text (``{name: qsgd, bucket: 512}``), at most 60 characters."""
+    if isinstance(value, str):  # the command line's form, as written
+        text = value
+    else:
+        try:
+            text = yaml.safe_dump(value, default_flow_style=True, width=10**6, sort_keys=False)
+        except yaml.YAMLError:
+            text = repr(value)
+        text = text.strip().removesuffix("...").strip()
+    if "\n" in text or "\r" in text:  # a one-line error, whatever YAML held
+        text = checks.show(value, 60)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _dataset(d: Any) -> str | dict[str, Any]:
+    """A dataset name, or ``{factory: ...}`` (checked by the matrix, like model factories)."""
+    if isinstance(d, dict) and "factory" in d:
+        return dict(d)
+    return str(_typed("dataset", d, str))
+
+
 def _named(key: str, c: Any) -> dict[str, Any]:
-    """A registry entry: a bare name or a mapping with ``name`` and parameters."""
+    """A registry entry: a bare name, the command line's ``qsgd:bits=4`` (compressors and
+    schemes, as ``catalog.specs`` reads it) or a mapping with ``name`` and parameters."""
+    if isinstance(c, str) and key != "model" and ":" in c:
+        return specs.mapping(c, key)
     if isinstance(c, str):
         return {"name": c}
     if not isinstance(c, dict):
