@@ -45,7 +45,6 @@ from qbench.spec import network
 from qbench.spec.matrix import RunSpec
 
 POLL_S = 0.05
-EXIT_GRACE_S = 60.0  # for the ranks to close their communicator and exit after the last run
 Progress = Callable[[RunSpec, RunRecord | None], None] | None
 
 
@@ -73,12 +72,14 @@ def run_groups(
 
 @dataclass
 class _Outcome:
-    """How a launch ended: ``done`` runs finished; the next one, if any, ended as ``status``."""
+    """How a launch ended: ``done`` runs finished; the next one, if any, ended as ``status``
+    (``rank``: the rank that failed first, where each rank is a process of the launch)."""
 
     done: int
     status: str = "ok"
     code: int | None = 0
     elapsed: float = 0.0
+    rank: int | None = None
 
 
 class Group:
@@ -113,13 +114,15 @@ class Group:
                 ranks: list[Any] = []
                 try:
                     procs.start(jobs, ranks, out, err)
-                    outcome = self._watch(pending, records, live, ranks)
+                    per_rank = len(ranks) == pending[0].world_size  # else one launcher process
+                    outcome = self._watch(pending, records, live, ranks, per_rank)
                 finally:
                     procs.kill_group(ranks)
             if outcome.done < len(pending):
                 spec, record = pending[outcome.done], records[outcome.done]
                 _attach_launcher_log(self.store, spec, gdir / STDERR_LOG)
-                self._finish(spec, record, outcome.status, outcome.code, outcome.elapsed)
+                dead = None if outcome.rank is None else (outcome.rank, outcome.code)
+                self._finish(spec, record, outcome.status, outcome.code, outcome.elapsed, dead)
                 live.remove(record)
         return pending[outcome.done + 1 :]
 
@@ -130,10 +133,11 @@ class Group:
 
     def _watch(
         self, pending: list[RunSpec], records: list[RunRecord], live: list[RunRecord],
-        ranks: list[Any],
+        ranks: list[Any], per_rank: bool,
     ) -> _Outcome:  # fmt: skip
         """Finish each run as its done marker appears; stop at the first failure or timeout."""
         done, t0 = 0, time.monotonic()
+        ended = procs.exit_clock(ranks)
         self._begin(pending[0], records[0])
         while True:
             while done < len(pending) and done_marker(self._parts(pending[done])).exists():
@@ -142,19 +146,21 @@ class Group:
                 done, t0 = done + 1, time.monotonic()
                 if done < len(pending):
                     self._begin(pending[done], records[done])
-            if done == len(pending):
-                _wait_exit(ranks, EXIT_GRACE_S)
-                return _Outcome(done)
-            codes = [p.poll() for p in ranks]
-            failed = next((c for c in codes if c not in (None, 0)), None)
-            ended = failed is not None or all(c == 0 for c in codes)
-            if ended and done_marker(self._parts(pending[done])).exists():
+            if done == len(pending):  # every record is on disk: the ranks are stopped now
+                return _Outcome(done)  # (tearing down torch and gloo takes seconds)
+            failed = _first_failed(ranks, ended)
+            if failed is None and len(ended) < len(ranks):
+                if time.monotonic() - t0 > pending[done].timeout:
+                    return _Outcome(done, "timeout", None, time.monotonic() - t0)
+                time.sleep(POLL_S)
+                continue
+            if done_marker(self._parts(pending[done])).exists():
                 continue  # it finished just before the next run failed: take it first
-            if ended:
-                return _Outcome(done, "failed", failed, time.monotonic() - t0)
-            if time.monotonic() - t0 > pending[done].timeout:
-                return _Outcome(done, "timeout", None, time.monotonic() - t0)
-            time.sleep(POLL_S)
+            time.sleep(POLL_S)  # the peers it takes down end too: their exit times come in
+            failed = _first_failed(ranks, ended)
+            code = ranks[failed].returncode if failed is not None else 0
+            rank = failed if per_rank else None
+            return _Outcome(done, "failed", code, time.monotonic() - t0, rank)
 
     def _parts(self, spec: RunSpec) -> Path:
         return self.store.parts_dir(spec.run_id)
@@ -165,9 +171,10 @@ class Group:
             self.on_progress(spec, None)
 
     def _finish(
-        self, spec: RunSpec, record: RunRecord, status: str, code: int | None, elapsed: float
-    ) -> None:
-        record = runfiles.finish(spec, self.store, record, status, code, elapsed)
+        self, spec: RunSpec, record: RunRecord, status: str, code: int | None, elapsed: float,
+        dead: tuple[int, int | None] | None = None,
+    ) -> None:  # fmt: skip
+        record = runfiles.finish(spec, self.store, record, status, code, elapsed, dead)
         self.summary.statuses[spec.run_id] = record.status
         if self.on_progress:
             self.on_progress(spec, record)
@@ -175,15 +182,22 @@ class Group:
 
 @contextmanager
 def _jobs(spec: RunSpec, plan: Path) -> Iterator[list[procs.Job]]:
-    """The group's launch: torchrun / mpirun here, or one process per rank behind emulated
-    links (the namespaces live as long as the block); every rank gets the plan."""
+    """The group's launch, every rank given the plan: mpirun for mpi; for the
+    torch.distributed backends one process per rank started here (``local.direct_rank_env``,
+    no torchrun interpreter and rendezvous to pay for); behind emulated links one process per
+    rank in its namespace (which lives as long as the block), or mpirun in the hub's."""
+    program = [sys.executable, *local.WORKER, str(plan)]
     if spec.network:
-        program = [sys.executable, *local.WORKER, str(plan)]
         rate = network.bits_per_s(spec.network["bandwidth"])
         with shaped.shaped_jobs(spec.backend, spec.world_size, rate, program) as jobs:
             yield jobs
         return
-    yield [(local.argv_for(spec.backend, plan, spec.world_size), local.worker_env())]
+    if spec.backend == "mpi":
+        yield [(local.argv_for(spec.backend, plan, spec.world_size), local.worker_env())]
+        return
+    port, base = local.free_port(), local.worker_env()
+    yield [(program, local.direct_rank_env(base, r, spec.world_size, port))
+           for r in range(spec.world_size)]  # fmt: skip
 
 
 @contextmanager
@@ -207,7 +221,7 @@ def _attach_launcher_log(store: ResultStore, spec: RunSpec, launcher_log: Path) 
         f.write(b"\n--- the rank group's launcher ---\n" + text)
 
 
-def _wait_exit(ranks: list[Any], grace: float) -> None:
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(p.poll() is None for p in ranks):
-        time.sleep(POLL_S)
+def _first_failed(ranks: list[Any], ended: dict[int, float]) -> int | None:
+    """The process that ended first with a non-zero code (None: none has)."""
+    bad = [i for i in ended if ranks[i].returncode != 0]
+    return min(bad, key=lambda i: ended[i]) if bad else None

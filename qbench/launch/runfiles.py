@@ -89,10 +89,12 @@ def record_skipped(spec: RunSpec, store: ResultStore, prov: Provenance, reason: 
 
 def finish(
     spec: RunSpec, store: ResultStore, record: RunRecord, status: str, code: int | None,
-    elapsed: float,
+    elapsed: float, dead: tuple[int, int | None] | None = None,
 ) -> RunRecord:  # fmt: skip
     """The run's records once its processes are done: parts merged, hosts listed, status and
-    (when not ok) the error line and the tail of stderr."""
+    (when not ok) the error line and the tail of stderr. ``dead``: (rank, exit code) of the
+    rank that failed first when the driver saw it itself (ranks it started one by one); else
+    the launcher's report in stderr names it."""
     record.duration_s = round(elapsed, 3)
     record.finished = now()
     record.exit_code = code
@@ -102,7 +104,8 @@ def finish(
     record.status = status
     if status != "ok":
         record.stderr_tail = _tail(store.stderr_path(spec.run_id))
-        record.error = _error_line(status, code, _read(store.stderr_path(spec.run_id)), spec)
+        stderr = _read(store.stderr_path(spec.run_id))
+        record.error = _error_line(status, code, stderr, spec, dead)
     store.write_record(record)
     return record
 
@@ -201,11 +204,14 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _error_line(status: str, code: int | None, stderr: str, spec: RunSpec) -> str:
+def _error_line(
+    status: str, code: int | None, stderr: str, spec: RunSpec,
+    dead: tuple[int, int | None] | None = None,
+) -> str:  # fmt: skip
     """One line: which rank failed, how, and the exception it raised if it printed one."""
     if status == "timeout":
         return f"timed out after {spec.timeout:g} s (scenario `timeout:`); processes killed"
-    dead = local.failed_rank(stderr)
+    dead = dead or local.failed_rank(stderr)
     if dead is None:
         return _worker_failure(stderr, None) or (
             f"exit code {code}" if code is not None else status

@@ -46,6 +46,8 @@ from qbench.records.store import (
 from qbench.run import worker
 from qbench.spec.matrix import RunSpec
 
+COMM_SLACK_S = 60.0
+
 
 def read_plan(plan: Path) -> list[tuple[Path, int]]:
     """The plan's runs in order: (spec.json path, index of the run in its rank group)."""
@@ -56,7 +58,9 @@ def read_plan(plan: Path) -> list[tuple[Path, int]]:
 def main(plan: Path) -> int:
     configs = read_plan(plan)
     specs = [RunSpec.from_dict(json.loads(path.read_text())) for path, _ in configs]
-    cm = worker.connect(specs[0], max(s.timeout for s in specs))
+    # The driver times each run (``timeout``) and kills the group; a collective that gave up
+    # first would turn a hung peer into a failure of this rank, so the communicator waits longer.
+    cm = worker.connect(specs[0], max(s.timeout for s in specs) + COMM_SLACK_S)
     for (path, index), spec in zip(configs, specs, strict=True):
         fault = worker.fault_injection(cm.rank, spec.run_id, index)
         with _logs(path.parent):
