@@ -84,7 +84,7 @@ def sweep(
     skipping = f", {len(skip)} skipped (prerequisites missing)" if skip else ""
     err.print(f"sweep {sc.name!r}: {len(m.runs)} runs ({len(p.done)} already done{kept}"
               f"{skipping}), {len(m.excluded)} excluded, launcher {launch.kind}, isolation "
-              f"{launch.isolation} -> {target}")  # fmt: skip
+              f"{launch.effective_isolation} -> {target}")  # fmt: skip
     with _progress(len(p.todo) - len(skip)) as tick:
         summary = sweep_mod.run_sweep(
             m, target, text, on_progress=tick, launch=launch, retry_failed=retry_failed,
@@ -117,11 +117,12 @@ def _launch_for(
     sc: scenario_mod.Scenario, launcher: str | None, m: Matrix, isolation: str | None = None
 ) -> Launch:
     """The launcher (``--launcher`` over the scenario's ``launcher:``) with its options, and
-    the isolation (``--isolation`` over ``isolation:``; Slurm runs are process-isolated)."""
+    the isolation (``--isolation`` over ``isolation:``; ``auto``: group here, process under
+    Slurm, where each run is a job of its own)."""
     from qbench.errors import UserError
     from qbench.launch import sweep as sweep_mod
 
-    kind = launcher or sc.launcher
+    kind, iso = launcher or sc.launcher, isolation or sc.isolation
     if kind == "local":
         multi = next((s for s in m.runs if s.nodes > 1), None)
         if multi is not None:
@@ -129,7 +130,13 @@ def _launch_for(
                 f"nodes: {multi.nodes} needs a multi-node launcher; use --launcher slurm "
                 "(or see docs/launchers.md for torchrun rendezvous and mpirun hostfiles)"
             )
-        return sweep_mod.Launch("local", isolation=isolation or sc.isolation)
+        return sweep_mod.Launch("local", isolation="process" if iso == "process" else "group")
+    if iso == "group":
+        raise UserError(
+            "isolation group runs rank groups with the local launcher; under Slurm every run "
+            "is a job (or array task) of its own: use --isolation auto or process with "
+            "--launcher slurm, or --launcher local"
+        )
     from qbench.launch.slurm.options import SlurmOptions
 
     return sweep_mod.Launch("slurm", SlurmOptions.parse(sc.slurm), isolation="process")
@@ -140,7 +147,7 @@ def _resolved(sc: scenario_mod.Scenario, launch: Launch) -> dict[str, object]:
     import dataclasses
 
     d = dataclasses.asdict(sc)
-    d["launcher"] = launch.kind
+    d["launcher"], d["isolation"] = launch.kind, launch.effective_isolation
     return d
 
 

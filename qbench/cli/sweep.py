@@ -19,9 +19,9 @@ import click
     help="How runs start [the scenario's `launcher:`, else local].",
 )  # fmt: skip
 @click.option(
-    "--isolation", type=click.Choice(["group", "process"]), default=None,
+    "--isolation", type=click.Choice(["auto", "group", "process"]), default=None,
     help="group: one launch per rank group runs its runs in turn; process: one launch per "
-    "run [the scenario's `isolation:`, else group].",
+    "run; auto: group here, process under Slurm [the scenario's `isolation:`, else auto].",
 )  # fmt: skip
 @click.option(
     "--retry-failed", is_flag=True,

@@ -43,6 +43,11 @@ class Launch:
         return self.isolation == "group" and self.kind == "local"
 
     @property
+    def effective_isolation(self) -> str:
+        """What the runs get: ``group`` or ``process`` (Slurm runs always the latter)."""
+        return "group" if self.grouped else "process"
+
+    @property
     def array(self) -> bool:
         return self.kind == "slurm" and bool(getattr(self.slurm, "array", False))
 
@@ -150,7 +155,7 @@ def _write_sweep_files(
     atomic_write_json(
         store.resolved_path(),
         {"scenario": resolved or {}, "launcher": launch.kind,
-         "runs": [s.to_dict() for s in matrix.runs]},
+         "isolation": launch.effective_isolation, "runs": [s.to_dict() for s in matrix.runs]},
     )  # fmt: skip
     atomic_write_json(store.machine_path(), runfiles.machine_doc(prov))
     atomic_write_json(
@@ -159,6 +164,7 @@ def _write_sweep_files(
             "runs": [s.run_id for s in matrix.runs],
             "excluded": [{"run": e.description, "reason": e.reason} for e in matrix.excluded],
             "launcher": launch.kind,
+            "isolation": launch.effective_isolation,
             "machine": prov.machine,
             "versions": prov.versions,
             "git_commit": prov.git_commit,

@@ -25,7 +25,7 @@ from qbench.spec.checks import FILTER_KEYS, LR_SCHEDULE_KEYS  # noqa: F401  # th
 
 BACKENDS = ("gloo", "mpi", "nccl")
 LAUNCHERS = ("local", "slurm")
-ISOLATIONS = ("group", "process")  # qbench.launch.group; one launch per run
+ISOLATIONS = ("auto", "group", "process")  # auto: group locally, process under Slurm
 DEVICES = ("auto", "cpu", "cuda")
 COMPUTE = ("fp32", "bf16", "fp16", "int8")  # qbench.run.precision.COMPUTE (no torch import here)
 NORMS = ("batchnorm", "range-evonorm")
@@ -116,10 +116,11 @@ class Scenario:
     """Price of one machine hour (any currency) for cost per epoch / to accuracy in reports."""
     launcher: str = "local"
     """How runs start: ``local`` (torchrun / mpirun here) or ``slurm``; ``--launcher`` overrides."""
-    isolation: str = "group"
+    isolation: str = "auto"
     """``group``: the runs of each rank group (same backend, world size, nodes, link, device)
-    run in turn in one launch, each exactly as if alone; ``process``: one launch per run
-    (Slurm runs always). ``--isolation`` overrides; not part of run ids."""
+    run in turn in one launch, each exactly as if alone (docs/isolation.md); ``process``: one
+    launch per run; ``auto``: group with the local launcher, process under Slurm (a job per
+    run). ``--isolation`` overrides; not part of run ids."""
     slurm: dict[str, Any] = field(default_factory=dict)
     """Slurm options (partition, time, account, mode, array, ...; see docs/launchers.md)."""
     timeout: float = 600.0
