@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from qbench.errors import UserError
+from qbench.errors import UserError, choice_error
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -45,6 +45,7 @@ def sweep(
     overrides: Mapping[str, Any] | None = None,
     retry_failed: bool = False,
     launcher: str | None = None,
+    isolation: str | None = None,
     progress: bool = True,
 ) -> Path:
     """Run every combination of ``scenario`` (a mapping as the YAML would be, or a path to a
@@ -52,8 +53,9 @@ def sweep(
 
     ``overrides`` replace top-level keys like ``qbench sweep --set`` (``{"seed": 0}``). Runs
     already complete in ``out`` are skipped, so calling it again resumes. A run that fails does
-    not raise: its row in :func:`load`'s summary says so (status, error). ``progress`` prints
-    one line per run to stderr.
+    not raise: its row in :func:`load`'s summary says so (status, error). ``isolation``
+    (``auto``, ``group``, ``process``) overrides the scenario's, as ``--isolation`` does.
+    ``progress`` prints one line per run to stderr.
     """
     from qbench.cli import console
     from qbench.launch import local
@@ -68,7 +70,9 @@ def sweep(
     sc = scenario_mod.loads(text, source)
     m = matrix_mod.expand(sc)
     target = Path(out) if out is not None else Path("results") / sc.name
-    launch = console.launch_for(sc, launcher, m)
+    if isolation is not None and isolation not in scenario_mod.ISOLATIONS:
+        raise choice_error("isolation", isolation, scenario_mod.ISOLATIONS)
+    launch = console.launch_for(sc, launcher, m, isolation)
     if console.factories(m):
         from qbench.run import workload
 

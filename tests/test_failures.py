@@ -58,12 +58,17 @@ timeout: 120
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["exit", "raise"])
-def test_dead_rank_fails_fast_and_is_named(mode: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("mode", "isolation"), [("exit", "group"), ("raise", "group"), ("exit", "process")]
+)
+def test_dead_rank_fails_fast_and_is_named(mode: str, isolation: str, tmp_path: Path) -> None:
+    """Process isolation names the rank from torchrun's and mpirun's reports; a gloo rank
+    group from the exit the driver saw itself, an MPI one from mpirun's report."""
     (tmp_path / "s.yaml").write_text(SCENARIO)
     env = {**os.environ, "QBENCH_FAULT": f"1:3:{mode}"}
     t0 = time.monotonic()
-    argv = ["sweep", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "r")]
+    argv = ["sweep", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "r"), "--isolation",
+            isolation]  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-m", "qbench.cli", *argv], capture_output=True, text=True, env=env,
         timeout=300,

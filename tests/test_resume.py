@@ -51,10 +51,11 @@ def _sweep(scenario: Path, out: Path, *extra: str) -> subprocess.CompletedProces
     return subprocess.run(_argv(scenario, out, *extra), capture_output=True, text=True, timeout=300)
 
 
-def _start(scenario: Path, out: Path) -> subprocess.Popen[str]:
+def _start(scenario: Path, out: Path, *extra: str, env: dict[str, str] | None = None):
     return subprocess.Popen(
-        _argv(scenario, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+        _argv(scenario, out, *extra), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, **(env or {})},
+    )  # fmt: skip
 
 
 def _records(out: Path) -> dict[str, dict]:
@@ -185,7 +186,9 @@ def _assert_same_as_reference(out: Path, ref: dict[str, pd.DataFrame]) -> None:
     recs = _records(out)
     assert sorted(recs) == sorted(ref), "not the same set of run ids"
     assert {r["status"] for r in recs.values()} == {"ok"}, {k: r["status"] for k, r in recs.items()}
-    run_dirs = sorted(p.name for p in out.iterdir() if p.is_dir() and p.name != "report")
+    run_dirs = sorted(
+        p.name for p in out.iterdir() if p.is_dir() and p.name not in ("report", ".groups")
+    )
     assert run_dirs == sorted(ref), "one run directory per run id, nothing else"
     sweep = json.loads((out / "sweep.json").read_text())
     assert sorted(sweep["runs"]) == sorted(ref)
@@ -247,32 +250,36 @@ def test_driver_killed_between_runs_resumes(reference, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_driver_killed_during_a_run_resumes(reference, tmp_path: Path) -> None:
+@pytest.mark.parametrize("isolation", ["group", "process"])
+def test_driver_killed_during_a_run_resumes(reference, isolation: str, tmp_path: Path) -> None:
+    """The last run hangs (rank 0 at its second iteration, QBENCH_FAULT) so that the driver is
+    surely killed while that run's two ranks are up; the resumed sweep (no fault) redoes it."""
     scenario, ref = reference
     out = tmp_path / "out"
-    driver = _start(scenario, out)
+    (last,) = [k for k in ref if "-w2-" in k and "qsgd" in k]  # matrix order: w1, then w2
+    driver = _start(scenario, out, "--isolation", isolation,
+                    env={"QBENCH_FAULT": f"0:1:hang@{last}"})  # fmt: skip
 
     def last_run_training() -> bool:
         statuses = _statuses(out)
         running = [k for k, s in statuses.items() if s == "running"]
+        # a rank's command line names its run's spec.json, or in group mode the w2 group's plan
         return (
             list(statuses.values()).count("ok") == RUNS - 1
-            and len(running) == 1
-            and len({p for p, c in _workers(driver).items() if running[0] in c}) == 2
+            and running == [last]
+            and len({p for p, c in _workers(driver).items() if "-w2-" in c}) == 2
         )
 
     try:
         _wait("the last run's two ranks", last_run_training, driver)
-        (interrupted,) = [k for k, s in _statuses(out).items() if s == "running"]
-        # Ranks take seconds to start (torch import, rendezvous): they have written nothing yet.
-        early = not list((out / interrupted / "parts").glob("rank-*.parquet"))
+        time.sleep(0.5)  # rank 1 may still be writing its host file
     finally:
         _kill(driver)
-    assert _statuses(out)[interrupted] == "running"
+    assert _statuses(out)[last] == "running"
     _assert_nothing_left(tmp_path)  # the ranks died with the driver: nothing writes any more
-    if early:  # orphaned ranks would have finished the run and left parts for the next attempt
-        assert not list((out / interrupted / "parts").glob("rank-*.parquet"))
-    assert not (out / interrupted / "iterations.parquet").exists()
+    # A hung rank writes no rows; orphaned ranks would have left parts for the next attempt.
+    assert not list((out / last / "parts").glob("rank-*.parquet"))
+    assert not (out / last / "iterations.parquet").exists()
 
     proc = _sweep(scenario, out)
     assert proc.returncode == 0, proc.stderr[-3000:]

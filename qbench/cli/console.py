@@ -37,7 +37,7 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 def sweep(
     text: str, source: str, out_dir: Path | None, dry_run: bool, *,
     launcher: str | None = None, retry_failed: bool = False, skip_unavailable: bool = False,
-    check: bool = False,
+    check: bool = False, isolation: str | None = None,
 ) -> None:  # fmt: skip
     sc = scenario_mod.loads(text, source)
     target = out_dir or Path("results") / sc.name
@@ -56,7 +56,7 @@ def sweep(
         raise
     from qbench.launch import sweep as sweep_mod
 
-    launch = _launch_for(sc, launcher, m)
+    launch = _launch_for(sc, launcher, m, isolation)
     if dry_run:
         verdicts = preflight.check(m.runs, launcher=launch.kind)
         _print_matrix(m, target, verdicts)
@@ -83,8 +83,8 @@ def sweep(
     )
     skipping = f", {len(skip)} skipped (prerequisites missing)" if skip else ""
     err.print(f"sweep {sc.name!r}: {len(m.runs)} runs ({len(p.done)} already done{kept}"
-              f"{skipping}), {len(m.excluded)} excluded, launcher {launch.kind} "
-              f"-> {target}")  # fmt: skip
+              f"{skipping}), {len(m.excluded)} excluded, launcher {launch.kind}, isolation "
+              f"{launch.effective_isolation} -> {target}")  # fmt: skip
     with _progress(len(p.todo) - len(skip)) as tick:
         summary = sweep_mod.run_sweep(
             m, target, text, on_progress=tick, launch=launch, retry_failed=retry_failed,
@@ -113,12 +113,16 @@ def factories(m: Matrix) -> bool:
     return any(r.workload or r.data or "factory" in r.loss for r in m.runs)
 
 
-def _launch_for(sc: scenario_mod.Scenario, launcher: str | None, m: Matrix) -> Launch:
-    """The launcher (``--launcher`` over the scenario's ``launcher:``) with its options."""
+def _launch_for(
+    sc: scenario_mod.Scenario, launcher: str | None, m: Matrix, isolation: str | None = None
+) -> Launch:
+    """The launcher (``--launcher`` over the scenario's ``launcher:``) with its options, and
+    the isolation (``--isolation`` over ``isolation:``; ``auto``: group here, process under
+    Slurm, where each run is a job of its own)."""
     from qbench.errors import UserError
     from qbench.launch import sweep as sweep_mod
 
-    kind = launcher or sc.launcher
+    kind, iso = launcher or sc.launcher, isolation or sc.isolation
     if kind == "local":
         multi = next((s for s in m.runs if s.nodes > 1), None)
         if multi is not None:
@@ -126,10 +130,16 @@ def _launch_for(sc: scenario_mod.Scenario, launcher: str | None, m: Matrix) -> L
                 f"nodes: {multi.nodes} needs a multi-node launcher; use --launcher slurm "
                 "(or see docs/launchers.md for torchrun rendezvous and mpirun hostfiles)"
             )
-        return sweep_mod.Launch("local")
+        return sweep_mod.Launch("local", isolation="process" if iso == "process" else "group")
+    if iso == "group":
+        raise UserError(
+            "isolation group runs rank groups with the local launcher; under Slurm every run "
+            "is a job (or array task) of its own: use --isolation auto or process with "
+            "--launcher slurm, or --launcher local"
+        )
     from qbench.launch.slurm.options import SlurmOptions
 
-    return sweep_mod.Launch("slurm", SlurmOptions.parse(sc.slurm))
+    return sweep_mod.Launch("slurm", SlurmOptions.parse(sc.slurm), isolation="process")
 
 
 def _resolved(sc: scenario_mod.Scenario, launch: Launch) -> dict[str, object]:
@@ -137,7 +147,7 @@ def _resolved(sc: scenario_mod.Scenario, launch: Launch) -> dict[str, object]:
     import dataclasses
 
     d = dataclasses.asdict(sc)
-    d["launcher"] = launch.kind
+    d["launcher"], d["isolation"] = launch.kind, launch.effective_isolation
     return d
 
 

@@ -19,6 +19,11 @@ import click
     help="How runs start [the scenario's `launcher:`, else local].",
 )  # fmt: skip
 @click.option(
+    "--isolation", type=click.Choice(["auto", "group", "process"]), default=None,
+    help="group: one launch per rank group runs its runs in turn; process: one launch per "
+    "run; auto: group here, process under Slurm [the scenario's `isolation:`, else auto].",
+)  # fmt: skip
+@click.option(
     "--retry-failed", is_flag=True,
     help="Also redo runs that failed or timed out in an earlier sweep (by default they are "
     "kept; interrupted runs are always redone).",
@@ -49,8 +54,8 @@ import click
 )  # fmt: skip
 def sweep(
     scenario: str | None, out: str | None, dry_run: bool, launcher: str | None,
-    retry_failed: bool, skip_unavailable: bool, check: bool, quick: bool, sets: tuple[str, ...],
-    profile: bool,
+    isolation: str | None, retry_failed: bool, skip_unavailable: bool, check: bool, quick: bool,
+    sets: tuple[str, ...], profile: bool,
 ) -> None:  # fmt: skip
     """Run every combination of SCENARIO's axes (default: the embedded smoke scenario).
 
@@ -68,6 +73,7 @@ def sweep(
     console.sweep(
         text, source, Path(out) if out else None, dry_run, launcher=launcher,
         retry_failed=retry_failed, skip_unavailable=skip_unavailable, check=check,
+        isolation=isolation,
     )  # fmt: skip
 
 

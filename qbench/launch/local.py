@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -41,6 +42,28 @@ def argv_for(backend: str, spec_path: Path, world_size: int) -> list[str]:
     if backend == "mpi":
         return mpirun_argv(spec_path, world_size, find_mpirun())
     return torchrun_argv(spec_path, world_size)
+
+
+def direct_rank_env(
+    base: Mapping[str, str], rank: int, world_size: int, port: int
+) -> dict[str, str]:
+    """What torchrun gives rank ``rank`` of ``world_size`` on this host (the env:// rendezvous
+    at rank 0's store on ``port``), for ranks the driver starts itself: a warm rank group
+    (``qbench.launch.group``) then costs no torchrun interpreter and no c10d rendezvous."""
+    env = dict(base)
+    env.update({
+        "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    })  # fmt: skip
+    return env
+
+
+def free_port() -> int:
+    """A TCP port free now (the kernel's pick), for a rendezvous that starts right after."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
 
 
 def worker_env(base: Mapping[str, str] | None = None) -> dict[str, str]:

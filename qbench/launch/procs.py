@@ -106,6 +106,23 @@ def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float) -> tuple[str,
         time.sleep(POLL_S)
 
 
+def exit_clock(procs: list[subprocess.Popen[bytes]]) -> dict[int, float]:
+    """Index -> when (monotonic) each process ended, filled in by a thread that waits on it.
+
+    Polling sees a crashed rank and the peer it took down as ended together; their exit times
+    tell which went first. Read ``returncode`` of the processes in the dict, and never reap
+    them another way (``poll``) before they are in it, or their times come late."""
+    ended: dict[int, float] = {}
+
+    def wait(i: int, p: subprocess.Popen[bytes]) -> None:
+        p.wait()
+        ended[i] = time.monotonic()
+
+    for i, p in enumerate(procs):
+        threading.Thread(target=wait, args=(i, p), daemon=True).start()
+    return ended
+
+
 def kill_group(procs: list[subprocess.Popen[bytes]]) -> None:
     """SIGTERM first: torchrun starts its workers in sessions of their own, out of our group's
     reach, and only tears them down itself when it can handle a signal (mpirun likewise); then

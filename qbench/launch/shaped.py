@@ -15,7 +15,8 @@ and collectives chosen as across nodes (no han / coll sm, which assume one share
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from qbench.errors import UserError
@@ -106,6 +107,17 @@ def run_program(
     prefix: str = "qb",
 ) -> tuple[str, int | None]:
     """Run ``program`` on ``world_size`` ranks over links of the given rate; wait for all."""
+    with shaped_jobs(backend, world_size, bandwidth_bits_per_s, program, prefix) as jobs:
+        return procs.run_jobs(jobs, run_dir, timeout)
+
+
+@contextmanager
+def shaped_jobs(
+    backend: str, world_size: int, bandwidth_bits_per_s: float, program: list[str],
+    prefix: str = "qb",
+) -> Iterator[list[procs.Job]]:  # fmt: skip
+    """The jobs that run ``program`` on ``world_size`` ranks over links of the given rate,
+    valid while the block runs (the namespaces are removed when it ends)."""
     why = unsupported(backend)
     if why:
         raise UserError(why)
@@ -118,5 +130,4 @@ def run_program(
             jobs = [(gloo_rank_argv(net, r, program), gloo_rank_env(net, r, base))
                     for r in range(world_size)]  # fmt: skip
         # `ip` (and mpirun) by absolute path: sbin may be missing from PATH
-        jobs = [([netns.tool(argv[0]), *argv[1:]], env) for argv, env in jobs]
-        return procs.run_jobs(jobs, run_dir, timeout)
+        yield [([netns.tool(argv[0]), *argv[1:]], env) for argv, env in jobs]

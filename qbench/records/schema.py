@@ -112,6 +112,12 @@ class RunRecord:
     machine: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, Any] = field(default_factory=dict)
     git_commit: str | None = None
+    isolation: str | None = None
+    """How the run's processes started: ``process`` (a launch of its own) or ``group`` (one
+    of the configurations a warm rank group ran in one launch); None in older files."""
+    group: dict[str, Any] | None = None
+    """Group mode: ``launch`` (its directory under ``.groups/``), ``position`` in that launch,
+    ``index`` and ``size`` in the rank group."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

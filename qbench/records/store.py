@@ -7,6 +7,8 @@ A results directory::
                  iterations.parquet [epochs telemetry buckets].parquet
                  profile/rank-<rank>.pt.trace.json (profile: true)
                  parts/<kind>-<rank>.parquet host-<rank>.json model.json epochs.parquet
+                       done.json (group mode: rank 0, when every rank finished the run)
+    DIR/.groups/<launch>/plan.json stdout.log stderr.log (group mode: one per launch)
     DIR/report/summary.{csv,md} accuracy.csv compare.{csv,md} index.{md,html} figures
 
 Launchers add files of their own to a run directory (the Slurm launcher's job script and
@@ -35,6 +37,8 @@ MACHINE_JSON = "machine.json"  # the driver's machine; in a run dir, with the ra
 SWEEP_JSON = "sweep.json"
 LOCK_FILE = ".qbench.lock"  # one sweep at a time (qbench.records.lock)
 SLURM_DIR = ".slurm"  # Slurm job arrays' scripts and logs
+GROUPS_DIR = ".groups"  # warm rank groups: each launch's plan and its launcher's logs
+GROUP_PLAN = "plan.json"  # the configurations one launch of a rank group runs, in order
 # -- a run directory
 RUN_JSON = "run.json"
 ITERATIONS = "iterations.parquet"
@@ -136,6 +140,17 @@ def model_part(parts: Path) -> Path:
     return parts / "model.json"
 
 
+def done_marker(parts: Path) -> Path:
+    """Group mode: rank 0 writes it once every rank has finished the run and written its
+    parts; the driver then finalizes the run while the group goes on with the next one."""
+    return parts / "done.json"
+
+
+def is_group_plan(path: Path) -> bool:
+    """Whether a worker was started with a group plan (else with one run's spec.json)."""
+    return Path(path).name == GROUP_PLAN
+
+
 def host_parts(parts: Path) -> list[Path]:
     return sorted(parts.glob("host-*.json"), key=lambda p: int(p.stem.rpartition("-")[2]))
 
@@ -169,6 +184,16 @@ class ResultStore:
 
     def slurm_dir(self) -> Path:
         return self.root / SLURM_DIR
+
+    def group_dir(self, launch: str) -> Path:
+        """One launch of a rank group: its plan and the launcher's own logs."""
+        return self.root / GROUPS_DIR / launch
+
+    def group_plan(self, launch: str) -> Path:
+        return self.group_dir(launch) / GROUP_PLAN
+
+    def stdout_path(self, run_id: str) -> Path:
+        return self.run_dir(run_id) / STDOUT_LOG
 
     def machine_path(self, run_id: str | None = None) -> Path:
         """The sweep's machine.json, or with ``run_id`` that run's."""

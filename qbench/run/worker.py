@@ -1,4 +1,5 @@
-"""Per-rank entry point: ``python -m qbench.run.worker RUN_DIR/spec.json`` (torchrun or mpirun).
+"""Per-rank entry point: ``python -m qbench.run.worker RUN_DIR/spec.json`` (torchrun or mpirun),
+or ``... OUT/.groups/<launch>/plan.json`` for a warm rank group (``qbench.run.group``).
 
 Builds the parts, runs warm-up then measured iterations, and writes this rank's rows to
 ``RUN_DIR/parts/rank-<r>.parquet`` (also the rows done so far when it fails). The timed loop holds
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +30,7 @@ from qbench.records.store import (
     atomic_write_parquet,
     epochs_part,
     host_part,
+    is_group_plan,
     model_part,
     parts_beside,
     rank_part,
@@ -185,12 +188,16 @@ class Run(Training):
         return out
 
 
-def _fault_injection(rank: int) -> tuple[int, str] | None:
-    """QBENCH_FAULT=RANK:ITERATION[:raise] makes that rank die abruptly (or raise) at that
-    iteration, to test that a failed rank fails the run, naming the rank, instead of hanging
-    the others. Testing only."""
+def fault_injection(rank: int, run_id: str, index: int | None = None) -> tuple[int, str] | None:
+    """QBENCH_FAULT=RANK:ITERATION[:MODE][@RUN] makes that rank die abruptly (MODE ``exit``, the
+    default), raise (``raise``) or hang (``hang``) at that iteration, to test that a failed or
+    hung rank fails its run, naming the rank, instead of hanging the others. ``@RUN`` limits it
+    to one run: its run id, or in group mode its index in the rank group. Testing only."""
     fault = os.environ.get("QBENCH_FAULT")
     if not fault:
+        return None
+    fault, _, target = fault.partition("@")
+    if target and target not in (run_id, str(index)):
         return None
     parts = fault.split(":")
     if int(parts[0]) != rank:
@@ -198,51 +205,77 @@ def _fault_injection(rank: int) -> tuple[int, str] | None:
     return int(parts[1]), (parts[2] if len(parts) > 2 else "exit")
 
 
+def _inject(fault: tuple[int, str], it: int) -> None:
+    if fault[1] == "raise":
+        raise RuntimeError(f"injected fault at iteration {it} (QBENCH_FAULT)")
+    if fault[1] == "hang":
+        while True:  # a rank stuck for good: only the run's timeout ends it
+            time.sleep(3600)
+    os._exit(3)  # simulate a crashed rank: no clean-up, no message, no records
+
+
+def connect(spec: RunSpec, timeout_s: float) -> comm.Comm:
+    """Join the rank group's communicator, one thread per CPU rank."""
+    if spec.backend != "nccl":
+        torch.set_num_threads(1)  # one thread per CPU rank
+    return comm.connect(spec.backend, timeout_s=timeout_s)
+
+
 def main(argv: list[str] | None = None) -> int:
     apply_worker_env()  # a rank started by srun: torch env:// variables from SLURM_* (else no-op)
     args = sys.argv[1:] if argv is None else argv
+    if is_group_plan(Path(args[0])):  # a warm rank group: many runs, one launch
+        from qbench.run import group
+
+        return group.main(Path(args[0]))
     spec_path = Path(args[0])
     spec = RunSpec.from_dict(json.loads(spec_path.read_text()))
-    if spec.backend != "nccl":
-        torch.set_num_threads(1)  # one thread per CPU rank
-    cm = comm.connect(spec.backend, timeout_s=spec.timeout)
+    cm = connect(spec, spec.timeout)
+    ok = run_config(spec, spec_path, cm, fault_injection(cm.rank, spec.run_id))
+    if not ok:
+        cm.abort(1)  # peers may be blocked in a collective: end the whole job now
+    cm.close()
+    return 0 if ok else 1
+
+
+def run_config(
+    spec: RunSpec, spec_path: Path, cm: comm.Comm, fault: tuple[int, str] | None = None
+) -> bool:
+    """One run on this rank: build, warm up, measure, write this rank's parts (also the rows
+    done so far when it fails). False when it failed, after printing the tagged line the driver
+    quotes; the caller then ends the job so that no peer waits for this rank."""
     parts = parts_beside(spec_path)
     _write_host(parts, cm.rank, spec)
     if cm.rank == 0:
         _write_model(parts, spec)
     run: Training | None = None
     tracer: profile.Tracer | None = None
-    failed = False
     try:
         if catalog.SCHEMES[spec.scheme].kind == "asynchronous":  # server + workers (seed 003)
             run = Training(spec, cm, shard=async_ps.shard(cm.rank, cm.world_size))
             async_ps.run(async_parts(run))
             cm.barrier()
-            return 0
+            return True
         run = _training(spec, cm)
         timer = PhaseTimer(run.device)
         trace = trace_path(parts, cm.rank) if spec.profile else None
         tracer = profile.Tracer(trace, spec.warmup, run.total_iterations - spec.warmup,
                                 run.device, cm)  # fmt: skip
-        fault = _fault_injection(cm.rank)
         for it in range(run.total_iterations):
             if fault is not None and it == fault[0]:
-                if fault[1] == "raise":
-                    raise RuntimeError(f"injected fault at iteration {it} (QBENCH_FAULT)")
-                os._exit(3)  # simulate a crashed rank: no clean-up, no message, no records
+                _inject(fault, it)
             run.before(it)
             run.iteration(it, timer)
             tracer.step()
             run.after(it)
         cm.barrier()
-        return 0
+        return True
     except Exception as e:
-        failed = True
         traceback.print_exc()
         # One tagged line the sweep driver quotes in run.json (see sweep._error_line).
         line = f"{FAILED_TAG} {cm.rank} failed: {type(e).__name__}: {e}"
         print(line, file=sys.stderr, flush=True)
-        return 1
+        return False
     finally:
         if tracer is not None:
             tracer.close()
@@ -250,9 +283,6 @@ def main(argv: list[str] | None = None) -> int:
             run.close()
         if run is not None and run.rows:
             _write_parts(parts, cm.rank, run)
-        if failed:
-            cm.abort(1)  # peers may be blocked in a collective: end the whole job now
-        cm.close()
 
 
 def async_parts(t: Training) -> async_ps.AsyncParts:

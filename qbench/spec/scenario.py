@@ -25,6 +25,7 @@ from qbench.spec.checks import FILTER_KEYS, LR_SCHEDULE_KEYS  # noqa: F401  # th
 
 BACKENDS = ("gloo", "mpi", "nccl")
 LAUNCHERS = ("local", "slurm")
+ISOLATIONS = ("auto", "group", "process")  # auto: group locally, process under Slurm
 DEVICES = ("auto", "cpu", "cuda")
 # qbench.run.precision.COMPUTE and NORMS (no torch import here)
 COMPUTE = ("fp32", "bf16", "fp16", "int8", "int8-asym")
@@ -123,6 +124,11 @@ class Scenario:
     """Price of one machine hour (any currency) for cost per epoch / to accuracy in reports."""
     launcher: str = "local"
     """How runs start: ``local`` (torchrun / mpirun here) or ``slurm``; ``--launcher`` overrides."""
+    isolation: str = "auto"
+    """``group``: the runs of each rank group (same backend, world size, nodes, link, device)
+    run in turn in one launch, each exactly as if alone (docs/isolation.md); ``process``: one
+    launch per run; ``auto``: group with the local launcher, process under Slurm (a job per
+    run). ``--isolation`` overrides; not part of run ids."""
     slurm: dict[str, Any] = field(default_factory=dict)
     """Slurm options (partition, time, account, mode, array, ...; see docs/launchers.md)."""
     timeout: float = 600.0
@@ -164,6 +170,7 @@ class Scenario:
                 "price_per_hour", self.price_per_hour, 0.0, 1e6, example="price_per_hour: 32.77"
             )
         checks.check_choices("launcher", (self.launcher,), LAUNCHERS)
+        checks.check_choices("isolation", (self.isolation,), ISOLATIONS)
         for key, entries in (("include", self.include), ("exclude", self.exclude)):
             for entry in entries:
                 checks.check_filter(key, entry)
@@ -212,6 +219,7 @@ _SCALARS = {
     "repeats": int,
     "price_per_hour": float,
     "launcher": str,
+    "isolation": str,
     "warmup": int,
     "iterations": int,
     "epochs": int,

@@ -17,7 +17,6 @@ submits them and follows them to the end.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from qbench.errors import UserError
 from qbench.launch import local, procs
+from qbench.launch.local import free_port
 from qbench.launch.slurm.argv import (
     EXIT_CODE,
     SCRIPT,
@@ -79,12 +79,6 @@ def run_array(
     if work_dir is None:
         work_dir = Path(os.path.commonpath([str(i.run_dir.parent) for i in its])) / SLURM_DIR
     return _run_batches(its, timeout, options, array=True, work_dir=Path(work_dir).absolute())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
 
 
 def _run_step(

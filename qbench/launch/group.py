@@ -1,0 +1,227 @@
+"""Warm rank groups, the driver's side: one launch of a rank group runs many runs in turn.
+
+Starting a run costs seconds that measure nothing: processes, importing torch, the rendezvous,
+and on GPUs the CUDA context and NCCL communicators. Runs that start their ranks the same way
+(same backend, world size, nodes, emulated link and device: :func:`key`) therefore form a rank
+group, in matrix order, and one launch of the group (torchrun, mpirun or the shaped launcher,
+with ``plan.json`` instead of one spec.json) runs them one after the other
+(``qbench.run.group`` is the ranks' side). Each run still gets a fresh model, optimizer,
+compressor and data stream, its own warm-up, logs, parts and run.json, exactly as if launched
+alone; run.json says ``isolation: group`` and where in the group it ran.
+
+The driver watches each run's done marker (``qbench.records.store.done_marker``, rank 0's) to
+finish its records, report progress and start the next run's clock. Nothing is blurred:
+
+* a run's ``timeout`` counts from the end of the one before it (or from the launch); past it
+  the group is killed, the run marked ``timeout``, and the group launched again for the rest;
+* a rank that fails ends the launch (the worker aborts, as a single run does); that run is
+  marked ``failed`` with the rank and its exception, and the group is launched again for the
+  runs after it;
+* Ctrl-C / SIGTERM marks the unfinished runs ``interrupted``; a SIGKILLed driver leaves them
+  ``running``, and the resumed sweep redoes exactly those (the ranks die with the driver).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from qbench.launch import local, procs, runfiles, shaped
+from qbench.launch.runfiles import Provenance
+from qbench.records.schema import RunRecord
+from qbench.records.store import (
+    STDERR_LOG,
+    STDOUT_LOG,
+    ResultStore,
+    atomic_write_json,
+    done_marker,
+)
+from qbench.spec import network
+from qbench.spec.matrix import RunSpec
+
+POLL_S = 0.05
+Progress = Callable[[RunSpec, RunRecord | None], None] | None
+
+
+def key(spec: RunSpec) -> tuple[Any, ...]:
+    """Runs with the same key start their ranks the same way: one launch can run them all."""
+    return (spec.backend, spec.world_size, spec.nodes, network.label(spec.network),
+            spec.device_kind)  # fmt: skip
+
+
+def groups(specs: list[RunSpec]) -> list[list[RunSpec]]:
+    """The runs by rank group, groups in the order of their first run, runs in matrix order."""
+    found: dict[tuple[Any, ...], list[RunSpec]] = {}
+    for spec in specs:
+        found.setdefault(key(spec), []).append(spec)
+    return list(found.values())
+
+
+def run_groups(
+    specs: list[RunSpec], store: ResultStore, prov: Provenance, summary: Any, on_progress: Progress
+) -> None:
+    """Every run of ``specs``, one rank group after the other (``summary``: a SweepSummary)."""
+    for members in groups(specs):
+        Group(members, store, prov, summary, on_progress).run()
+
+
+@dataclass
+class _Outcome:
+    """How a launch ended: ``done`` runs finished; the next one, if any, ended as ``status``
+    (``rank``: the rank that failed first, where each rank is a process of the launch)."""
+
+    done: int
+    status: str = "ok"
+    code: int | None = 0
+    elapsed: float = 0.0
+    rank: int | None = None
+
+
+class Group:
+    """One rank group: launched once, and again for the runs after one that failed."""
+
+    def __init__(
+        self, members: list[RunSpec], store: ResultStore, prov: Provenance, summary: Any,
+        on_progress: Progress,
+    ) -> None:  # fmt: skip
+        self.members, self.store, self.prov = members, store, prov
+        self.summary, self.on_progress = summary, on_progress
+        self.index = {s.run_id: i for i, s in enumerate(members)}
+
+    def run(self) -> None:
+        pending = self.members
+        while pending:
+            pending = self._launch(pending)
+
+    def _launch(self, pending: list[RunSpec]) -> list[RunSpec]:
+        """Launch the group for ``pending``; the runs still to do after this launch."""
+        name = pending[0].run_id
+        records = [self._start(s, name, k) for k, s in enumerate(pending)]
+        plan = self.store.group_plan(name)
+        atomic_write_json(plan, {"configs": [
+            {"spec": str(self.store.spec_path(s.run_id)), "index": self.index[s.run_id],
+             "run_id": s.run_id} for s in pending
+        ]})  # fmt: skip
+        live = list(records)  # what Ctrl-C marks interrupted: the runs not finished yet
+        with runfiles.interrupt_marks(self.store, live):
+            gdir = self.store.group_dir(name)
+            with _jobs(pending[0], plan) as jobs, _logs(gdir) as (out, err):
+                ranks: list[Any] = []
+                try:
+                    procs.start(jobs, ranks, out, err)
+                    per_rank = len(ranks) == pending[0].world_size  # else one launcher process
+                    outcome = self._watch(pending, records, live, ranks, per_rank)
+                finally:
+                    procs.kill_group(ranks)
+            if outcome.done < len(pending):
+                spec, record = pending[outcome.done], records[outcome.done]
+                _attach_launcher_log(self.store, spec, gdir / STDERR_LOG)
+                dead = None if outcome.rank is None else (outcome.rank, outcome.code)
+                self._finish(spec, record, outcome.status, outcome.code, outcome.elapsed, dead)
+                live.remove(record)
+        return pending[outcome.done + 1 :]
+
+    def _start(self, spec: RunSpec, launch: str, position: int) -> RunRecord:
+        where = {"launch": launch, "position": position, "index": self.index[spec.run_id],
+                 "size": len(self.members)}  # fmt: skip
+        return runfiles.start_record(spec, self.store, self.prov, isolation="group", group=where)
+
+    def _watch(
+        self, pending: list[RunSpec], records: list[RunRecord], live: list[RunRecord],
+        ranks: list[Any], per_rank: bool,
+    ) -> _Outcome:  # fmt: skip
+        """Finish each run as its done marker appears; stop at the first failure or timeout."""
+        done, t0 = 0, time.monotonic()
+        ended = procs.exit_clock(ranks)
+        self._begin(pending[0], records[0])
+        while True:
+            while done < len(pending) and done_marker(self._parts(pending[done])).exists():
+                self._finish(pending[done], records[done], "ok", 0, time.monotonic() - t0)
+                live.remove(records[done])
+                done, t0 = done + 1, time.monotonic()
+                if done < len(pending):
+                    self._begin(pending[done], records[done])
+            if done == len(pending):  # every record is on disk: the ranks are stopped now
+                return _Outcome(done)  # (tearing down torch and gloo takes seconds)
+            failed = _first_failed(ranks, ended)
+            if failed is None and len(ended) < len(ranks):
+                if time.monotonic() - t0 > pending[done].timeout:
+                    return _Outcome(done, "timeout", None, time.monotonic() - t0)
+                time.sleep(POLL_S)
+                continue
+            if done_marker(self._parts(pending[done])).exists():
+                continue  # it finished just before the next run failed: take it first
+            time.sleep(POLL_S)  # the peers it takes down end too: their exit times come in
+            failed = _first_failed(ranks, ended)
+            code = ranks[failed].returncode if failed is not None else 0
+            rank = failed if per_rank else None
+            return _Outcome(done, "failed", code, time.monotonic() - t0, rank)
+
+    def _parts(self, spec: RunSpec) -> Path:
+        return self.store.parts_dir(spec.run_id)
+
+    def _begin(self, spec: RunSpec, record: RunRecord) -> None:
+        record.started = runfiles.now()
+        if self.on_progress:
+            self.on_progress(spec, None)
+
+    def _finish(
+        self, spec: RunSpec, record: RunRecord, status: str, code: int | None, elapsed: float,
+        dead: tuple[int, int | None] | None = None,
+    ) -> None:  # fmt: skip
+        record = runfiles.finish(spec, self.store, record, status, code, elapsed, dead)
+        self.summary.statuses[spec.run_id] = record.status
+        if self.on_progress:
+            self.on_progress(spec, record)
+
+
+@contextmanager
+def _jobs(spec: RunSpec, plan: Path) -> Iterator[list[procs.Job]]:
+    """The group's launch, every rank given the plan: mpirun for mpi; for the
+    torch.distributed backends one process per rank started here (``local.direct_rank_env``,
+    no torchrun interpreter and rendezvous to pay for); behind emulated links one process per
+    rank in its namespace (which lives as long as the block), or mpirun in the hub's."""
+    program = [sys.executable, *local.WORKER, str(plan)]
+    if spec.network:
+        rate = network.bits_per_s(spec.network["bandwidth"])
+        with shaped.shaped_jobs(spec.backend, spec.world_size, rate, program) as jobs:
+            yield jobs
+        return
+    if spec.backend == "mpi":
+        yield [(local.argv_for(spec.backend, plan, spec.world_size), local.worker_env())]
+        return
+    port, base = local.free_port(), local.worker_env()
+    yield [(program, local.direct_rank_env(base, r, spec.world_size, port))
+           for r in range(spec.world_size)]  # fmt: skip
+
+
+@contextmanager
+def _logs(gdir: Path) -> Iterator[tuple[IO[bytes], IO[bytes]]]:
+    """The launcher's own output (torchrun's and mpirun's reports); each rank writes its runs'
+    output into their run directories."""
+    gdir.mkdir(parents=True, exist_ok=True)
+    with open(gdir / STDOUT_LOG, "wb") as out, open(gdir / STDERR_LOG, "wb") as err:
+        yield out, err
+
+
+def _attach_launcher_log(store: ResultStore, spec: RunSpec, launcher_log: Path) -> None:
+    """The launcher's report (which rank died, its exit code) appended to the failed run's
+    stderr.log, where the run's error line and stderr tail are read from, as for a run
+    launched alone."""
+    try:
+        text = launcher_log.read_bytes()
+    except OSError:
+        return
+    with open(store.stderr_path(spec.run_id), "ab") as f:
+        f.write(b"\n--- the rank group's launcher ---\n" + text)
+
+
+def _first_failed(ranks: list[Any], ended: dict[int, float]) -> int | None:
+    """The process that ended first with a non-zero code (None: none has)."""
+    bad = [i for i in ended if ranks[i].returncode != 0]
+    return min(bad, key=lambda i: ended[i]) if bad else None
