@@ -168,8 +168,23 @@ def test_sparse_codec_keeps_top_values_and_feeds_back_the_rest() -> None:
         assert int((out[:100] != 0).sum()) <= 10 and int((out[100:] != 0).sum()) <= 1
         total_in += g
         total_out += out
-    residual = torch.cat([worker.topk.state["g0"], worker.topk.state["g1"]])  # type: ignore[union-attr]
+    residual = torch.cat([worker.topk.state["g0.0"], worker.topk.state["g1.0"]])  # type: ignore[union-attr]
     torch.testing.assert_close(total_out + residual, total_in, rtol=0, atol=1e-4)
+
+
+def test_sparse_codec_keeps_the_top_of_every_tensor_of_a_group() -> None:
+    # One group of two tensors, 1000 large values and 50 tiny ones: one top-k over the group
+    # would send none of the tiny tensor; per tensor, each keeps ceil(0.02 n): 20 and 1.
+    groups = [(slice(0, 1050), from_spec({"name": "none"}), (1000, 50))]
+    g = torch.cat([torch.full((1000,), 1.0), torch.full((50,), 1e-3)])
+    g[1000 + 7] = 2e-3  # the small tensor's top entry
+    codec = GradientCodec(groups, 0.02)
+    (wire,) = codec.encode(g, step=0, rank=1)
+    assert wire.numel() == (20 + 1) * 8  # int32 index + fp32 value per kept entry
+    out = torch.empty(1050)
+    GradientCodec(groups, 0.02).decode(wire, [wire.numel()], out)
+    assert int((out[:1000] != 0).sum()) == 20
+    assert out[1000:].nonzero().flatten().tolist() == [7] and out[1007] == 2e-3
 
 
 def test_sparse_then_quantized_payload_is_smaller() -> None:

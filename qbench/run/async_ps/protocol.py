@@ -106,9 +106,11 @@ class GradientCodec:
     the sizes of the group's tensors, which per-tensor compressors encode separately).
 
     ``ratio`` None: each group is encoded with its compressor (AsyLPG: quantized). ``ratio`` r:
-    Sparse-AsyLPG; each group keeps its top ceil(r n) values (error feedback: the rest is added
-    to the next gradient, per group, on the worker) and the kept values are then encoded with
-    the compressor; the wire is the int32 indices, then the encoded values.
+    Sparse-AsyLPG; each tensor of a group keeps its top ceil(r n) values (top-k's default
+    ``scope: layer``, so a small tensor is never starved by a large one; error feedback: the
+    rest is added to the next gradient, per tensor, on the worker) and the group's kept values
+    are then encoded with the compressor; the wire is the int32 indices (in the group), then
+    the encoded values.
     """
 
     def __init__(
@@ -127,10 +129,23 @@ class GradientCodec:
                 )
                 wires.append(payload.to_wire())
                 continue
-            kept = self.topk.encode(g, name=slot).buffers
-            values = c.encode(kept["values"], step=step, rank=rank, offset=part.start, name=slot)
-            wires.append(torch.cat([kept["indices"].view(torch.uint8), values.to_wire()]))
+            indices, kept = self._sparsify(g, tensors, slot)
+            values = c.encode(kept, step=step, rank=rank, offset=part.start, name=slot)
+            wires.append(torch.cat([indices.view(torch.uint8), values.to_wire()]))
         return wires
+
+    def _sparsify(
+        self, g: torch.Tensor, tensors: Sequence[int], slot: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(int32 indices in the group, values) of each tensor's top-k, tensor by tensor."""
+        assert self.topk is not None
+        indices, values, start = [], [], 0
+        for j, n in enumerate(_pieces(tensors, g.numel())):
+            kept = self.topk.encode(g[start : start + n], name=f"{slot}.{j}").buffers
+            indices.append(kept["indices"] + start)
+            values.append(kept["values"])
+            start += n
+        return torch.cat(indices).to(torch.int32), torch.cat(values)
 
     def decode(self, wire: torch.Tensor, sizes: Sequence[int], out: torch.Tensor) -> None:
         """Decode the concatenated group wires into ``out`` (overwritten)."""
@@ -142,10 +157,15 @@ class GradientCodec:
             if self.topk is None:
                 c.decode(c.from_wire(chunk, view.numel(), tensors), out=view)
                 continue
-            k = self.topk.k(view.numel())
+            k = sum(self.topk.k(n) for n in _pieces(tensors, view.numel()))
             indices = chunk[: 4 * k].view(torch.int32).long()
             values = c.decode(c.from_wire(_aligned(chunk[4 * k :]), k))
             view.index_add_(0, indices, values)
+
+
+def _pieces(tensors: Sequence[int], numel: int) -> Sequence[int]:
+    """The tensor sizes a group's top-k runs over: each tensor (scope layer), else the group."""
+    return tensors if tensors else (numel,)
 
 
 def _aligned(chunk: torch.Tensor) -> torch.Tensor:
