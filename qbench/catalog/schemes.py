@@ -223,7 +223,7 @@ ASYNC_PS = SchemeEntry(
         Param("variant", "asylpg", "asylpg, sparse (top-k first) or accelerated (Nesterov)",
               str, choices=("asylpg", "sparse", "accelerated")),
         DOWN,
-        Param("ratio", 0.1, "variant sparse: fraction of each tensor's values kept (top-k per tensor)", float,
+        Param("ratio", 0.1, "variant sparse: fraction of each tensor's values kept", float,
               "in (0, 1]", fraction),
     ),
     cross_check=lambda given, p: (
