@@ -7,7 +7,8 @@ setup.cfg holds the configuration: ``[mutmut]`` the settings every run shares, a
 directory, build/mutation/NAME/, holding links to qbench/ and tests/ and a setup.cfg whose
 ``[mutmut]`` section is the shared one plus the group's files and tests, so that mutmut's
 ``stats`` run, which finds the tests covering each mutated function, runs only the group's
-tests. Then mutmut runs each mutant against the tests that cover its function.
+tests. Then mutmut runs each mutant against the tests that cover its function, and a second
+pass runs each survivor against every test of the files that cover its function (``widen``).
 
 The score of a module is killed / (killed + survived + no tests + suspicious), timeouts counted
 as killed. Mutants listed in tests/mutation_equivalent.txt (names or fnmatch patterns) are left
@@ -18,6 +19,7 @@ and their diffs go to build/mutation/NAME/survivors.txt.
 
     python tests/mutation.py                        # every group
     python tests/mutation.py costmodel bitpack      # some
+    python tests/mutation.py --survivors bitpack    # rerun the last run's survivors only
     python tests/mutation.py --list                 # the groups, their files and tests
 """
 
@@ -126,17 +128,40 @@ def prepare(name: str, cfg: configparser.ConfigParser, *, fresh: bool) -> Path:
     return work
 
 
-def run(name: str, work: Path, group: configparser.SectionProxy, max_children: int) -> None:
+def run(
+    name: str, work: Path, group: configparser.SectionProxy, max_children: int, only: list[str]
+) -> None:
     env = dict(os.environ, QBENCH_KERNELS=str(ROOT / "kernels"))
     env.update(line.split("=", 1) for line in _lines(group.get("env", "")))
     mutmut = Path(sys.executable).with_name("mutmut")
-    argv = [str(mutmut), "run", "--max-children", str(max_children)]
-    print(f"== {name}: {' '.join(argv[1:])} in {work.relative_to(ROOT)}", flush=True)
+    argv = [str(mutmut), "run", "--max-children", str(max_children), *only]
+    shown = " ".join(argv[1:4]) + (f" <{len(only)} survivors>" if only else "")
+    print(f"== {name}: {shown} in {work.relative_to(ROOT)}", flush=True)
     with open(work / "mutmut.log", "w") as log:
         done = subprocess.run(argv, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
     if done.returncode != 0:
         tail = (work / "mutmut.log").read_text()[-3000:]
         raise SystemExit(f"mutation {name}: mutmut exited {done.returncode}\n{tail}")
+
+
+def widen(work: Path) -> None:
+    """Let every test of a test file that covers a function run against its mutants.
+
+    mutmut maps each function to the tests during which it ran; work done once in a
+    module-scoped fixture is charged to the first test that requested it, so the other tests
+    that assert on the fixture's result never run against the mutant. The second pass
+    corrects that: a function covered by any test of a file is checked by all of them.
+    """
+    path = work / "mutants" / "mutmut-stats.json"
+    stats = json.loads(path.read_text())
+    by_file: dict[str, set[str]] = {}
+    for test in stats["duration_by_test"]:
+        by_file.setdefault(test.split("::")[0], set()).add(test)
+    for function, tests in stats["tests_by_mangled_function_name"].items():
+        files = {t.split("::")[0] for t in tests}
+        wide = set(tests).union(*(by_file.get(f, set()) for f in files))
+        stats["tests_by_mangled_function_name"][function] = sorted(wide)
+    path.write_text(json.dumps(stats, indent=4))
 
 
 def tally(work: Path, group: configparser.SectionProxy, skip: dict[str, str]) -> dict[str, Tally]:
@@ -200,6 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="groups to run (default: all)")
     parser.add_argument("--max-children", type=int, default=1, help="mutmut worker processes")
     parser.add_argument("--keep", action="store_true", help="reuse earlier results")
+    parser.add_argument(
+        "--survivors",
+        action="store_true",
+        help="only the second pass: rerun the last survivors (after adding tests)",
+    )
     parser.add_argument("--report-only", action="store_true", help="tally the last runs")
     parser.add_argument("--fail-under", type=float, default=85.0, help="minimum score (%%)")
     parser.add_argument("--list", action="store_true", help="list the groups and exit")
@@ -220,8 +250,14 @@ def main(argv: list[str] | None = None) -> int:
         work = BUILD / name
         if not args.report_only:
             start = time.monotonic()
-            work = prepare(name, cfg, fresh=not args.keep)
-            run(name, work, known[name], args.max_children)
+            work = prepare(name, cfg, fresh=not (args.keep or args.survivors))
+            if not args.survivors:
+                run(name, work, known[name], args.max_children, [])
+            # second pass: the survivors against every test of the files that cover them
+            only = [m for t in tally(work, known[name], skip).values() for m in t.survivors]
+            if only:
+                widen(work)
+                run(name, work, known[name], args.max_children, only)
             print(f"   {time.monotonic() - start:.0f} s", flush=True)
         tallies = tally(work, known[name], skip)
         write_survivors(work, tallies)
