@@ -44,7 +44,7 @@ PREFIX = "mutmut:"
 # what a group's directory links to (setup.cfg's also_copy names what mutmut copies of it)
 LINKED = (
     *("qbench", "tests", "pyproject.toml", "README.md"),
-    *("benchmarks", "scenarios", "docs", "kernels"),
+    *("benchmarks", "scenarios", "docs", "kernels", ".github"),
 )
 
 # mutmut's exit codes per mutant (mutmut.stats.status_by_exit_code), grouped for the score.

@@ -370,3 +370,32 @@ def test_profiled_runs_payload_edges_and_older_labels(tmp_path: Path) -> None:
     assert table.loc["one-byte", "bits_per_value"] == 32 / (4 * MODELS["mlp"][1])
     # runs recorded before DDP have no overlap label: flat, "none"
     assert set(table["overlap"]) == {"none"}
+
+
+def _async_rows(run_id: str, server_warm: bool, server_s: float) -> list[dict[str, Any]]:
+    """Three server updates and three worker rounds of an async-ps run."""
+    base = {"run_id": run_id, "loss": 1.0, "grad_bytes": 4000, "payload_bytes": 1000}
+    base.update(dict.fromkeys(("t_compute", "t_encode", "t_comm", "t_decode", "t_step"), 0.0))
+    server = [{**base, "rank": 0, "iteration": u, "warmup": server_warm,
+               "t_iteration": server_s, "bytes_sent": 300} for u in range(3)]  # fmt: skip
+    worker = [{**base, "rank": 1, "iteration": i, "warmup": False, "t_iteration": 0.02,
+               "bytes_sent": 1000} for i in range(3)]  # fmt: skip
+    return server + worker
+
+
+def test_async_runs_without_measured_updates_have_no_metrics(tmp_path: Path) -> None:
+    def summary_of(*runs: tuple[str, bool, float]) -> pd.DataFrame:
+        store = ResultStore(tmp_path / str(len(list(tmp_path.iterdir()))))
+        for run_id, warm, seconds in runs:
+            lab = labels("mlp", "fp32", 2, scheme="async-ps+staleness4")
+            add_run(store, run_id, lab, _async_rows(run_id, warm, seconds))
+        return stats.summarize(stats.load(store.root)).set_index("run_id")
+
+    # the server's updates all warm-up: no update was measured, so nothing is
+    alone = summary_of(("idle", True, 0.005)).loc["idle"]
+    assert alone["iterations"] == 0 and math.isnan(alone["samples_per_s"])
+    both = summary_of(("idle", True, 0.005), ("busy", False, 0.005), ("instant", False, 0.0))
+    assert math.isnan(both.loc["idle", "t_iteration_median"])  # not the workers' 0.02
+    assert both.loc["busy", "samples_per_s"] == pytest.approx(3 * BATCH / (3 * 0.005))
+    # updates that took no measurable time give no rate of updates (not an infinite one)
+    assert math.isfinite(both.loc["instant", "samples_per_s"])
