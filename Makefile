@@ -9,7 +9,7 @@ NVCC   ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/
 CUDA_ARCHS ?= 80 90
 DEMO_OUT ?= results/smoke
 
-.PHONY: venv demo test test-fast test-slow lint kernels cuda-coverage figures clean
+.PHONY: venv demo test test-fast test-slow lint kernels cuda-coverage figures clean mutation
 
 venv: $(STAMP)
 
@@ -37,6 +37,19 @@ lint: venv kernels
 	$(BIN)/ruff check qbench tests
 	$(BIN)/ruff format --check qbench tests
 	$(BIN)/mypy
+
+# Mutation testing of the pure core (not part of `make test`; docs/results/mutation.md): mutmut,
+# pinned, goes into the venv; each group of setup.cfg's [mutmut:NAME] sections runs its own fast
+# tests against its modules' mutants in build/mutation/NAME/, one worker at low priority.
+# MUTATION='costmodel bitpack' runs some groups; the table of scores is printed at the end, and
+# the target fails when a module scores under 85 %.
+MUTMUT_VERSION ?= 3.8.1
+MUTATION ?=
+MUTATION_CHILDREN ?= 1
+mutation: venv
+	test -f $(VENV)/.mutmut-$(MUTMUT_VERSION) || { $(BIN)/python -m pip install --quiet \
+	  --progress-bar off mutmut==$(MUTMUT_VERSION) && touch $(VENV)/.mutmut-$(MUTMUT_VERSION); }
+	nice -n 10 $(BIN)/python tests/mutation.py --max-children $(MUTATION_CHILDREN) $(MUTATION)
 
 # Compile every CUDA source for the GPUs we target, so kernel errors never wait for a GPU.
 kernels:

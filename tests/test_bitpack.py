@@ -77,12 +77,27 @@ def test_only_low_bits_are_kept() -> None:
     )
 
 
+@pytest.mark.parametrize("bits", WIDTHS)
+def test_only_low_bits_are_kept_at_every_width(bits: int) -> None:
+    # 15 set bits above the low `bits` of every code: none of them may reach the stream
+    low = [0, 1, (1 << bits) - 1, 0b10101010 & ((1 << bits) - 1)] * 3
+    high = [v | (0x7FFF << bits) for v in low]
+    assert bytes(pack(torch.tensor(high), bits).tolist()) == _reference_pack(low, bits)
+
+
+def test_packed_bytes_never_alias_the_codes() -> None:
+    codes = torch.tensor([1, 2, 3], dtype=torch.uint8)
+    packed = pack(codes, 8)
+    codes[0] = 9
+    assert packed.tolist() == [1, 2, 3]
+
+
 def test_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="bits"):
         pack(torch.zeros(3, dtype=torch.uint8), 9)
     with pytest.raises(ValueError, match="bits"):
         unpack(torch.zeros(3, dtype=torch.uint8), 0, 3)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"pack: expected integer codes, got torch\.float32"):
         pack(torch.zeros(3), 4)
     with pytest.raises(ValueError, match="expected 2 uint8 bytes"):
         unpack(torch.zeros(3, dtype=torch.uint8), 4, 4)

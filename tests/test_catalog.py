@@ -80,8 +80,55 @@ def test_wire_bytes_written_out_by_hand() -> None:
     assert catalog.compressor("onebit").wire_bytes(100) == 13 + 2 * 2 * 4  # 2 buckets of 64
     assert catalog.compressor("topk:ratio=0.07").wire_bytes(100) == 7 * 8  # 7 values + indices
     assert catalog.compressor("fixedpoint:bits=11").wire_bytes(8) == 11 + 2  # + the exponent
+    assert catalog.compressor("none").wire_bytes(10) == 40  # fp32: 4 bytes a value
+    assert catalog.compressor("fp16").wire_bytes(10) == catalog.compressor("bf16").wire_bytes(10)
+    assert catalog.compressor("bf16").wire_bytes(10) == 20
     assert catalog.compressor("adaptive").wire_bytes(8) is None  # depends on the data
     assert catalog.compressor("powersgd").wire_bytes(8) is None
+
+
+# spec: the payload of 1000 values, buffer by buffer in wire order (name, dtype, count), as each
+# codec module's docstring describes its wire; codecs read received buffers by these names.
+LAYOUTS = {
+    "none": [("values", "float32", 1000)],
+    "fp16": [("values", "float16", 1000)],
+    "bf16": [("values", "bfloat16", 1000)],
+    # ceil(1000 x 4 / 8) = 500 bytes of codes, ceil(1000 / 512) = 2 scales
+    "qsgd": [("levels", "uint8", 500), ("scales", "float32", 2)],
+    # 16-bit codes: 2 bytes each; 8 buckets of 128
+    "qsgd:bits=16,bucket_size=128": [("levels", "uint8", 2000), ("scales", "float32", 8)],
+    # ceil(1000 / 8) = 125 bytes of signs; ceil(1000 / 64) = 16 buckets, 2 means each
+    "onebit": [("signs", "uint8", 125), ("means", "float32", 32)],
+    # 11-bit codes: 1375 bytes; the auto step's exponent
+    "fixedpoint:bits=11": [("levels", "uint8", 1375), ("exponent", "int16", 1)],
+    # 16 bits: int16 codes; a given step sends no exponent
+    "fixedpoint:bits=16,delta=0.5": [("levels", "int16", 1000)],
+    # ceil(0.07 x 1000) = 70 values and their indices
+    "topk:ratio=0.07": [("values", "float32", 70), ("indices", "int32", 70)],
+}
+
+
+@pytest.mark.parametrize("spec", sorted(LAYOUTS))
+def test_wire_layouts_written_out_by_hand(spec: str) -> None:
+    checked = catalog.compressor(spec)
+    assert checked.entry.wire is not None
+    assert checked.entry.wire(checked.params, 1000) == LAYOUTS[spec]
+
+
+def test_which_payloads_integer_allreduce_can_sum() -> None:
+    def why(spec: str) -> str | None:
+        checked = catalog.compressor(spec)
+        return checked.entry.integer_levels(checked.params)
+
+    assert why("qsgd:bits=2") is None  # levels -1..1: the narrowest that sums
+    assert why("none") is None  # fp32 groups take a plain allreduce
+    assert why("qsgd:bits=1") == (
+        "it needs qsgd bits >= 2 (levels -L..L, L = 2^(bits-1) - 1), got bits 1; e.g. `bits: 2`"
+    )
+    assert why("qsgd:norm=l2") == (
+        "it scales buckets by the max |x| over ranks, got qsgd norm l2; use `norm: max`"
+    )
+    assert why("fp16") == why("onebit") == "its payload is not integer levels"
 
 
 @pytest.mark.parametrize(

@@ -22,12 +22,16 @@ from qbench.costmodel import (
     CostModel,
     Scheme,
     codec_units,
+    collective_msgs,
+    collective_time,
+    collective_wire,
     comm_plan,
     fit,
     int_sum_bytes,
     payload_bits,
     predict,
 )
+from qbench.errors import UserError
 from tests import costmodel_reference as ref
 
 N = 4096
@@ -76,6 +80,10 @@ PLANS: dict[str, tuple[str, str, float, str, int, str, PerK]] = {
     "reduce-broadcast-q4+overlap4": ("reduce-broadcast+overlap4", Q4, Q4_BITS, "gloo", N,
                                      "exchange+overlap",
                                      {2: (8, (2080,)), 4: (24, (3120,)), 8: (56, (3640,))}),
+    # overlap 2, the smallest pipeline: 2 x 2 (K-1) steps, still one call
+    "reduce-broadcast-q4+overlap2": ("reduce-broadcast+overlap2", Q4, Q4_BITS, "gloo", N,
+                                     "exchange+overlap",
+                                     {2: (4, (2080,)), 4: (12, (3120,)), 8: (28, (3640,))}),
     # the whole payload to each of the K-1 peers, K-1 steps
     "allgather-q4": ("allgather", Q4, Q4_BITS, "gloo", N, "allgather",
                      {2: (1, (2080,)), 4: (3, (6240,)), 8: (7, (14560,))}),
@@ -111,6 +119,11 @@ PLANS: dict[str, tuple[str, str, float, str, int, str, PerK]] = {
                                       "allreduce-int+overlap",
                                       {2: (10, (32, 4096)), 4: (30, (48, 6144)),
                                        8: (70, (56, 7168))}),
+    # overlap 2: (1 + 2) x 2 (K-1) steps
+    "integer-allreduce-q4+overlap2": ("integer-allreduce+overlap2", Q4, Q4_BITS, "gloo", N,
+                                      "allreduce-int+overlap",
+                                      {2: (6, (32, 4096)), 4: (18, (48, 6144)),
+                                       8: (42, (56, 7168))}),
     # layers kept in full precision: a plain fp32 allreduce
     "integer-allreduce-fp32": ("integer-allreduce", "fp32", 32, "gloo", N, "allreduce",
                                {2: (2, (16384,)), 4: (6, (24576,)), 8: (14, (28672,))}),
@@ -188,6 +201,37 @@ def test_payload_bits_match_the_hand_written_table(
 @pytest.mark.parametrize(("backend", "k", "bits"), sorted(INT_WIDTH))
 def test_integer_width_matches_the_hand_written_table(backend: str, k: int, bits: int) -> None:
     assert int_sum_bytes(backend, k, bits) == INT_WIDTH[backend, k, bits]
+
+
+# kind: {K: (message steps, wire bytes)} of one collective of S = 1000 bytes (the module
+# docstring's formulas): ring allreduce 2 (K-1) steps, 2 (K-1)/K S; alltoallv K-1 steps,
+# (K-1)/K S; allgatherv of S per rank K-1 steps, (K-1) S; exchange both halves of reduce-broadcast.
+COLLECTIVES = {
+    "allreduce": {2: (2, 1000), 4: (6, 1500), 8: (14, 1750)},
+    "alltoallv": {2: (1, 500), 4: (3, 750), 8: (7, 875)},
+    "allgatherv": {2: (1, 1000), 4: (3, 3000), 8: (7, 7000)},
+    "exchange": {2: (2, 1000), 4: (6, 1500), 8: (14, 1750)},
+}
+
+
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("kind", sorted(COLLECTIVES))
+def test_collectives_match_the_hand_written_table(kind: str, k: int) -> None:
+    msgs, wire = COLLECTIVES[kind][k]
+    assert collective_msgs(kind, k) == msgs
+    assert collective_wire(kind, k, 1000) == pytest.approx(wire, rel=1e-12)
+    # alpha = 1 ms per step, beta = 1 us per byte
+    assert collective_time(1e-3, 1e-6, kind, k, 1000) == pytest.approx(
+        msgs * 1e-3 + wire * 1e-6, rel=1e-12
+    )
+
+
+def test_plans_the_model_cannot_make_are_one_line_errors() -> None:
+    with pytest.raises(UserError, match=r"integer-allreduce needs a qsgd compressor, got fp16$"):
+        comm_plan(Scheme.parse("integer-allreduce"), "fp16", 2, N, 16, "gloo")
+    valid = r"no scheme 'gossip'; valid: allreduce, reduce-broadcast, allgather, "
+    with pytest.raises(UserError, match=valid):
+        comm_plan(Scheme("gossip"), "fp32", 2, N, 32, "gloo")
 
 
 # -- the reference module against the same tables (so the fits below rest on checked formulas)

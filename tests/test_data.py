@@ -181,6 +181,19 @@ def test_corrupt_or_truncated_idx_is_value_error(tmp_path: Path) -> None:
         read_idx(tmp_path / "nd0")
 
 
+def test_idx_writer_rejects_what_the_format_cannot_hold(tmp_path: Path) -> None:
+    # IDX has element types u1 i1 i2 i4 f4 f8 only, and at least one dimension
+    for array, what in [
+        (np.zeros(3, dtype=np.int64), "dtype int64 with 1 dims"),
+        (np.zeros(3, dtype=np.uint16), "dtype uint16 with 1 dims"),
+        (np.array(7, dtype=np.uint8), "dtype uint8 with 0 dims"),
+    ]:
+        with pytest.raises(ValueError) as e:
+            write_idx(tmp_path / "bad", array)
+        assert str(e.value) == f"cannot write {what} as IDX"
+    assert not (tmp_path / "bad").exists()
+
+
 def test_mnist_layout_loads_plain_and_gz(tmp_path: Path) -> None:
     _write_mnist(tmp_path / "plain")
     _write_mnist(tmp_path / "gz", gz=True)

@@ -304,6 +304,98 @@ def test_async_ps_rows_are_summarized_as_updates_and_rounds(tmp_path: Path) -> N
     assert row["samples_per_s"] == pytest.approx(10 * batch / (10 * 0.005))
     worker_rounds = [0.016] * 6 + [0.018] * 3  # measured rounds of both workers
     assert row["t_iteration_median"] == pytest.approx(statistics.median(worker_rounds))
+    # 0.95 quantile of the 9 rounds, linear between order statistics 7 and 8: both 0.018
+    assert row["t_iteration_p95"] == pytest.approx(0.018)
     assert row["t_compute"] == pytest.approx(0.002)  # median over the 9 worker rounds
     assert row["bytes_per_iteration"] == pytest.approx(1000 + 300)  # push up + reply down
     assert row["compression_ratio"] == pytest.approx(4.0)  # the pushed gradient's
+
+
+def test_broken_runs_name_the_file_and_the_error(summary: pd.DataFrame) -> None:
+    assert summary.loc["bad-json", "error"] == (
+        "run.json: JSONDecodeError: Expecting property name enclosed in double quotes: "
+        "line 1 column 2 (char 1)"
+    )
+    assert summary.loc["bad-shape", "error"].startswith("run.json: TypeError: ")
+    assert stats._reason(ValueError("  first line\nsecond line")) == "ValueError: first line"
+    assert stats._reason(KeyError()) == "KeyError: no message"
+
+
+def test_iterations_missing_a_column_make_the_run_unreadable(tmp_path: Path) -> None:
+    store = ResultStore(tmp_path)
+    add_run(store, "short", labels("mlp", "fp32", 1), None)
+    frame = iterations_frame(rows_for("short", "mlp", "fp32", 1)).drop(columns=["t_step", "loss"])
+    store.write_iterations("short", frame)
+    runs = stats.load(tmp_path).runs.set_index("run_id")
+    assert runs.loc["short", "status"] == stats.UNREADABLE
+    assert (
+        runs.loc["short", "error"] == "iterations.parquet: ValueError: missing columns t_step, loss"
+    )
+
+
+def test_the_directory_names_the_run_whatever_its_rows_say(tmp_path: Path) -> None:
+    store = ResultStore(tmp_path)
+    add_run(store, "mine", labels("mlp", "fp32", 1), rows_for("copied", "mlp", "fp32", 1))
+    results = stats.load(tmp_path)
+    assert set(results.iterations["run_id"]) == {"mine"}
+    assert results.iterations["run_id"].dtype == "string"  # the record schema's dtype
+    assert stats.summarize(results).set_index("run_id").loc["mine", "iterations"] == MEASURED
+
+
+def test_throughputs_give_per_iteration_intervals(results_dir: Path, summary: pd.DataFrame) -> None:
+    tp = stats.throughputs(stats.load(results_dir), summary.reset_index(drop=True))
+    got = tp.ratio(["mlp-fp32-w2"], ["mlp-fp32-w1"])
+    assert got is not None and (got.n_num, got.n_base) == (MEASURED, MEASURED)
+    # median of global batch / iteration time, over the median of the baseline's
+    assert got.ratio == pytest.approx(sps("mlp", "fp32", 2) / sps("mlp", "fp32", 1), rel=1e-12)
+
+
+def test_profiled_runs_payload_edges_and_older_labels(tmp_path: Path) -> None:
+    store = ResultStore(tmp_path)
+    add_run(store, "traced", labels("mlp", "fp32", 1, profiled=True),
+            rows_for("traced", "mlp", "fp32", 1))  # fmt: skip
+    add_run(store, "traced-failed", labels("mlp", "fp32", 1, profiled=True), None,
+            status="failed")  # fmt: skip
+    for run_id, payload in (("empty", 0), ("one-byte", 1)):
+        rows = [{**r, "payload_bytes": payload} for r in rows_for(run_id, "mlp", "fp32", 1)]
+        add_run(store, run_id, labels("mlp", "fp32", 1), rows)
+    table = stats.summarize(stats.load(tmp_path)).set_index("run_id")
+    # measured but slowed by the profiler: shown, never compared; a failed one stays failed
+    assert table.loc["traced", "status"] == stats.PROFILED
+    assert table.loc["traced-failed", "status"] == "failed"
+    # nothing sent: no ratio (not infinity); one byte: 4 MB of gradient over 1 byte
+    assert math.isnan(table.loc["empty", "compression_ratio"])
+    assert math.isnan(table.loc["empty", "bits_per_value"])
+    assert table.loc["one-byte", "compression_ratio"] == 4 * MODELS["mlp"][1]
+    assert table.loc["one-byte", "bits_per_value"] == 32 / (4 * MODELS["mlp"][1])
+    # runs recorded before DDP have no overlap label: flat, "none"
+    assert set(table["overlap"]) == {"none"}
+
+
+def _async_rows(run_id: str, server_warm: bool, server_s: float) -> list[dict[str, Any]]:
+    """Three server updates and three worker rounds of an async-ps run."""
+    base = {"run_id": run_id, "loss": 1.0, "grad_bytes": 4000, "payload_bytes": 1000}
+    base.update(dict.fromkeys(("t_compute", "t_encode", "t_comm", "t_decode", "t_step"), 0.0))
+    server = [{**base, "rank": 0, "iteration": u, "warmup": server_warm,
+               "t_iteration": server_s, "bytes_sent": 300} for u in range(3)]  # fmt: skip
+    worker = [{**base, "rank": 1, "iteration": i, "warmup": False, "t_iteration": 0.02,
+               "bytes_sent": 1000} for i in range(3)]  # fmt: skip
+    return server + worker
+
+
+def test_async_runs_without_measured_updates_have_no_metrics(tmp_path: Path) -> None:
+    def summary_of(*runs: tuple[str, bool, float]) -> pd.DataFrame:
+        store = ResultStore(tmp_path / str(len(list(tmp_path.iterdir()))))
+        for run_id, warm, seconds in runs:
+            lab = labels("mlp", "fp32", 2, scheme="async-ps+staleness4")
+            add_run(store, run_id, lab, _async_rows(run_id, warm, seconds))
+        return stats.summarize(stats.load(store.root)).set_index("run_id")
+
+    # the server's updates all warm-up: no update was measured, so nothing is
+    alone = summary_of(("idle", True, 0.005)).loc["idle"]
+    assert alone["iterations"] == 0 and math.isnan(alone["samples_per_s"])
+    both = summary_of(("idle", True, 0.005), ("busy", False, 0.005), ("instant", False, 0.0))
+    assert math.isnan(both.loc["idle", "t_iteration_median"])  # not the workers' 0.02
+    assert both.loc["busy", "samples_per_s"] == pytest.approx(3 * BATCH / (3 * 0.005))
+    # updates that took no measurable time give no rate of updates (not an infinite one)
+    assert math.isfinite(both.loc["instant", "samples_per_s"])

@@ -9,7 +9,7 @@ import pytest
 
 from qbench.errors import UserError
 from qbench.launch import sweep
-from qbench.records.schema import RunRecord
+from qbench.records.schema import RunRecord, buckets_frame, epochs_frame
 from qbench.records.store import ResultStore
 from qbench.spec import matrix, scenario
 
@@ -179,3 +179,18 @@ def test_push_sum_exclusions_say_why() -> None:
     assert {r.scheme_params.get("qgm") for r in m.runs} == {None}
     ok = matrix.expand(scenario.loads(text + "momentum: 0\n"))
     assert any(r.scheme_params.get("qgm") for r in ok.runs)
+
+
+def test_frames_have_exactly_the_schemas_columns_and_dtypes() -> None:
+    # a row with a column the schema lacks and without most of its own: the schema decides
+    rows = [{"t_ready": 0.5, "run_id": "r", "rank": 1, "iteration": 3, "warmup": False,
+             "bucket": 0, "numel": 10, "payload_bytes": 40, "stray": "x"}]  # fmt: skip
+    buckets = buckets_frame(rows)
+    assert list(buckets.columns) == ["run_id", "rank", "iteration", "warmup", "bucket", "numel",
+                                     "payload_bytes", "t_handed", "t_ready"]  # fmt: skip
+    assert str(buckets["rank"].dtype) == "int32" and str(buckets["run_id"].dtype) == "string"
+    assert buckets["t_ready"].tolist() == [0.5] and buckets["t_handed"].isna().all()
+    two = [{"run_id": "r", "epoch": e, "iteration": 50 * e, "bytes_sent": 7 + e} for e in (1, 2)]
+    epochs = epochs_frame(two)
+    assert epochs["epoch"].tolist() == [1, 2] and str(epochs["epoch"].dtype) == "int32"
+    assert str(epochs["bytes_sent"].dtype) == "int64" and epochs["top1"].isna().all()

@@ -80,3 +80,38 @@ def test_timer_start_forgets_the_previous_iteration(monkeypatch: pytest.MonkeyPa
     assert timer.totals == {"compute": 0.0, "encode": 0.0, "comm": 0.0, "decode": 0.5,
                             "step": 0.0}  # fmt: skip
     assert timer.elapsed() == 0.5
+
+
+def test_a_new_timer_reads_zero_everywhere() -> None:
+    timer = PhaseTimer(torch.device("cpu"))
+    assert timer.totals == dict.fromkeys(("compute", "encode", "comm", "decode", "step"), 0.0)
+    assert timer.elapsed() == 0.0
+
+
+def test_cuda_timers_wait_for_the_device_before_each_clock_reading(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The policy of qbench/timing.py: on CUDA, synchronize, then read the clock, at every phase
+    # boundary; on CPU, no device wait. torch.device("cuda") needs no GPU to exist.
+    events: list[str] = []
+    readings = iter([0.0, 0.25, 1.0, 1.5])
+
+    def clock() -> float:
+        events.append("clock")
+        return next(readings)
+
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=clock))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: events.append("sync"))
+    timer = PhaseTimer(torch.device("cuda", 0))
+    timer.start()
+    timer.mark("compute")
+    timer.skip()
+    timer.mark("comm")
+    assert events == ["sync", "clock"] * 4
+    assert timer.totals["compute"] == 0.25 and timer.totals["comm"] == 0.5
+    events.clear()
+    cpu = PhaseTimer(torch.device("cpu"))
+    readings = iter([0.0, 1.0])
+    cpu.start()
+    cpu.mark("step")
+    assert events == ["clock", "clock"]

@@ -162,6 +162,41 @@ def _scope_name(scope: str) -> str:
     return "per layer" if scope == "layer" else "global"
 
 
+# -- wire layouts (functions, not lambdas in the entries, so that mutation testing reaches them) --
+def _qsgd_wire(p: Params, n: int) -> list[WireBuffer]:
+    """QSGD: the codes (bit-packed, or 2 bytes each at 16 bits), then one fp32 scale per bucket."""
+    return [
+        ("levels", "uint8", qsgd_levels_nbytes(n, p["bits"])),
+        ("scales", "float32", num_buckets(n, p["bucket_size"])),
+    ]
+
+
+def _onebit_wire(p: Params, n: int) -> list[WireBuffer]:
+    """1bitSGD: one sign bit per value, then the (avg+, avg-) pair of each bucket."""
+    return [
+        ("signs", "uint8", packed_nbytes(n, 1)),
+        ("means", "float32", 2 * num_buckets(n, p["bucket_size"])),
+    ]
+
+
+def _fixed_levels(n: int, bits: int) -> WireBuffer:
+    if bits == 16:
+        return ("levels", "int16", n)
+    return ("levels", "uint8", packed_nbytes(n, bits))  # 9..15 bits: planar, same total
+
+
+def _fixed_wire(p: Params, n: int) -> list[WireBuffer]:
+    """Fixed point: the codes, then the grid's exponent when delta is ``auto``."""
+    exponent: list[WireBuffer] = [("exponent", "int16", 1)] if p["delta"] == "auto" else []
+    return [_fixed_levels(n, p["bits"]), *exponent]
+
+
+def _topk_wire(p: Params, n: int) -> list[WireBuffer]:
+    """Top-k: the k kept values, then their int32 indices."""
+    k = topk_k(p["ratio"], n)
+    return [("values", "float32", k), ("indices", "int32", k)]
+
+
 # -- entries ------------------------------------------------------------------------------------
 def _cast(name: str, dtype: str, bits: float, summary: str, codec: str) -> CompressorEntry:
     return CompressorEntry(
@@ -219,10 +254,7 @@ QSGD = CompressorEntry(
         ("l2 norm", p["norm"] == "l2"), ("sign layout", p["layout"] == "sign"),
         ("buckets per tensor", p["align"] == "tensor")),
     nominal_bits=lambda p: float(p["bits"]),
-    wire=lambda p, n: [
-        ("levels", "uint8", qsgd_levels_nbytes(n, p["bits"])),
-        ("scales", "float32", num_buckets(n, p["bucket_size"])),
-    ],
+    wire=_qsgd_wire,
     granularity=lambda p: "tensor" if p["align"] == "tensor" else "bucket",
     unbiased=lambda p: True,
     integer_levels=lambda p: _qsgd_integer(p),
@@ -271,22 +303,13 @@ ONEBIT = CompressorEntry(
         (f"bucket {p['bucket_size']}", not p["columns"] and (not brief or p["bucket_size"] != 64)),
         ("no error feedback", not p["error_feedback"])),
     nominal_bits=lambda p: 1.0,
-    wire=lambda p, n: [
-        ("signs", "uint8", packed_nbytes(n, 1)),
-        ("means", "float32", 2 * num_buckets(n, p["bucket_size"])),
-    ],
+    wire=_onebit_wire,
     error_feedback=lambda p: bool(p["error_feedback"]),
     stateful=True,
     # columns: one bucket per column; the plan groups tensors by column length, so a column
     # never spans two tensors
     granularity=lambda p: "bucket",
 )  # fmt: skip
-
-
-def _fixed_levels(n: int, bits: int) -> WireBuffer:
-    if bits == 16:
-        return ("levels", "int16", n)
-    return ("levels", "uint8", packed_nbytes(n, bits))  # 9..15 bits: planar, same total
 
 
 def _fixed_granularity(p: Params) -> str:
@@ -314,8 +337,7 @@ FIXEDPOINT = CompressorEntry(
         (f"step {p['delta']:g}" if p["delta"] != "auto" else "", p["delta"] != "auto"),
         (_scope_name(p["scope"]), p["delta"] == "auto" and (not brief or p["scope"] != "layer"))),
     nominal_bits=lambda p: float(p["bits"]),
-    wire=lambda p, n: [_fixed_levels(n, p["bits"])]
-    + ([("exponent", "int16", 1)] if p["delta"] == "auto" else []),
+    wire=_fixed_wire,
     unbiased=lambda p: True,  # within the representable range; values beyond it are clipped
     granularity=lambda p: _fixed_granularity(p),
     cross_check=lambda p: (
@@ -344,8 +366,7 @@ TOPK = CompressorEntry(
         (_scope_name(p["scope"]), not brief or p["scope"] != "layer"),
         ("no error feedback", not p["error_feedback"])),
     nominal_bits=lambda p: 64.0 * p["ratio"],
-    wire=lambda p, n: [("values", "float32", topk_k(p["ratio"], n)),
-                       ("indices", "int32", topk_k(p["ratio"], n))],
+    wire=_topk_wire,
     error_feedback=lambda p: bool(p["error_feedback"]),
     stateful=True,
     granularity=lambda p: _per(p["scope"]),
