@@ -10,8 +10,10 @@ bottom.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -377,22 +379,27 @@ compressor: [none, {name: qsgd, bits: 8}, {name: qsgd, bits: 4}, {name: qsgd, bi
 exclude: [{scheme: ddp, compressor: [qsgd, onebit]}]
 warmup: 1
 iterations: 3
+repeats: 2
 """
 
 
 @pytest.mark.slow
 def test_memory_does_not_grow_along_a_group(tmp_path: Path) -> None:
-    """Each run's objects are released before the next: the rank's resident memory after the
-    second to the last of 6 runs stays within a few MiB (one leaked ResNet-20 run, its model,
-    optimizer, gradients and codec buffers, holds more)."""
+    """Each run's objects are released before the next: the six configurations run twice in
+    one group (repeats interleave), and over the second pass the rank's resident memory does
+    not grow run by run: the median growth per run is under 2 MiB. Memory may step up once
+    (a kernel library loaded, DDP's reducer first built, the allocator taking a new arena:
+    steps of 17-23 MiB at one run, then flat, were seen); a leak grows with every run, and one
+    leaked ResNet-20 run (model, optimizer, gradients, codec buffers) holds more than 2 MiB."""
     proc = _sweep(MEMORY, tmp_path / "r")
     assert proc.returncode == 0, proc.stderr[-3000:]
     recs = sorted(_records(tmp_path / "r").values(), key=lambda r: r["group"]["index"])
-    assert len(recs) == 6 and len({r["group"]["launch"] for r in recs}) == 1
+    assert len(recs) == 12 and len({r["group"]["launch"] for r in recs}) == 1
     rss = [
         json.loads((tmp_path / "r" / r["run_id"] / "machine.json").read_text())["ranks"][0][
             "rss_mb"
         ]
         for r in recs
     ]
-    assert max(rss[1:]) - rss[1] < 8.0, rss
+    growth = [after - before for before, after in itertools.pairwise(rss[5:])]
+    assert statistics.median(growth) < 2.0, rss
