@@ -146,6 +146,13 @@ def done_marker(parts: Path) -> Path:
     return parts / "done.json"
 
 
+def finished_marker(parts: Path) -> Path:
+    """Group mode: the driver writes it once it has finished the run's records (and shown its
+    progress); rank 0 waits for it before the group starts the next run, so that none of the
+    driver's work shares the CPU with the next run's iterations."""
+    return parts / "finished.json"
+
+
 def is_group_plan(path: Path) -> bool:
     """Whether a worker was started with a group plan (else with one run's spec.json)."""
     return Path(path).name == GROUP_PLAN

@@ -14,7 +14,9 @@ hooks' threads, the optimizer, the compressors), collects garbage and gives cach
 back, then writes its memory use beside its host file (``rss_mb``, ``max_rss_mb``: tests check
 that neither grows along a group). Once every rank is there (a barrier), rank 0 writes the
 run's done marker (``qbench.records.store.done_marker``), which the driver watches to finish
-the run's records, count progress and time the next run.
+the run's records, count progress and time the next run; the ranks start the next run once
+the driver has written the run's finished marker (its work then never runs beside a measured
+iteration).
 
 A rank that fails in a run prints the tagged line, writes what it has and ends the whole job
 (as a single run does), so no peer waits for it; the driver marks that run failed and launches
@@ -29,6 +31,7 @@ import json
 import os
 import resource
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,7 @@ from qbench.records.store import (
     STDOUT_LOG,
     atomic_write_json,
     done_marker,
+    finished_marker,
     host_part,
     parts_beside,
 )
@@ -47,6 +51,7 @@ from qbench.run import worker
 from qbench.spec.matrix import RunSpec
 
 COMM_SLACK_S = 60.0
+WAIT_POLL_S = 0.002
 
 
 def read_plan(plan: Path) -> list[tuple[Path, int]]:
@@ -61,7 +66,7 @@ def main(plan: Path) -> int:
     # The driver times each run (``timeout``) and kills the group; a collective that gave up
     # first would turn a hung peer into a failure of this rank, so the communicator waits longer.
     cm = worker.connect(specs[0], max(s.timeout for s in specs) + COMM_SLACK_S)
-    for (path, index), spec in zip(configs, specs, strict=True):
+    for k, ((path, index), spec) in enumerate(zip(configs, specs, strict=True)):
         fault = worker.fault_injection(cm.rank, spec.run_id, index)
         with _logs(path.parent):
             ok = worker.run_config(spec, path, cm, fault)
@@ -74,8 +79,20 @@ def main(plan: Path) -> int:
         cm.barrier()  # every rank's parts are on disk
         if cm.rank == 0:
             atomic_write_json(done_marker(parts_beside(path)), {"run_id": spec.run_id})
+        if k + 1 < len(configs):
+            if cm.rank == 0:
+                _wait_for(finished_marker(parts_beside(path)), spec.timeout + COMM_SLACK_S)
+            cm.barrier()  # the driver has finished the run's records: the next one starts
     cm.close()
     return 0
+
+
+def _wait_for(marker: Path, limit_s: float) -> None:
+    """Until the driver wrote ``marker`` (milliseconds: it merges a run's parts); past
+    ``limit_s`` go on, as the driver kills a group it has given up on anyway."""
+    deadline = time.monotonic() + limit_s
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(WAIT_POLL_S)
 
 
 def release(spec: RunSpec) -> None:
