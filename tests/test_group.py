@@ -383,6 +383,20 @@ repeats: 2
 """
 
 
+def _rss_growth(out: Path, env: dict[str, str] | None = None) -> tuple[float, list[float]]:
+    """Median growth of rank 0's resident memory per run over the second pass of MEMORY."""
+    proc = _sweep(MEMORY, out, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recs = sorted(_records(out).values(), key=lambda r: r["group"]["index"])
+    assert len(recs) == 12 and len({r["group"]["launch"] for r in recs}) == 1
+    rss = [
+        json.loads((out / r["run_id"] / "machine.json").read_text())["ranks"][0]["rss_mb"]
+        for r in recs
+    ]
+    growth = [after - before for before, after in itertools.pairwise(rss[5:])]
+    return statistics.median(growth), rss
+
+
 @pytest.mark.slow
 def test_memory_does_not_grow_along_a_group(tmp_path: Path) -> None:
     """Each run's objects are released before the next: the six configurations run twice in
@@ -391,15 +405,13 @@ def test_memory_does_not_grow_along_a_group(tmp_path: Path) -> None:
     (a kernel library loaded, DDP's reducer first built, the allocator taking a new arena:
     steps of 17-23 MiB at one run, then flat, were seen); a leak grows with every run, and one
     leaked ResNet-20 run (model, optimizer, gradients, codec buffers) holds more than 2 MiB."""
-    proc = _sweep(MEMORY, tmp_path / "r")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    recs = sorted(_records(tmp_path / "r").values(), key=lambda r: r["group"]["index"])
-    assert len(recs) == 12 and len({r["group"]["launch"] for r in recs}) == 1
-    rss = [
-        json.loads((tmp_path / "r" / r["run_id"] / "machine.json").read_text())["ranks"][0][
-            "rss_mb"
-        ]
-        for r in recs
-    ]
-    growth = [after - before for before, after in itertools.pairwise(rss[5:])]
-    assert statistics.median(growth) < 2.0, rss
+    growth, rss = _rss_growth(tmp_path / "r")
+    assert growth < 2.0, rss
+
+
+@pytest.mark.slow
+def test_memory_check_catches_a_planted_leak(tmp_path: Path) -> None:
+    """The check above can fail: rank 0 keeping 8 MiB in every run (QBENCH_FAULT's ``leak``)
+    grows its memory by about that much per run, far over the 2 MiB allowed."""
+    growth, rss = _rss_growth(tmp_path / "r", env={"QBENCH_FAULT": "0:1:leak"})
+    assert growth > 6.0, rss

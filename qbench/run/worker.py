@@ -191,8 +191,10 @@ class Run(Training):
 def fault_injection(rank: int, run_id: str, index: int | None = None) -> tuple[int, str] | None:
     """QBENCH_FAULT=RANK:ITERATION[:MODE][@RUN] makes that rank die abruptly (MODE ``exit``, the
     default), raise (``raise``) or hang (``hang``) at that iteration, to test that a failed or
-    hung rank fails its run, naming the rank, instead of hanging the others. ``@RUN`` limits it
-    to one run: its run id, or in group mode its index in the rank group. Testing only."""
+    hung rank fails its run, naming the rank, instead of hanging the others; ``leak`` keeps
+    LEAK_MB MiB for good and goes on, to test that a group's memory check catches a leak.
+    ``@RUN`` limits it to one run: its run id, or in group mode its index in the rank group.
+    Testing only."""
     fault = os.environ.get("QBENCH_FAULT")
     if not fault:
         return None
@@ -205,7 +207,14 @@ def fault_injection(rank: int, run_id: str, index: int | None = None) -> tuple[i
     return int(parts[1]), (parts[2] if len(parts) > 2 else "exit")
 
 
+_LEAKED: list[torch.Tensor] = []
+LEAK_MB = 8
+
+
 def _inject(fault: tuple[int, str], it: int) -> None:
+    if fault[1] == "leak":  # memory a run never gives back, so tests can see the check fire
+        _LEAKED.append(torch.ones(LEAK_MB * 2**18))  # float32: LEAK_MB MiB, every page touched
+        return
     if fault[1] == "raise":
         raise RuntimeError(f"injected fault at iteration {it} (QBENCH_FAULT)")
     if fault[1] == "hang":
