@@ -208,7 +208,7 @@ def fault_injection(rank: int, run_id: str, index: int | None = None) -> tuple[i
 
 
 _LEAKED: list[torch.Tensor] = []
-LEAK_MB = 8
+LEAK_MB = 16
 
 
 def _inject(fault: tuple[int, str], it: int) -> None:
