@@ -24,11 +24,15 @@ demo: venv
 	$(BIN)/qbench sweep --out $(DEMO_OUT)
 	$(BIN)/qbench report $(DEMO_OUT)
 
+# The single-process tests run on every core (pytest-xdist); the multi-process ones, which
+# launch ranks of their own and check timeouts, one at a time.
+TEST_WORKERS ?= auto
 test: venv
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -m slow
 
 test-fast: venv
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS)
 
 test-slow: venv
 	$(BIN)/python -m pytest -m slow
