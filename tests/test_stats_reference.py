@@ -60,6 +60,7 @@ BASE = {"model": "mlp", "dataset": "synthetic", "backend": "gloo", "scheme": "al
         (None, "batchnorm", 8, "fp32+w8"),
         ("fp32", "groupnorm", "6", "fp32+groupnorm+w6"),
         ("fp32", None, 0, "fp32"),
+        ("fp32", None, "n/a", "fp32"),  # not a number: no weight quantization recorded
     ],
 )
 def test_precision_label(compute: Any, norm: Any, weight_bits: Any, label: str) -> None:
@@ -96,6 +97,8 @@ def test_as_int_keeps_fractions_and_missing() -> None:
     assert whole.tolist()[0] == 1 and whole.tolist()[2] == 3 and whole.isna().tolist()[1]
     fraction = stats._as_int(pd.Series([1.5, 2]))
     assert fraction.tolist() == [1.5, 2.0] and str(fraction.dtype) == "float64"
+    garbled = stats._as_int(pd.Series([2, "n/a"]))  # a hand-edited run.json: unknown, not fatal
+    assert str(garbled.dtype) == "Int64" and garbled.tolist()[0] == 2 and garbled.isna()[1]
 
 
 def test_record_row_machine_cores_provenance_and_profile() -> None:
@@ -160,12 +163,13 @@ def test_runs_frame_defaults_for_older_records() -> None:
 # -- dollars, batch, display -------------------------------------------------------------------
 def test_money_columns_by_hand() -> None:
     table = pd.DataFrame({
-        "run_id": ["a", "b", "c"], "price_per_hour": [3.6, 3.6, math.nan], "nodes": [2, 1, 1],
-        "t_iteration_median": [0.5, 2.0, 1.0], "epochs_done": [2, 0, 1],
-        "time_to_target_s": [100.0, math.nan, 5.0],
+        "run_id": ["a", "b", "c", "d"], "price_per_hour": [3.6, 3.6, math.nan, 7.2],
+        "nodes": [2, 1, 1, 1], "t_iteration_median": [0.5, 2.0, 1.0, 1.0],
+        "epochs_done": [2, 0, 1, 1], "time_to_target_s": [100.0, math.nan, 5.0, math.nan],
     })  # fmt: skip
     epochs = epochs_frame([_epoch("a", 2, train_time_s=30.0), _epoch("a", 1, train_time_s=10.0),
-                           _epoch("b", 1, train_time_s=7.0)])  # fmt: skip
+                           _epoch("b", 1, train_time_s=7.0),
+                           _epoch("d", 1, train_time_s=50.0)])  # fmt: skip
     out = stats._add_money(table, epochs)
     # a: 3.6 $/h x 2 machines = 0.002 $/s; 0.5 s per iteration; 30 s over 2 epochs; 100 s
     assert out["cost_per_iteration"].tolist()[:2] == pytest.approx([0.001, 0.002])
@@ -174,6 +178,7 @@ def test_money_columns_by_hand() -> None:
     assert math.isnan(out["cost_per_epoch"].tolist()[1])  # no epoch done: no cost per epoch
     assert math.isnan(out["cost_to_target"].tolist()[1])
     assert all(math.isnan(v) for v in out.iloc[2][list(stats.MONEY_COLUMNS)])  # no price
+    assert out["cost_per_epoch"].tolist()[3] == pytest.approx(0.1)  # one epoch: 7.2 $/h x 50 s
 
 
 def test_global_batch_and_simulated_label() -> None:
@@ -233,6 +238,26 @@ def test_load_and_summarize_by_hand(tmp_path: Path) -> None:
     for run_id in ("failed-run", "no-parquet"):
         assert table.loc[run_id, "iterations"] == 0
         assert math.isnan(table.loc[run_id, "t_iteration_median"])
+
+
+def test_loaded_frames_are_indexed_row_by_row(tmp_path: Path) -> None:
+    """What load returns is a plain frame to pandas users: one RangeIndex over all runs' rows,
+    not each file's own 0..n-1 repeated."""
+    store = ResultStore(tmp_path)
+    for run_id in ("r1", "r2"):
+        _write(store, run_id, BASE, _rows(run_id, {0: [1.0, 0.2], 1: [1.0, 0.3]}))
+        epochs_frame([_epoch(run_id, 1), _epoch(run_id, 2)]).to_parquet(store.epochs_path(run_id))
+    results = stats.load(tmp_path)
+    assert results.iterations.index.tolist() == list(range(8))
+    assert results.epochs.index.tolist() == list(range(4))
+
+
+def test_per_iteration_is_ordered_by_run_and_iteration() -> None:
+    """Rows may arrive in any order (ranks write in turn); the per-iteration frame is sorted."""
+    rows = _rows("b", {0: [1.0, 0.2, 0.3]}) + _rows("a", {0: [1.0, 0.5], 1: [1.0, 0.6]})
+    out = stats.per_iteration(iterations_frame(rows[::-1]))
+    assert list(zip(out["run_id"], out["iteration"], strict=True)) == [("a", 1), ("b", 1), ("b", 2)]
+    assert out["t_iteration"].tolist() == pytest.approx([0.6, 0.2, 0.3])  # slowest rank
 
 
 def test_profiled_run_is_measured_not_compared(tmp_path: Path) -> None:
@@ -328,7 +353,17 @@ def test_async_run_is_counted_in_updates(tmp_path: Path) -> None:
                 "t_compute": t / 2, "bytes_sent": 100 * r, "payload_bytes": 50, "grad_bytes": 400}
                for r in (1, 2) for i, t in enumerate([9.0, 0.2 * r, 0.4 * r])]  # fmt: skip
     _write(store, "a", labels, server + workers)
-    row = stats.summarize(stats.load(tmp_path)).iloc[0]
+    # beside it a lock-step run, and an async run that failed after writing the same rows
+    _write(store, "l", BASE, _rows("l", {0: [9.0, 0.2, 0.4], 1: [9.0, 0.2, 0.4]}))
+    failed = [{**r, "run_id": "f"} for r in server + workers]
+    _write(store, "f", labels, failed, status="failed", error="rank 2 exited with code 1")
+    table = stats.summarize(stats.load(tmp_path)).set_index("run_id")
+    assert table.loc["l", "iterations"] == 2  # lock-step metrics survive the async ones
+    assert table.loc["l", "t_iteration_median"] == pytest.approx(0.3)
+    assert table.loc["l", "samples_per_s"] == pytest.approx(8 * 2 / 0.3)
+    assert math.isnan(table.loc["f", "t_iteration_median"])  # a failed run has no metrics,
+    assert math.isnan(table.loc["f", "samples_per_s"])  # throughput included
+    row = table.loc["a"]
     assert row["iterations"] == 3  # the server's measured updates
     # 3 updates in 0.5 + 1.5 + 2.0 = 4 s of the server's time, one worker's batch of 8 each
     assert row["samples_per_s"] == pytest.approx(3 / 4.0 * 8)

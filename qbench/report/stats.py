@@ -287,8 +287,7 @@ def _run_metrics(per_it: pd.DataFrame) -> pd.DataFrame:
 
 def _async_runs(runs: pd.DataFrame) -> pd.Series:
     """run_ids of asynchronous parameter-server runs (seed 003), whose rows are not iterations."""
-    scheme = runs["scheme"].astype(str) if "scheme" in runs else pd.Series([], dtype=str)
-    return runs.loc[scheme.str.startswith(ASYNC_SCHEME), "run_id"]
+    return runs.loc[runs["scheme"].astype(str).str.startswith(ASYNC_SCHEME), "run_id"]
 
 
 def _async_metrics(iterations: pd.DataFrame) -> pd.DataFrame:
@@ -303,7 +302,8 @@ def _async_metrics(iterations: pd.DataFrame) -> pd.DataFrame:
     measured = iterations[~iterations["warmup"].astype(bool)]
     server, workers = measured[measured["rank"] == 0], measured[measured["rank"] != 0]
     if server.empty or workers.empty:
-        return pd.DataFrame(columns=columns)
+        # typed as the measured frame is, so the summary's metric columns stay float
+        return pd.DataFrame(columns=columns).astype(dict.fromkeys(columns[1:], float))
     up = workers.groupby("run_id").agg(
         t_iteration_median=("t_iteration", "median"),
         t_iteration_p95=("t_iteration", lambda s: s.quantile(0.95)),
