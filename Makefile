@@ -24,12 +24,12 @@ demo: venv
 	$(BIN)/qbench sweep --out $(DEMO_OUT)
 	$(BIN)/qbench report $(DEMO_OUT)
 
-# The single-process tests run on every core (pytest-xdist); the multi-process ones, which
-# launch ranks of their own and check timeouts, one at a time.
+# One pytest over every core (pytest-xdist): the multi-process tests, which launch ranks of
+# their own and check timeouts, run one at a time on one worker (tests/conftest.py groups
+# them), the single-process ones on the other workers beside them.
 TEST_WORKERS ?= auto
 test: venv
-	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS)
-	$(BIN)/python -m pytest -m slow
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 test-fast: venv
 	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS)
