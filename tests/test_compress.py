@@ -96,6 +96,13 @@ def test_decode_into_out_adds(name: str) -> None:
     assert torch.allclose(out, 1.0 + c.decode(payload))
 
 
+@pytest.mark.parametrize("name", sorted(COMPRESSORS))
+def test_a_payload_counts_the_values_it_encodes(name: str) -> None:
+    """``numel`` is what a receiver sizes its output by (a multi-piece decode, ``from_wire``)."""
+    c = build(name)
+    assert [c.encode(_grad(n), name=f"g{n}").numel for n in (1, 100)] == [1, 100]
+
+
 def test_none_is_the_identity() -> None:
     c = build("none")
     g = _grad(9)

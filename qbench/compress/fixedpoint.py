@@ -87,12 +87,6 @@ def _stochastic_round(t: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return low + (u < t - low).to(t.dtype)
 
 
-def _packed_nbytes(numel: int, bits: int) -> int:
-    if bits <= 8:
-        return bitpack.packed_nbytes(numel, bits)
-    return numel + bitpack.packed_nbytes(numel, bits - 8)  # = ceil(numel * bits / 8)
-
-
 def _pack(q: torch.Tensor, bits: int) -> torch.Tensor:
     if bits == 16:
         return q.to(torch.int16)
