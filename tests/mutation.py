@@ -8,14 +8,16 @@ directory, build/mutation/NAME/, holding links to qbench/ and tests/ and a setup
 ``[mutmut]`` section is the shared one plus the group's files and tests, so that mutmut's
 ``stats`` run, which finds the tests covering each mutated function, runs only the group's
 tests. Then mutmut runs each mutant against the tests that cover its function, and a second
-pass runs each survivor against every test of the files that cover its function (``widen``).
+pass runs each survivor against every test of the files that cover its function (``widen``),
+and each timeout once more.
 
 The score of a module is killed / (killed + survived + no tests + suspicious), timeouts counted
-as killed. Mutants listed in tests/mutation_equivalent.txt (names or fnmatch patterns) are left
-out of it, each with its reason: equivalent (no input tells it apart), or unreachable here
-("GPU only": only a CUDA tensor tells it apart; "import time": the code runs only while the
-module loads, before mutmut forks the process that activates a mutant). A group's survivors
-and their diffs go to build/mutation/NAME/survivors.txt.
+as killed (the tests run with one OpenMP thread: a pool does not survive mutmut's fork, and its
+hangs would pass for kills). Mutants listed in tests/mutation_equivalent.txt (names or fnmatch
+patterns) are left out of it, each with its reason: equivalent (no input tells it apart), or
+unreachable here ("GPU only": only a CUDA tensor tells it apart; "import time": the code runs
+only while the module loads, before mutmut forks the process that activates a mutant). A
+group's survivors and their diffs go to build/mutation/NAME/survivors.txt.
 
     python tests/mutation.py                        # every group
     python tests/mutation.py costmodel bitpack      # some
@@ -48,7 +50,8 @@ LINKED = (
 )
 
 # mutmut's exit codes per mutant (mutmut.stats.status_by_exit_code), grouped for the score.
-KILLED = {1, 3, 36, -24, 24, 152, 255}  # failing tests, or a timeout
+TIMEOUTS = {36, -24, 24, 152, 255}
+KILLED = {1, 3, *TIMEOUTS}  # failing tests, or a timeout (rerun once in the second pass)
 SURVIVED = {0}
 NO_TESTS = {5, 33}
 NOT_RUN = {None, 2, 34, 37}  # not checked, interrupted, skipped, type check
@@ -66,6 +69,7 @@ class Tally:
     unreachable: int = 0
     not_run: int = 0
     survivors: list[str] = field(default_factory=list)
+    timeouts: list[str] = field(default_factory=list)
 
     @property
     def counted(self) -> int:
@@ -132,6 +136,10 @@ def run(
     name: str, work: Path, group: configparser.SectionProxy, max_children: int, only: list[str]
 ) -> None:
     env = dict(os.environ, QBENCH_KERNELS=str(ROOT / "kernels"))
+    # mutmut forks one child per mutant from a process that imported torch: an OpenMP pool
+    # does not survive a fork (the child waits forever on a futex, and mutmut counts the hang
+    # as a timeout, i.e. a kill), so every thread pool gets one thread
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env.update(line.split("=", 1) for line in _lines(group.get("env", "")))
     mutmut = Path(sys.executable).with_name("mutmut")
     argv = [str(mutmut), "run", "--max-children", str(max_children), *only]
@@ -179,6 +187,8 @@ def tally(work: Path, group: configparser.SectionProxy, skip: dict[str, str]) ->
                     t.equivalent += 1
                 elif code in KILLED:
                     t.killed += 1
+                    if code in TIMEOUTS:
+                        t.timeouts.append(mutant)
                 elif code in SURVIVED:
                     t.survived += 1
                     t.survivors.append(mutant)
@@ -253,8 +263,10 @@ def main(argv: list[str] | None = None) -> int:
             work = prepare(name, cfg, fresh=not (args.keep or args.survivors))
             if not args.survivors:
                 run(name, work, known[name], args.max_children, [])
-            # second pass: the survivors against every test of the files that cover them
-            only = [m for t in tally(work, known[name], skip).values() for m in t.survivors]
+            # second pass: the survivors against every test of the files that cover them, and
+            # the timeouts once more (a hang the mutant causes hangs again: still a kill)
+            tallies = tally(work, known[name], skip).values()
+            only = [m for t in tallies for m in (*t.survivors, *t.timeouts)]
             if only:
                 widen(work)
                 run(name, work, known[name], args.max_children, only)
