@@ -24,18 +24,20 @@ demo: venv
 	$(BIN)/qbench sweep --out $(DEMO_OUT)
 	$(BIN)/qbench report $(DEMO_OUT)
 
-# One pytest over every core (pytest-xdist): the multi-process tests, which launch ranks of
-# their own and check timeouts, run one at a time on one worker (tests/conftest.py groups
-# them), the single-process ones on the other workers beside them.
+# The single-process tests on every core (pytest-xdist); then the multi-process ones, which
+# launch ranks of their own, two at a time (SLOW_WORKERS), whole files per worker (loadfile):
+# the tests of one file share the machine's network namespaces or Slurm, never two at once.
 TEST_WORKERS ?= auto
+SLOW_WORKERS ?= 2
 test: venv
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -m slow -n $(SLOW_WORKERS) --dist loadfile
 
 test-fast: venv
 	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS)
 
 test-slow: venv
-	$(BIN)/python -m pytest -m slow
+	$(BIN)/python -m pytest -m slow -n $(SLOW_WORKERS) --dist loadfile
 
 lint: venv kernels
 	$(BIN)/ruff check qbench tests
