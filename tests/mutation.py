@@ -15,7 +15,8 @@ The score of a module is killed / (killed + survived + no tests + suspicious), t
 as killed (the tests run with one OpenMP thread: a pool does not survive mutmut's fork, and its
 hangs would pass for kills). Mutants listed in tests/mutation_equivalent.txt (names or fnmatch
 patterns) are left out of it, each with its reason: equivalent (no input tells it apart), or
-unreachable here ("GPU only": only a CUDA tensor tells it apart; "import time": the code runs
+unreachable here ("GPU only": only a CUDA tensor tells it apart; "native only": only the
+compiled kernels run it, and the group forces the torch reference; "import time": the code runs
 only while the module loads, before mutmut forks the process that activates a mutant). A
 group's survivors and their diffs go to build/mutation/NAME/survivors.txt.
 
@@ -55,7 +56,7 @@ KILLED = {1, 3, *TIMEOUTS}  # failing tests, or a timeout (rerun once in the sec
 SURVIVED = {0}
 NO_TESTS = {5, 33}
 NOT_RUN = {None, 2, 34, 37}  # not checked, interrupted, skipped, type check
-UNREACHABLE = ("GPU only", "import time")
+UNREACHABLE = ("GPU only", "import time", "native only")
 """Reasons that mark a mutant no test here can activate (rather than an equivalent one)."""
 
 
