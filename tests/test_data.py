@@ -181,6 +181,27 @@ def test_corrupt_or_truncated_idx_is_value_error(tmp_path: Path) -> None:
         read_idx(tmp_path / "nd0")
 
 
+def test_idx_header_and_size_errors_word_for_word(tmp_path: Path) -> None:
+    """The format (big-endian): magic 0x0000TTNN (two zero bytes, type code, number of dims),
+    then NN uint32 dims, then exactly prod(dims) items. Bytes written out here."""
+    uint8_2x3 = b"\x00\x00\x08\x02" + b"\x00\x00\x00\x02" + b"\x00\x00\x00\x03"
+    cases = {
+        "high-byte": (b"\x01\x00\x08\x01\x00\x00\x00\x00", "magic 0x01000801 is not an IDX header"),
+        "bit-16": (b"\x00\x01\x08\x01\x00\x00\x00\x00", "magic 0x00010801 is not an IDX header"),
+        "short": (uint8_2x3 + bytes(5), "truncated: dims [2, 3] need 6 data bytes, found 5"),
+        "long": (uint8_2x3 + bytes(8), "trailing bytes: dims [2, 3] need 6 data bytes, found 8"),
+    }
+    for name, (data, message) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ValueError) as err:
+            read_idx(tmp_path / name)
+        assert str(err.value) == f"IDX file {tmp_path / name}: {message}"
+    # a header with a zero dimension and nothing after it is a valid empty array
+    (tmp_path / "empty").write_bytes(b"\x00\x00\x08\x01\x00\x00\x00\x00")
+    empty = read_idx(tmp_path / "empty")
+    assert empty.shape == (0,) and empty.dtype == np.uint8
+
+
 def test_idx_writer_rejects_what_the_format_cannot_hold(tmp_path: Path) -> None:
     # IDX has element types u1 i1 i2 i4 f4 f8 only, and at least one dimension
     for array, what in [
