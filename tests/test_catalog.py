@@ -128,6 +128,10 @@ def test_which_payloads_integer_allreduce_can_sum() -> None:
     assert why("qsgd:norm=l2") == (
         "it scales buckets by the max |x| over ranks, got qsgd norm l2; use `norm: max`"
     )
+    assert why("qsgd:align=tensor") == (
+        "its ranks share one grid of contiguous buckets over the slice, got qsgd align tensor; "
+        "use `align: contiguous`"
+    )
     assert why("fp16") == why("onebit") == "its payload is not integer levels"
 
 
