@@ -255,3 +255,15 @@ def test_torus_rule_needs_two_factors() -> None:
     assert rules.incompatibility("gloo", "gossip", "none", world_size=6, params=params) is None
     why = rules.incompatibility("gloo", "gossip", "none", world_size=7, params=params)
     assert "torus needs world_size = r x c" in str(why)
+
+
+def test_per_tensor_pieces_may_be_empty_but_must_add_up() -> None:
+    """A layer group can hold a tensor with no values (a zero-size bias): its piece is 0."""
+    checked = catalog.compressor("qsgd:align=tensor")
+    entry, params = checked.entry, checked.params
+    assert entry.pieces(params, 5, [0, 5, 0]) == (0, 5, 0)
+    assert entry.pieces(params, 5, None) == (5,)
+    for bad in ([6, -1], [2, 2]):
+        with pytest.raises(ValueError) as err:
+            entry.pieces(params, 5, bad)
+        assert str(err.value) == f"qsgd: pieces {bad} do not add up to 5"
