@@ -29,15 +29,17 @@ demo: venv
 # the tests of one file share the machine's network namespaces or Slurm, never two at once.
 TEST_WORKERS ?= auto
 SLOW_WORKERS ?= 2
+FAST_TESTS = $(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS)
+SLOW_TESTS = $(BIN)/python -m pytest -m slow -n $(SLOW_WORKERS) --dist loadfile
 test: venv
-	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS)
-	$(BIN)/python -m pytest -m slow -n $(SLOW_WORKERS) --dist loadfile
+	$(FAST_TESTS)
+	$(SLOW_TESTS)
 
 test-fast: venv
-	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS)
+	$(FAST_TESTS)
 
 test-slow: venv
-	$(BIN)/python -m pytest -m slow -n $(SLOW_WORKERS) --dist loadfile
+	$(SLOW_TESTS)
 
 lint: venv kernels
 	$(BIN)/ruff check qbench tests
