@@ -187,6 +187,8 @@ class _Point:
     """One combination of the scenario's axes, before it is checked."""
 
     model: str
+    model_spec: dict[str, Any]
+    """The model as the scenario wrote it (include / exclude may name it so)."""
     model_params: dict[str, Any]
     workload: dict[str, Any]
     dataset: str
@@ -290,16 +292,19 @@ def _points(sc: Scenario, model_entries: list[user.Model]) -> Iterator[_Point]:
     variants = list(itertools.product(sc.compressor, sc.scheme))
     draws = list(itertools.product(sc.seed, range(sc.repeats), sc.skew, sc.compute, sc.weights))
     data_entries = user.datasets_of(sc)
-    axes = itertools.product(model_entries, data_entries, sc.network, places, variants, draws)
-    for (model, mparams, factory), (dataset, data), net, place, (comp, scheme_spec), draw in axes:
+    models_ = zip(sc.model, model_entries, strict=True)
+    axes = itertools.product(models_, data_entries, sc.network, places, variants, draws)
+    for (written, (model, mparams, factory)), (dataset, data), net, place, variant, draw in axes:
+        comp, scheme_spec = variant
         ws, nodes, backend, dev = place
         seed, rep, skew, compute, weights = draw
         spec = catalog.compressor(comp)
         name = rules.resolve_auto(spec) if scheme_spec["name"] == "auto" else scheme_spec["name"]
         scheme, params = rules.canonical(name, _params(scheme_spec), spec.name)
         yield _Point(
-            model, mparams, factory, dataset, data, dict(net), ws, nodes, backend, dev, spec,
-            scheme_spec, scheme, params, seed, rep, skew, compute, int(weights.get("bits", 0)),
+            model, dict(written), mparams, factory, dataset, data, dict(net), ws, nodes, backend,
+            dev, spec, scheme_spec, scheme, params, seed, rep, skew, compute,
+            int(weights.get("bits", 0)),
         )  # fmt: skip
 
 
@@ -336,7 +341,7 @@ def _filter_values(p: _Point, device: str) -> dict[str, tuple[Any, ...]]:
     """What include / exclude entries may match per axis: names, labels and full mappings."""
     c = p.compressor
     return {
-        "model": (p.model, {"name": p.model, **p.model_params}),
+        "model": (p.model, p.model_spec, {"name": p.model, **p.model_params}),
         "dataset": (p.dataset, *((p.data,) if p.data else ())),
         "world_size": (p.world_size,), "nodes": (p.nodes,), "backend": (p.backend,),
         "device": (p.device, device),

@@ -1,0 +1,433 @@
+"""Matrix expansion against expectations written out by hand from the scenario (issue 24).
+
+Every expected RunSpec field, label, run id, description and reason below is read off the
+scenario text and the rules in docs/scenarios.md, never computed by qbench.spec.matrix: the run
+id's digest is recomputed here with hashlib from a dict written out in the test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import pytest
+
+from qbench.errors import UserError
+from qbench.spec import checks, matrix, scenario
+
+# Every key a scenario may set to something other than its default, in iteration mode.
+FULL = """
+name: ref
+model: mlp
+world_size: 4
+nodes: 2
+backend: mpi
+device: cpu
+scheme: [{name: reduce-broadcast, overlap: 4}]
+compressor: [{name: qsgd, bits: 4}]
+network: {bandwidth: 1gbit}
+batch_size: {4: 16}
+warmup: 2
+iterations: 7
+lr: 0.1
+momentum: 0.5
+weight_decay: 0.001
+seed: 3
+repeats: 2
+skew: 0.5
+compute: bf16
+norm: range-evonorm
+weights: {bits: 8}
+price_per_hour: 2.5
+timeout: 77
+telemetry: true
+"""
+
+# FULL's first run, field by field (layers: the default policy, written out because the run is
+# compressed; device "": cpu is mpi's own device).
+FULL_RUN: dict[str, Any] = {
+    "scenario": "ref", "model": "mlp", "dataset": "synthetic", "world_size": 4,
+    "backend": "mpi", "scheme": "reduce-broadcast", "compressor": {"name": "qsgd", "bits": 4},
+    "batch_size": 16, "warmup": 2, "iterations": 7, "lr": 0.1, "momentum": 0.5, "seed": 3,
+    "timeout": 77.0, "telemetry": True,
+    "layers": {"full_precision_below": "auto", "quantized_fraction": 0.99, "overrides": {}},
+    "scheme_params": {"overlap": 4}, "network": {"bandwidth": "1gbit"}, "model_params": {},
+    "repeat": 0, "nodes": 2, "device": "", "price_per_hour": 2.5, "epochs": 0,
+    "lr_schedule": {}, "weight_decay": 0.001, "skew": 0.5, "target_accuracy": None,
+    "compute": "bf16", "norm": "range-evonorm", "weight_bits": 8, "steps_per_epoch": 0,
+    "profile": False, "workload": {}, "data": {}, "optimizer": {}, "loss": {},
+}  # fmt: skip
+
+
+def expand(text: str) -> matrix.Matrix:
+    return matrix.expand(scenario.loads(text, "t.yaml"))
+
+
+def sha10(d: dict[str, Any]) -> str:
+    return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def test_every_scenario_key_reaches_its_run_spec_field() -> None:
+    m = expand(FULL)
+    assert m.excluded == []
+    assert [r.to_dict() for r in m.runs] == [FULL_RUN, {**FULL_RUN, "repeat": 1}]
+
+
+def test_labels_written_out() -> None:
+    run = expand(FULL).runs[0]
+    assert run.labels() == {
+        "model": "mlp", "dataset": "synthetic", "backend": "mpi", "device": "cpu",
+        "scheme": "reduce-broadcast+overlap4", "mode": "overlap", "overlap": "none",
+        "compressor": "qsgd-4b-b512", "compressor_name": "qsgd", "bits": 4.0, "world_size": 4,
+        "batch_size": 16, "global_batch": 64, "simulated": False, "network": "1gbit",
+        "model_params": {}, "seed": 3, "repeat": 0, "nodes": 2, "price_per_hour": 2.5,
+        "epochs": 0, "skew": 0.5, "target_accuracy": None, "compute": "bf16",
+        "norm": "range-evonorm", "weight_bits": 8, "optimizer": "momentum",
+        "loss": "cross-entropy",
+    }  # fmt: skip
+
+
+def test_run_id_is_slug_and_digest_of_what_changes_the_run() -> None:
+    runs = expand(FULL).runs
+    # hashed: every field but timeout, scenario, price and target accuracy, less the fields
+    # added after results existed that hold their defaults (so old ids stay valid)
+    hashed = {
+        "model": "mlp", "dataset": "synthetic", "world_size": 4, "backend": "mpi",
+        "scheme": "reduce-broadcast", "compressor": {"name": "qsgd", "bits": 4},
+        "batch_size": 16, "warmup": 2, "iterations": 7, "lr": 0.1, "momentum": 0.5, "seed": 3,
+        "telemetry": True, "layers": FULL_RUN["layers"], "scheme_params": {"overlap": 4},
+        "network": {"bandwidth": "1gbit"}, "nodes": 2, "weight_decay": 0.001, "skew": 0.5,
+        "compute": "bf16", "norm": "range-evonorm", "weight_bits": 8,
+    }  # fmt: skip
+    slug = "mlp-mpi-reduce-broadcast+overlap4-qsgd-4b-b512-w4n2"
+    assert runs[0].run_id == f"{slug}-{sha10(hashed)}"
+    assert runs[1].run_id == f"{slug}-r1-{sha10({**hashed, 'repeat': 1})}"
+
+
+def test_run_id_of_a_default_run_hashes_the_original_fields_only() -> None:
+    run = expand("name: s\nmodel: mlp\nworld_size: 2\n").runs[0]
+    hashed = {
+        "model": "mlp", "dataset": "synthetic", "world_size": 2, "backend": "gloo",
+        "scheme": "allreduce", "compressor": {"name": "none"}, "batch_size": 32, "warmup": 5,
+        "iterations": 20, "lr": 0.05, "momentum": 0.9, "seed": 0, "telemetry": False,
+        "layers": {}, "scheme_params": {}, "network": {},
+    }  # fmt: skip
+    assert run.run_id == f"mlp-gloo-allreduce-fp32-w2-{sha10(hashed)}"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("timeout", 1.0), ("scenario", "other"), ("price_per_hour", 9.0),
+     ("target_accuracy", 0.5)],
+)  # fmt: skip
+def test_run_id_ignores_what_changes_nothing_measured(field: str, value: Any) -> None:
+    run = expand(FULL).runs[0]
+    changed = matrix.RunSpec.from_dict({**run.to_dict(), field: value})
+    assert changed.run_id == run.run_id
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("model_params", {"params": "1M"}), ("device", "cpu"), ("epochs", 3),
+     ("lr_schedule", {"every": 2}), ("steps_per_epoch", 5), ("profile", True),
+     ("workload", {"factory": "m:f"}), ("data", {"factory": "m:d"}),
+     ("optimizer", {"name": "adam"}), ("loss", {"name": "mse"}), ("weight_decay", 0.5),
+     ("skew", 0.25), ("compute", "fp16"), ("norm", "batchnorm"), ("weight_bits", 6),
+     ("nodes", 1), ("repeat", 1)],
+)  # fmt: skip
+def test_run_id_changes_with_every_optional_field_off_its_default(field: str, value: Any) -> None:
+    run = expand(FULL).runs[0]
+    changed = matrix.RunSpec.from_dict({**run.to_dict(), field: value})
+    assert changed.run_id != run.run_id
+    assert matrix.RunSpec.from_dict(run.to_dict()) == run
+
+
+@pytest.mark.parametrize(
+    ("extra", "want"),
+    [
+        # no overlap parameter, or overlap 1: the breakdown mode; DDP overlaps with backward
+        ("scheme: reduce-broadcast\ncompressor: {name: qsgd, bits: 4}\n",
+         {"mode": "breakdown", "overlap": "none", "scheme": "reduce-broadcast"}),
+        ("scheme: {name: reduce-broadcast, overlap: 1}\ncompressor: {name: qsgd, bits: 4}\n",
+         {"mode": "breakdown", "scheme": "reduce-broadcast+overlap1"}),
+        ("scheme: ddp\n", {"mode": "breakdown", "overlap": "backward", "scheme": "ddp"}),
+        ("scheme: simulated-lowprec\ncompressor: {name: qsgd, bits: 8}\n",
+         {"simulated": True, "scheme": "simulated-lowprec"}),
+        ("momentum: 0\n", {"optimizer": "sgd"}),
+        ("optimizer: adam\n", {"optimizer": "adam"}),
+        ("loss: mse\n", {"loss": "mse"}),
+        ("loss: {factory: 'mypkg.losses:focal'}\n", {"loss": "mypkg.losses:focal"}),
+        ("compressor: onebit\n", {"compressor": "1bit-b64", "compressor_name": "onebit",
+                                  "bits": 1.0, "scheme": "reduce-broadcast"}),
+    ],
+)  # fmt: skip
+def test_labels_per_scheme_optimizer_and_loss(extra: str, want: dict[str, Any]) -> None:
+    labels = expand(f"name: s\nmodel: mlp\nworld_size: 2\n{extra}").runs[0].labels()
+    assert {k: labels[k] for k in want} == want
+
+
+def test_model_params_and_seed_in_labels_are_the_scenarios() -> None:
+    run = expand("name: s\nmodel: {name: synthetic, params: 1M}\nworld_size: 2\nseed: 7\n").runs[0]
+    labels = run.labels()
+    assert (labels["model"], labels["model_params"], labels["seed"]) == (
+        "synthetic", {"params": 1_000_000, "gflops": 0.1, "width": None}, 7)  # fmt: skip
+    assert labels["device"] == "cpu"
+
+
+# -- devices and placement: the reasons word for word, and what a runnable pair records ------
+NCCL_CPU = "nccl reduces GPU tensors only; use device cuda (or auto) or backend gloo"
+GLOO_CUDA = (
+    "gloo has no CUDA all-to-all for the compressed schemes; use nccl or mpi for device cuda"
+)
+
+
+@pytest.mark.parametrize(
+    ("backend", "device", "recorded", "kind", "why"),
+    [
+        ("nccl", "auto", "", "cuda", None), ("nccl", "cuda", "", "cuda", None),
+        ("nccl", "cpu", None, None, NCCL_CPU),
+        ("gloo", "auto", "", "cpu", None), ("gloo", "cpu", "", "cpu", None),
+        ("gloo", "cuda", None, None, GLOO_CUDA),
+        ("mpi", "auto", "", "cpu", None), ("mpi", "cpu", "", "cpu", None),
+        ("mpi", "cuda", "cuda", "cuda", None),
+    ],
+)  # fmt: skip
+def test_device_recorded_only_when_not_the_backends_own(
+    backend: str, device: str, recorded: str | None, kind: str | None, why: str | None
+) -> None:
+    backends = backend if backend == "gloo" else f"[{backend}, gloo]"
+    text = f"name: s\nmodel: mlp\nworld_size: 2\nbackend: {backends}\ndevice: {device}\n"
+    if backend == "gloo" and why:
+        with pytest.raises(checks.EmptyMatrix) as e:
+            expand(text)
+        assert [x.reason for x in e.value.excluded] == [why]
+        return
+    m = expand(text)
+    mine = [r for r in m.runs if r.backend == backend]
+    if why:
+        assert mine == []
+        assert [x.reason for x in m.excluded] == [why]
+        return
+    assert [(r.device, r.device_kind, r.labels()["device"]) for r in mine] == [
+        (recorded, kind, kind)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        ("world_size: 3\nnodes: 2\n", "world_size 3 does not split evenly over nodes 2"),
+        ("world_size: 4\nbackend: nccl\ngpus_per_node: 2\n",
+         "4 ranks per node but gpus_per_node is 2; each CUDA rank needs its own GPU"),
+        ("world_size: 2\nbackend: nccl\nnetwork: {bandwidth: 1gbit}\n",
+         "network.bandwidth emulates links between CPU processes (gloo, mpi); nccl would talk "
+         "GPU to GPU inside one host and bypass them; use gloo or remove `network:`"),
+    ],
+)  # fmt: skip
+def test_placement_and_link_reasons_word_for_word(extra: str, why: str) -> None:
+    with pytest.raises(checks.EmptyMatrix) as e:
+        expand(f"name: s\nmodel: mlp\n{extra}")
+    assert [x.reason for x in e.value.excluded] == [why]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    ["world_size: 4\nnodes: 2\nbackend: nccl\ngpus_per_node: 2\n",  # 2 per node: fits
+     "world_size: 4\nbackend: mpi\ngpus_per_node: 1\n",  # cpu ranks need no GPU
+     "world_size: 4\nnodes: 4\n"],
+)  # fmt: skip
+def test_placement_that_fits_runs(extra: str) -> None:
+    assert len(expand(f"name: s\nmodel: mlp\n{extra}").runs) == 1
+
+
+# -- descriptions of excluded combinations ------------------------------------------------------
+def test_description_names_every_axis_off_its_default() -> None:
+    text = (
+        FULL.replace("world_size: 4\n", "world_size: [4, 8]\n").replace(
+            "batch_size: {4: 16}\n", "batch_size: 16\n"
+        )
+        + "exclude: [{world_size: 8}]\n"
+    )
+    m = expand(text)
+    assert [(e.description, e.reason) for e in m.excluded] == [
+        ("mlp mpi reduce-broadcast+overlap4 qsgd-4b-b512 w8 n2 1gbit seed3 skew0.5 bf16 w8bits",
+         "dropped by exclude entry 1 {'world_size': 8}"),
+        ("mlp mpi reduce-broadcast+overlap4 qsgd-4b-b512 w8 n2 1gbit seed3 repeat1 skew0.5 bf16 "
+         "w8bits", "dropped by exclude entry 1 {'world_size': 8}"),
+    ]  # fmt: skip
+
+
+def test_description_of_a_default_combination_is_short() -> None:
+    m = expand("name: s\nmodel: mlp\nworld_size: [1, 2]\nexclude: [{backend: mpi}, "
+               "{world_size: 1}]\n")  # fmt: skip
+    assert [(e.description, e.reason) for e in m.excluded] == [
+        (
+            "mlp gloo allreduce fp32 w1 unshaped seed0",
+            "dropped by exclude entry 2 {'world_size': 1}",
+        )
+    ]
+
+
+# -- include / exclude: a value may be a name, a label or the full mapping ------------------------
+BIG = """name: s
+model: [mlp, {name: synthetic, params: 1M}]
+world_size: [1, 2]
+backend: [gloo, mpi]
+scheme: [auto, {name: reduce-broadcast, overlap: 2}]
+compressor: [none, {name: qsgd, bits: 4}]
+network: [unshaped, {bandwidth: 1gbit}]
+seed: [0, 1]
+repeats: 2
+skew: [0, 0.5]
+compute: [fp32, bf16]
+"""
+
+
+@pytest.mark.parametrize(
+    ("entry", "test"),
+    [
+        ("{model: synthetic}", lambda r: r.model == "synthetic"),
+        ("{model: {name: synthetic, params: 1M}}", lambda r: r.model == "synthetic"),
+        ("{model: [mlp]}", lambda r: r.model == "mlp"),
+        ("{dataset: synthetic}", lambda r: True),
+        ("{world_size: 2}", lambda r: r.world_size == 2),
+        ("{nodes: 1}", lambda r: True),
+        ("{backend: mpi}", lambda r: r.backend == "mpi"),
+        ("{device: auto}", lambda r: True),
+        ("{device: cpu}", lambda r: True),
+        # the scheme as written (auto), as resolved, as the whole mapping written or resolved
+        ("{scheme: auto}", lambda r: r.scheme_params == {}),
+        ("{scheme: allreduce}", lambda r: r.scheme == "allreduce"),
+        ("{scheme: reduce-broadcast}", lambda r: r.scheme == "reduce-broadcast"),
+        ("{scheme: {name: reduce-broadcast, overlap: 2}}", lambda r: r.scheme_params != {}),
+        ("{compressor: qsgd}", lambda r: r.compressor["name"] == "qsgd"),
+        ("{compressor: qsgd-4b-b512}", lambda r: r.compressor["name"] == "qsgd"),
+        ("{compressor: {name: qsgd, bits: 4}}", lambda r: r.compressor["name"] == "qsgd"),
+        ("{compressor: fp32}", lambda r: r.compressor["name"] == "none"),
+        ("{network: 1gbit}", lambda r: r.network != {}),
+        ("{network: {bandwidth: 1gbit}}", lambda r: r.network != {}),
+        ("{network: unshaped}", lambda r: r.network == {}),
+        ("{seed: 1}", lambda r: r.seed == 1),
+        ("{repeat: 1}", lambda r: r.repeat == 1),
+        ("{skew: 0.5}", lambda r: r.skew == 0.5),
+        ("{compute: bf16}", lambda r: r.compute == "bf16"),
+        ("{backend: mpi, world_size: [1, 2], compute: fp32}",
+         lambda r: r.backend == "mpi" and r.compute == "fp32"),
+    ],
+)  # fmt: skip
+def test_include_matches_names_labels_and_mappings(entry: str, test: Any) -> None:
+    every = expand(BIG).runs
+    kept = expand(BIG + f"include: [{entry}]\n")
+    want = [r.run_id for r in every if test(r)]
+    assert want, "the entry must match some runs"
+    assert [r.run_id for r in kept.runs] == want
+    assert {e.reason for e in kept.excluded} <= {"matches no include entry"}
+    if len(want) == len(every):
+        return
+    dropped = expand(BIG + f"exclude: [{{backend: nccl}}, {entry}]\n")
+    assert [r.run_id for r in dropped.runs] == [r.run_id for r in every if not test(r)]
+    written = scenario.loads(BIG + f"exclude: [{entry}]\n").exclude[0]
+    assert {e.reason for e in dropped.excluded} == {f"dropped by exclude entry 2 {written}"}
+
+
+def test_exclude_before_include_and_first_exclude_entry_named() -> None:
+    m = expand("name: s\nmodel: mlp\nworld_size: [1, 2]\nbackend: [gloo, mpi]\n"
+               "exclude: [{backend: mpi}, {world_size: 1}]\ninclude: [{backend: mpi}, "
+               "{world_size: 2}]\n")  # fmt: skip
+    assert [(r.backend, r.world_size) for r in m.runs] == [("gloo", 2)]
+    assert sorted(e.reason for e in m.excluded) == [
+        "dropped by exclude entry 1 {'backend': 'mpi'}",
+        "dropped by exclude entry 1 {'backend': 'mpi'}",
+        "dropped by exclude entry 2 {'world_size': 1}",
+    ]
+
+
+# -- expansion order, duplicates, empty matrices, --quick's cover ---------------------------------
+def test_repeats_interleaved_and_matrix_order_within_a_repeat() -> None:
+    runs = expand("name: s\nmodel: mlp\nworld_size: [1, 2]\nbackend: [gloo, mpi]\nrepeats: 2\n"
+                  "seed: [0, 1]\n").runs  # fmt: skip
+    assert [(r.repeat, r.world_size, r.backend, r.seed) for r in runs] == [
+        (0, 1, "gloo", 0), (0, 1, "gloo", 1), (0, 1, "mpi", 0), (0, 1, "mpi", 1),
+        (0, 2, "gloo", 0), (0, 2, "gloo", 1), (0, 2, "mpi", 0), (0, 2, "mpi", 1),
+        (1, 1, "gloo", 0), (1, 1, "gloo", 1), (1, 1, "mpi", 0), (1, 1, "mpi", 1),
+        (1, 2, "gloo", 0), (1, 2, "gloo", 1), (1, 2, "mpi", 0), (1, 2, "mpi", 1),
+    ]  # fmt: skip
+
+
+def test_auto_resolving_to_a_listed_scheme_runs_once() -> None:
+    m = expand("name: s\nmodel: mlp\nworld_size: 2\nscheme: [auto, allreduce]\n"
+               "compressor: [none, {name: qsgd, bits: 4}]\n")  # fmt: skip
+    assert [(r.scheme, r.compressor["name"]) for r in m.runs] == [
+        ("allreduce", "none"), ("reduce-broadcast", "qsgd")]  # fmt: skip
+    assert [e.description for e in m.excluded] == [
+        "mlp gloo allreduce qsgd-4b-b512 w2 unshaped seed0"
+    ]
+
+
+def test_empty_matrix_says_how_many_and_the_first_reason() -> None:
+    with pytest.raises(checks.EmptyMatrix) as e:
+        expand("name: s\nmodel: mlp\nworld_size: [1, 2]\nexclude: [{model: mlp}]\n")
+    assert str(e.value) == (
+        "scenario 's' expands to no runnable combination: every one of its 2 is excluded, e.g. "
+        "mlp gloo allreduce fp32 w1 unshaped seed0: dropped by exclude entry 1 {'model': 'mlp'}; "
+        "`qbench sweep SCENARIO --dry-run` lists every reason"
+    )
+
+
+def test_cover_keeps_a_run_per_new_axis_value() -> None:
+    text = "name: s\nmodel: mlp\nworld_size: [1, 2]\nbackend: [gloo, mpi]\nseed: [0, 1]\n"
+    every = expand(text).runs
+    m = expand(text + "cover: true\n")
+    # seeds are not covered (--quick keeps the first): (ws1 gloo s0) is new, (ws1 mpi s0) a new
+    # backend, (ws2 gloo s0) a new world size; the rest bring nothing new
+    kept = [(r.world_size, r.backend, r.seed) for r in m.runs]
+    assert kept == [(1, "gloo", 0), (1, "mpi", 0), (2, "gloo", 0)]
+    assert [e.description for e in m.excluded] == [
+        r.run_id for r in every if (r.world_size, r.backend, r.seed) not in kept
+    ]
+    assert {e.reason for e in m.excluded} == {"cover: its every axis value runs in another run"}
+
+
+def test_cover_counts_scheme_with_compressor_as_one_value() -> None:
+    runs = expand(
+        "name: s\nmodel: mlp\nworld_size: 2\nscheme: [reduce-broadcast, allgather]\n"
+        "compressor: [{name: qsgd, bits: 4}, {name: qsgd, bits: 8}]\n"
+    ).runs
+    kept, dropped = matrix.cover(runs)
+    # compressors outer, schemes inner: rb+q4 new; ag+q4 a new scheme; rb+q8 a new compressor;
+    # ag+q8 brings only its pair
+    assert [(r.scheme, r.compressor["bits"]) for r in kept] == [
+        ("reduce-broadcast", 4),
+        ("allgather", 4),
+        ("reduce-broadcast", 8),
+        ("allgather", 8),
+    ]
+    assert dropped == []
+
+
+def test_axis_values_of_a_run() -> None:
+    run = expand(FULL).runs[0]
+    assert matrix.axis_values(run) == {
+        ("model", "mlp"), ("dataset", "synthetic"), ("backend", "mpi"), ("world_size", 4),
+        ("nodes", 2), ("device", ""), ("network", "1gbit"), ("compute", "bf16"), ("skew", 0.5),
+        ("weight_bits", 8), ("scheme", "reduce-broadcast+overlap4"),
+        ("compressor", "qsgd-4b-b512"), ("method", ("reduce-broadcast+overlap4", "qsgd-4b-b512")),
+    }  # fmt: skip
+
+
+def test_auto_with_parameters_its_resolution_rejects_word_for_word() -> None:
+    with pytest.raises(UserError) as e:
+        expand("name: s\nmodel: mlp\nscheme: {name: auto, overlap: 4}\ncompressor: none\n")
+    assert str(e.value).startswith("scheme auto is allreduce for compressor none, and ")
+    assert str(e.value).endswith(
+        "; name the scheme, e.g. `scheme: [{name: reduce-broadcast, overlap: 4}]`"
+    )
+
+
+@pytest.mark.parametrize(
+    ("scheme", "comp", "want"),
+    [("auto", {"name": "none"}, "allreduce"), ("auto", {"name": "qsgd", "bits": 4},
+      "reduce-broadcast"), ("allgather", {"name": "qsgd", "bits": 4}, "allgather")],
+)  # fmt: skip
+def test_resolve_scheme(scheme: str, comp: dict[str, Any], want: str) -> None:
+    assert matrix.resolve_scheme(scheme, comp) == want
