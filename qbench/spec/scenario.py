@@ -411,7 +411,9 @@ def _typed(key: str, value: Any, typ: type) -> Any:
     if typ is bool and isinstance(value, bool):
         return value
     if isinstance(value, bool) or not isinstance(value, typ):
-        raise UserError(f"{key} must be {typ.__name__}, got {value!r} ({type_name(value)})")
+        raise UserError(
+            f"{key} must be {typ.__name__}, got {checks.show(value)} ({type_name(value)})"
+        )
     return value
 
 
