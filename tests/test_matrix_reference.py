@@ -388,6 +388,16 @@ def test_cover_keeps_a_run_per_new_axis_value() -> None:
     assert {e.reason for e in m.excluded} == {"cover: its every axis value runs in another run"}
 
 
+def test_cover_keeps_the_rules_exclusions_beside_its_own() -> None:
+    m = expand("name: s\nmodel: mlp\nworld_size: [1, 2]\nscheme: [allreduce, reduce-broadcast]\n"
+               "compressor: {name: qsgd, bits: 4}\ncover: true\n")  # fmt: skip
+    assert [(r.world_size, r.scheme) for r in m.runs] == [(1, "reduce-broadcast"),
+                                                         (2, "reduce-broadcast")]  # fmt: skip
+    assert [e.reason.split(";")[0] for e in m.excluded] == [
+        "allreduce sums raw buffers and cannot sum packed qsgd payloads"
+    ] * 2
+
+
 def test_cover_counts_scheme_with_compressor_as_one_value() -> None:
     runs = expand(
         "name: s\nmodel: mlp\nworld_size: 2\nscheme: [reduce-broadcast, allgather]\n"
@@ -424,6 +434,16 @@ def test_auto_with_parameters_its_resolution_rejects_word_for_word() -> None:
     )
 
 
+def test_auto_is_checked_after_a_named_scheme() -> None:
+    with pytest.raises(UserError) as e:
+        expand("name: s\nmodel: mlp\nscheme: [reduce-broadcast, {name: auto, overlap: 4}]\n")
+    assert str(e.value) == (
+        "scheme auto is allreduce for compressor none, and scheme allreduce: unknown parameter "
+        "'overlap'; valid: backward, bucket_cap_mb, gradient_as_bucket_view; name the scheme, "
+        "e.g. `scheme: [{name: reduce-broadcast, overlap: 4}]`"
+    )
+
+
 @pytest.mark.parametrize(
     ("scheme", "comp", "want"),
     [("auto", {"name": "none"}, "allreduce"), ("auto", {"name": "qsgd", "bits": 4},
@@ -431,3 +451,127 @@ def test_auto_with_parameters_its_resolution_rejects_word_for_word() -> None:
 )  # fmt: skip
 def test_resolve_scheme(scheme: str, comp: dict[str, Any], want: str) -> None:
     assert matrix.resolve_scheme(scheme, comp) == want
+
+
+# Accuracy mode with the user's own model, data, optimizer and loss: the fields FULL leaves at
+# their defaults.
+ACCURACY = """
+name: acc
+model: {factory: "mypkg.nets:build", params: {width: 8}, input_shape: [4], num_classes: 3}
+dataset: {factory: "mypkg.data:splits", name: toy}
+epochs: 3
+steps_per_epoch: 5
+lr_schedule: {milestones: [2], gamma: 0.5}
+target_accuracy: 0.9
+profile: true
+optimizer: {name: adam, lr: 0.01}
+loss: {name: cross-entropy, label_smoothing: 0.1}
+world_size: 2
+"""
+
+
+def test_accuracy_mode_and_the_users_workload_reach_the_run_spec() -> None:
+    (run,) = expand(ACCURACY).runs
+    assert run.to_dict() == {
+        "scenario": "acc", "model": "build", "dataset": "toy", "world_size": 2,
+        "backend": "gloo", "scheme": "allreduce", "compressor": {"name": "none"},
+        "batch_size": 32, "warmup": 5, "iterations": 20,
+        "lr": 0.01, "momentum": 0.0,  # adam: lr its own, no momentum
+        "seed": 0, "timeout": 600.0, "telemetry": False, "layers": {}, "scheme_params": {},
+        "network": {}, "model_params": {}, "repeat": 0, "nodes": 1, "device": "",
+        "price_per_hour": None, "epochs": 3, "lr_schedule": {"milestones": [2], "gamma": 0.5},
+        "weight_decay": 0.0, "skew": 0.0, "target_accuracy": 0.9, "compute": "fp32",
+        "norm": "batchnorm", "weight_bits": 0, "steps_per_epoch": 5, "profile": True,
+        "workload": {"factory": "mypkg.nets:build", "params": {"width": 8}, "input_shape": [4],
+                     "num_classes": 3, "vocab_size": None, "input_dtype": "float32"},
+        "data": {"factory": "mypkg.data:splits", "params": {}},
+        "optimizer": {"name": "adam", "betas": [0.9, 0.999], "eps": 1e-08, "amsgrad": False},
+        "loss": {"name": "cross-entropy", "label_smoothing": 0.1},
+    }  # fmt: skip
+    labels = run.labels()
+    assert (labels["model"], labels["dataset"], labels["epochs"], labels["target_accuracy"],
+            labels["optimizer"], labels["loss"]) == (
+        "build", "toy", 3, 0.9, "adam", "cross-entropy")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("entry", "kept"),
+    [
+        ('{dataset: toy}', 1),
+        ('{dataset: {factory: "mypkg.data:splits", params: {}}}', 1),  # the factory's spec
+        ("{dataset: {}}", 0),  # an empty mapping is no dataset's
+        ('{model: {factory: "mypkg.nets:build", params: {width: 8}, input_shape: [4], '
+         "num_classes: 3}}", 1),  # as written
+        ("{model: build}", 1),
+    ],
+)  # fmt: skip
+def test_include_matches_the_users_model_and_data(entry: str, kept: int) -> None:
+    text = f"{ACCURACY}include: [{entry}]\n"
+    if kept:
+        assert len(expand(text).runs) == kept
+        return
+    with pytest.raises(checks.EmptyMatrix) as e:
+        expand(text)
+    assert [x.reason for x in e.value.excluded] == ["matches no include entry"]
+
+
+def test_include_matches_a_models_normalised_parameters_and_a_schemes_canonical_form() -> None:
+    text = ("name: s\nmodel: {name: synthetic, params: 1M}\nworld_size: 2\n"
+            "scheme: {name: allreduce, backward: true}\n")  # fmt: skip
+    assert [r.scheme for r in expand(text).runs] == ["ddp"]  # allreduce per bucket is ddp
+    normalised = "{name: synthetic, params: 1000000, gflops: 0.1, width: null}"
+    for entry in (f"{{model: {normalised}}}", "{scheme: {name: ddp}}",
+                  "{scheme: {name: allreduce, backward: true}}"):  # fmt: skip
+        assert len(expand(f"{text}include: [{entry}]\n").runs) == 1, entry
+    for entry in ("{model: {name: synthetic}}", "{scheme: {name: allreduce}}"):
+        with pytest.raises(checks.EmptyMatrix):
+            expand(f"{text}include: [{entry}]\n")
+
+
+def test_overlap_above_one_is_the_overlap_mode() -> None:
+    run = expand("name: s\nmodel: mlp\nworld_size: 2\ncompressor: {name: qsgd, bits: 4}\n"
+                 "scheme: {name: reduce-broadcast, overlap: 2}\n").runs[0]  # fmt: skip
+    assert run.labels()["mode"] == "overlap"
+
+
+@pytest.mark.parametrize(
+    ("extra", "run", "excluded"),
+    [
+        # the catalog's rules see the run's world size, accuracy mode, telemetry and compute
+        ("world_size: [1, 2]\nscheme: async-ps\ncompressor: {name: qsgd, bits: 4}\n",
+         ("async-ps", 2),
+         ("mlp gloo async-ps qsgd-4b-b512 w1 unshaped seed0",
+          "async-ps needs a server (rank 0) and at least one worker: world_size >= 2, got 1")),
+        ("world_size: 2\nepochs: 1\ndataset: digits\nscheme: [reduce-broadcast, "
+         "simulated-lowprec]\ncompressor: {name: qsgd, bits: 4}\n",
+         ("reduce-broadcast", 2),
+         ("mlp gloo simulated-lowprec qsgd-4b-b512 w2 unshaped seed0",
+          "simulated-lowprec does not reduce the gradients (speed only, seed 002 section 4.4), "
+          "so it cannot train; drop it from accuracy (epochs) scenarios")),
+        ("world_size: 2\ntelemetry: true\nscheme: [allreduce, ddp]\n", ("allreduce", 2),
+         ("mlp gloo ddp fp32 w2 unshaped seed0",
+          "telemetry shadows each layer's encode after backward; DDP runs communicate during "
+          "backward and record none; drop `telemetry` or the DDP schemes")),
+        ("world_size: 2\ncompute: fp16\nscheme: [allreduce, ddp]\n", ("allreduce", 2),
+         ("mlp gloo ddp fp32 w2 unshaped seed0 fp16",
+          "fp16 compute zeroes an overflowing rank's gradient before it is communicated, but "
+          "DDP communicates during backward; use compute bf16 with DDP")),
+        # ... and the scenario's profiling and optimizer
+        ("world_size: 2\nprofile: true\nscheme: [reduce-broadcast, async-ps]\n"
+         "compressor: {name: qsgd, bits: 4}\n", ("reduce-broadcast", 2),
+         ("mlp gloo async-ps qsgd-4b-b512 w2 unshaped seed0",
+          "profile traces the lock-step loops (flat and DDP); async-ps runs an event loop of its "
+          "own without those phases; drop `profile` for it")),
+        ("world_size: 2\noptimizer: adam\nscheme: [reduce-broadcast, async-ps]\n"
+         "compressor: {name: qsgd, bits: 4}\n", ("reduce-broadcast", 2),
+         ("mlp gloo async-ps qsgd-4b-b512 w2 unshaped seed0",
+          "async-ps updates the model on its server by its own rule (SGD; Nesterov for variant "
+          "accelerated), so optimizer adam cannot apply; remove `optimizer:`")),
+    ],
+)  # fmt: skip
+def test_rules_see_each_runs_settings(
+    extra: str, run: tuple[str, int], excluded: tuple[str, str]
+) -> None:
+    m = expand(f"name: s\nmodel: mlp\n{extra}")
+    assert [(r.scheme, r.world_size) for r in m.runs] == [run]
+    assert [(e.description, e.reason) for e in m.excluded] == [excluded]

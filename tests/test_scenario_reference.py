@@ -7,6 +7,7 @@ mistakes reach the terminal as one line with exit 2.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -129,6 +130,7 @@ def test_values_at_the_ends_of_their_ranges_are_kept(line: str, attribute: str, 
         ("batch_size: {1: 8, two: 8}", "batch_size key must be int, got 'two' (str)"),
         ("batch_size: {1: 8, 2: x}", "batch_size must be int, got 'x' (str)"),
         ("batch_size: 0", "batch_size must be >= 1, got 0; e.g. `batch_size: 32`"),
+        ("batch_size: x", "batch_size must be int, got 'x' (str)"),
         ("bogus: 1\nzzz: 2", f"t.yaml: unknown key 'bogus'; valid keys: {VALID_KEYS}"),
         ("iteration: 1",
          f"t.yaml: unknown key 'iteration' (did you mean 'iterations'?); valid keys: {VALID_KEYS}"),
@@ -229,8 +231,71 @@ def test_written_entries_are_one_line_of_at_most_60_characters() -> None:
     assert scenario._written(["a", 1]) == "[a, 1]"
     assert scenario._written(3) == "3"
     assert scenario._written("a\nb") == "'a\\nb'"  # repr: one line whatever YAML held
+    assert scenario._written("a\rb") == "'a\\rb'"
+    assert scenario._written(None) == "null"  # YAML's document end marker taken off
+    assert scenario._written({"a": {"b": 1}}) == "{a: {b: 1}}"  # flow style all the way down
+    # however long, YAML never wraps the line (a wrapped one would be shown by repr, quoted)
+    assert scenario._written(["abc"] * 30) == "[abc, " + "abc, " * 10 + "a..."
+    text = "word " * 39 + "word"  # 199 characters, 39 places YAML could break the line
+    assert scenario._written({"k": text}) == f"{{k: {text[:53]}..."
+    many = "x\n" * 40  # a multi-line value: its repr, cut at 60 characters
+    assert scenario._written(many) == repr(many)[:57] + "..."
     assert scenario._written({"k": "a\nb"}) == "{'k': 'a\\nb'}"
     assert scenario._written(object()).startswith("<object object at ")
+
+
+def test_short_exception_text() -> None:
+    assert scenario._short(ValueError()) == "ValueError"  # no message: the type's name
+    assert scenario._short(ValueError("first\nsecond")) == "first"
+    assert scenario._short(ValueError("x" * 80)) == "x" * 80
+    assert scenario._short(ValueError("x" * 81)) == "x" * 77 + "..."
+
+
+def test_a_dataset_factory_is_kept_as_written() -> None:
+    sc = scenario.loads(f'{BASE}dataset: [digits, {{factory: "mypkg.data:splits"}}]\n', "t.yaml")
+    assert sc.dataset == ("digits", {"factory": "mypkg.data:splits"})
+
+
+# -- reading the file ----------------------------------------------------------------------------
+def test_a_file_is_read_with_its_path_as_source(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(BASE)
+    assert scenario.load(path).source == str(path)
+    path.write_text("name: t\nmodel: [mlp\n")
+    with pytest.raises(UserError) as e:
+        scenario.load(path)
+    assert str(e.value).startswith(f"{path}: line 3 is not valid YAML (")
+
+
+def test_file_mistakes_word_for_word(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def message(path: Path) -> str:
+        with pytest.raises(UserError) as e:
+            scenario.read_text(path)
+        return str(e.value)
+
+    assert message(tmp_path) == (
+        f"scenario file '{tmp_path}' is a directory; give its YAML file, e.g. scenarios/tour.yaml"
+    )
+    missing = tmp_path / "nope.yaml"
+    assert message(missing) == (
+        f"scenario file '{missing}' not found; check the path (e.g. scenarios/)"
+    )
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    assert message(latin) == (
+        f"scenario file '{latin}' is not UTF-8 text (byte 9: 0xe9); save it as UTF-8 YAML"
+    )
+
+    # root reads any file whatever its mode, so the refusal is stood in for
+    def refuse(self: Path) -> bytes:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_bytes", refuse)
+    good = tmp_path / "good.yaml"
+    good.write_text(BASE)
+    assert message(good) == (
+        f"scenario file '{good}' cannot be read (Permission denied); check its permissions"
+    )
 
 
 def test_floats_ints_and_bools_are_typed() -> None:
@@ -259,6 +324,11 @@ def test_floats_ints_and_bools_are_typed() -> None:
         # the file's own mistake stays the file's; only what --set gave is blamed on it
         (f"{BASE}seed: x\n", ["lr=1"], "seed must be int, got 'x' (str)"),
         (f"{BASE}seed: x\n", ["seed=1", "lr=x"], "--set 'lr=x': lr must be float, got 'x' (str)"),
+        # the key is what comes before the first "="; the file's name is not part of the blame
+        (BASE, ["lr=x=1"], "--set 'lr=x=1': lr must be float, got 'x=1' (str)"),
+        (BASE, ["compressor={name: qsgd, bits: 12}"],
+         "--set 'compressor={name: qsgd, bits: 12}': compressor entry 1 `{name: qsgd, bits: "
+         "12}`: qsgd: bits must be 1..8 or 16, got 12; e.g. `bits: 4`"),
         # "lr" is not blamed for an error about "lr_schedule" (a word, not a prefix)
         (BASE, ["lr=1", "lr_schedule=3"],
          "--set 'lr_schedule=3': lr_schedule must be a mapping, got 3; e.g. `lr_schedule: "
@@ -276,3 +346,50 @@ def test_set_writes_a_note_and_the_new_yaml() -> None:
     assert out == ("# s.yaml with --set  lr = 0.1 world_size=[2, 4]\nname: t\nmodel: mlp\n"
                    "lr: 0.1\nworld_size:\n- 2\n- 4\n")  # fmt: skip
     assert scenario.with_overrides("not: [valid", "s.yaml", []) == "not: [valid"
+    assert scenario.loads(scenario.with_overrides(BASE, "s.yaml", ["name=a=b"])).name == "a=b"
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("exclude: [{}]",
+         "exclude has an empty entry; give axes to match, e.g. `exclude: [{backend: mpi}]`"),
+        ("include: [{}]",
+         "include has an empty entry; give axes to match, e.g. `include: [{backend: mpi}]`"),
+        ("exclude: [{bogus: 1}]",
+         "exclude entry matches on unknown axis 'bogus'; valid: model, dataset, world_size, "
+         "nodes, backend, device, scheme, compressor, network, seed, repeat, skew, compute"),
+        # the command line's spelling of a scheme, and its mistakes named as a scheme's
+        ("scheme: ['reduce-broadcast:overlap']",
+         "<embedded>: scheme entry 1 `reduce-broadcast:overlap`: scheme spec "
+         "'reduce-broadcast:overlap': 'overlap' is not KEY=VALUE; e.g. "
+         "`--scheme reduce-broadcast:overlap=4`"),
+    ],
+)  # fmt: skip
+def test_filter_and_spec_mistakes_word_for_word(line: str, message: str) -> None:
+    with pytest.raises(UserError) as e:
+        scenario.loads(f"{BASE}{line}\n")
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize(
+    "key", ["model", "compressor", "scheme", "network", "include", "exclude", "dataset", "weights"]
+)
+def test_an_empty_list_names_its_key(key: str) -> None:
+    text = f"name: t\n{key}: []\n" + ("" if key == "model" else "model: mlp\n")
+    assert error(text) == f"{key} is an empty list; give at least one value"
+
+
+def test_embedded_is_the_default_source() -> None:
+    assert scenario.loads(BASE).source == "<embedded>"
+    assert scenario.parse({"name": "t", "model": "mlp"}).source == "<embedded>"
+    with pytest.raises(UserError) as e:
+        scenario.parse({"name": "t", "model": "mlp", "x": 1})
+    assert str(e.value) == f"<embedded>: unknown key 'x'; valid keys: {VALID_KEYS}"
+
+
+def test_a_model_name_with_a_colon_is_a_name() -> None:
+    # compressors and schemes read `name:key=value`; a model name is taken as written
+    sc = scenario.loads('name: t\nmodel: "mypkg:net"\nscheme: "reduce-broadcast:overlap=2"\n')
+    assert sc.model == ({"name": "mypkg:net"},)
+    assert sc.scheme == ({"name": "reduce-broadcast", "overlap": 2},)

@@ -9,6 +9,7 @@ field are one schema; apart, a key's type and its check drift.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
@@ -437,7 +438,7 @@ def _written(value: Any) -> str:
         text = value
     else:
         try:
-            text = yaml.safe_dump(value, default_flow_style=True, width=10**6, sort_keys=False)
+            text = yaml.safe_dump(value, default_flow_style=True, width=math.inf, sort_keys=False)
         except yaml.YAMLError:
             text = repr(value)
         text = text.strip().removesuffix("...").strip()
