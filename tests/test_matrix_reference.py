@@ -515,6 +515,12 @@ def test_include_matches_the_users_model_and_data(entry: str, kept: int) -> None
     assert [x.reason for x in e.value.excluded] == ["matches no include entry"]
 
 
+def test_an_empty_mapping_matches_no_built_in_dataset() -> None:
+    with pytest.raises(checks.EmptyMatrix) as e:
+        expand("name: s\nmodel: mlp\nworld_size: 2\ninclude: [{dataset: {}}]\n")
+    assert [x.reason for x in e.value.excluded] == ["matches no include entry"]
+
+
 def test_include_matches_a_models_normalised_parameters_and_a_schemes_canonical_form() -> None:
     text = ("name: s\nmodel: {name: synthetic, params: 1M}\nworld_size: 2\n"
             "scheme: {name: allreduce, backward: true}\n")  # fmt: skip

@@ -169,6 +169,10 @@ def test_bad_values_word_for_word(line: str, message: str) -> None:
          "syntax"),
         ("name: t\nmodel: mlp\nx: *a\n",
          "t.yaml: line 3 is not valid YAML (found undefined alias 'a'); fix the syntax"),
+        # a reader error has no line and no `problem`: the first line of its text
+        ("name: x\0\nmodel: mlp\n",
+         "t.yaml: is not valid YAML (unacceptable character #x0000: special characters are not "
+         "allowed); fix the syntax"),
         (f"{BASE}seed: {'9' * 5000}\n",
          "t.yaml: a YAML value cannot be read (Exceeds the limit (4300 digits) for integer string "
          "conversion: value has 5000...); use an ordinary number or string"),
