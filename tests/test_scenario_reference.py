@@ -325,6 +325,9 @@ def test_floats_ints_and_bools_are_typed() -> None:
          "--set 'seed=[0': the value is not valid YAML; quote it, e.g. --set 'seed=[0, 1]'"),
         ("", ["seed=3"], "s.yaml: a scenario must be a YAML mapping of keys, got null"),
         ("- 1\n", ["seed=3"], "s.yaml: a scenario must be a YAML mapping of keys, got list"),
+        ("name: t\nmodel: [mlp\n", ["seed=3"],
+         "s.yaml: line 3 is not valid YAML (expected ',' or ']', but got '<stream end>'); fix "
+         "the syntax"),
         # the file's own mistake stays the file's; only what --set gave is blamed on it
         (f"{BASE}seed: x\n", ["lr=1"], "seed must be int, got 'x' (str)"),
         (f"{BASE}seed: x\n", ["seed=1", "lr=x"], "--set 'lr=x': lr must be float, got 'x' (str)"),

@@ -271,8 +271,21 @@ def read_text(path: str | Path) -> str:
 
 def loads(text: str, source: str = "<embedded>") -> Scenario:
     """Parse and validate scenario YAML text."""
+    raw = _read_yaml(text, source)
     try:
-        raw = yaml.safe_load(text)
+        return parse(raw, source=source)
+    except RecursionError:
+        raise UserError(
+            f"{source}: a value is nested too deeply; a scenario needs at most a few levels "
+            "(e.g. `world_size: [1, 2]`)"
+        ) from None
+
+
+def _read_yaml(text: str, source: str) -> Any:
+    """The YAML document in ``text``, or one UserError line saying why it cannot be read
+    (what every reader of scenario text goes through: ``loads`` and ``--set``)."""
+    try:
+        return yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -287,13 +300,15 @@ def loads(text: str, source: str = "<embedded>") -> Scenario:
             f"{source}: YAML nested too deeply to read; a scenario needs at most a few levels "
             "(e.g. `compressor: [{name: qsgd, bits: 4}]`)"
         ) from None
-    try:
-        return parse(raw, source=source)
-    except RecursionError:
+
+
+def _top_level(raw: Any, source: str) -> dict[Any, Any]:
+    """``raw`` when it is a mapping of keys, as every scenario is; else one UserError line."""
+    if not isinstance(raw, dict):
         raise UserError(
-            f"{source}: a value is nested too deeply; a scenario needs at most a few levels "
-            "(e.g. `world_size: [1, 2]`)"
-        ) from None
+            f"{source}: a scenario must be a YAML mapping of keys, got {type_name(raw)}"
+        )
+    return raw
 
 
 def with_overrides(text: str, source: str, sets: Sequence[str]) -> str:
@@ -303,10 +318,7 @@ def with_overrides(text: str, source: str, sets: Sequence[str]) -> str:
     (kept with the results as the scenario that ran); unknown keys fail later, in ``parse``."""
     if not sets:
         return text
-    raw = yaml.safe_load(text) if text.strip() else None
-    if not isinstance(raw, dict):
-        loads(text, source)  # the usual one-line error for text that is not a scenario
-        raise UserError(f"{source}: a scenario must be a YAML mapping of keys")
+    raw = _top_level(_read_yaml(text, source), source)
     valid = [f.name for f in fields(Scenario) if f.name != "source"]
     for item in sets:
         key, sep, value = item.partition("=")
@@ -346,10 +358,7 @@ def _short(e: BaseException, limit: int = 80) -> str:
 
 def parse(raw: Any, source: str = "<embedded>") -> Scenario:
     """Validate a parsed YAML mapping into a Scenario."""
-    if not isinstance(raw, dict):
-        raise UserError(
-            f"{source}: a scenario must be a YAML mapping of keys, got {type_name(raw)}"
-        )
+    raw = _top_level(raw, source)
     valid = [f.name for f in fields(Scenario) if f.name != "source"]
     unknown = sorted(str(k) for k in raw if k not in valid)
     if unknown:
