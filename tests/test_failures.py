@@ -109,3 +109,49 @@ def test_interrupted_sweep_leaves_no_rank_behind(backend: str, tmp_path: Path) -
     assert rec["status"] == "interrupted"
     left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
     assert left.stdout.strip() == "", f"ranks left running: {left.stdout}"
+
+
+def _one_spec(tmp_path: Path) -> Path:
+    from qbench.spec import matrix, scenario
+
+    text = SCENARIO.replace("backend: [gloo, mpi]", "backend: [gloo]")
+    spec = matrix.expand(scenario.loads(text, "t")).runs[0]
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec.to_dict()))
+    return path
+
+
+def test_a_rank_that_cannot_join_tags_its_exception(tmp_path: Path) -> None:
+    """A failure before any run (here joining the group: a rendezvous torch does not know)
+    prints the same tagged line as one inside a run, so run.json quotes the exception instead
+    of guessing "no Python exception: crashed or killed"."""
+    from qbench.comm import INIT_METHOD_ENV
+
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2",
+           INIT_METHOD_ENV: "nowhere://store"}  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "qbench.run.worker", str(_one_spec(tmp_path))],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    tagged = [line for line in proc.stderr.splitlines() if " failed: " in line]
+    assert len(tagged) == 1 and tagged[0].startswith("qbench worker rank 1 failed: "), proc.stderr
+    assert "nowhere://" in tagged[0]  # the exception's own message
+    assert "Traceback (most recent call last)" in proc.stderr  # and the traceback, as before
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [({"RANK": "3", "OMPI_COMM_WORLD_RANK": "5"}, "3"), ({"OMPI_COMM_WORLD_RANK": "5"}, "5"),
+     ({"PMIX_RANK": "6", "PMI_RANK": "7"}, "6"), ({"PMI_RANK": "7"}, "7"), ({}, "?")],
+)  # fmt: skip
+def test_the_rank_before_the_communicator_exists_comes_from_the_launcher(
+    env: dict[str, str], expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qbench.run import worker
+
+    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert worker._launcher_rank() == expected

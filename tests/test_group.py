@@ -117,6 +117,27 @@ def test_api_checks_isolation(tmp_path: Path) -> None:
         qbench.sweep({"name": "x", "model": "mlp"}, out=tmp_path, isolation="proces")
 
 
+def test_a_local_group_meets_in_a_fresh_file_not_at_a_port(tmp_path: Path) -> None:
+    """A port picked for rank 0 can be taken by any other process before rank 0 binds it
+    (EADDRINUSE, a failed run); a group on this host needs none: its ranks meet in a file,
+    new for each launch and gone after it."""
+    from qbench.comm import INIT_METHOD_ENV
+
+    spec = _specs(world_size=2)[0]
+    methods = []
+    for _ in range(2):
+        with group._jobs(spec, tmp_path / "plan.json") as jobs:
+            assert [env["RANK"] for _, env in jobs] == ["0", "1"]
+            assert not any("MASTER_PORT" in env or "MASTER_ADDR" in env for _, env in jobs)
+            found = {env[INIT_METHOD_ENV] for _, env in jobs}
+            assert len(found) == 1 and next(iter(found)).startswith("file:///")
+            store = Path(next(iter(found)).removeprefix("file://"))
+            assert store.parent.is_dir() and not store.exists()  # made by the ranks
+        assert not store.parent.exists()
+        methods.append(store)
+    assert methods[0] != methods[1]
+
+
 # ---- the driver, with a stand-in rank program -------------------------------------------------
 
 FAKE_RANK = textwrap.dedent("""\

@@ -13,7 +13,11 @@ from qbench.comm.formulas import allreduce_bus_bytes, busbw_factor
 if TYPE_CHECKING:
     from qbench.comm.base import Comm
 
-__all__ = ["Comm", "allreduce_bus_bytes", "busbw_factor", "connect"]
+__all__ = ["INIT_METHOD_ENV", "Comm", "allreduce_bus_bytes", "busbw_factor", "connect"]
+
+# A torch.distributed init_method (``file:///tmp/...``) for ranks a launcher started itself;
+# unset, a rank joins by env:// (MASTER_ADDR / MASTER_PORT, as torchrun and srun set them).
+INIT_METHOD_ENV = "QBENCH_INIT_METHOD"
 
 
 def __getattr__(name: str) -> Any:

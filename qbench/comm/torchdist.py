@@ -1,4 +1,5 @@
-"""torch.distributed backends: gloo (CPU) and nccl (CUDA). Started by torchrun (env://)."""
+"""torch.distributed backends: gloo (CPU) and nccl (CUDA). Started by torchrun (env://) or by
+qbench's own launch of a local rank group (a file rendezvous)."""
 
 from __future__ import annotations
 
@@ -9,21 +10,36 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from qbench.comm import INIT_METHOD_ENV
 from qbench.comm.base import Comm, Pending, allreduce_bus_bytes
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
+def _init_process_group(backend: str, timeout: timedelta) -> None:
+    """env:// as torchrun sets it up, or the launcher's file rendezvous (``INIT_METHOD_ENV``):
+    ranks on one host then meet in a file and need no TCP port chosen ahead of them, which
+    another process may take first (EADDRINUSE)."""
+    method = os.environ.get(INIT_METHOD_ENV)
+    if not method:
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group(
+        backend, init_method=method, rank=rank, world_size=size, timeout=timeout
+    )
+
+
 class TorchDistComm(Comm):
     def __init__(self, backend: str, timeout_s: float = 600.0, *, init: bool = True) -> None:
-        """Join the process group torchrun set up (env://); ``init=False`` uses the default
+        """Join the process group the launcher set up; ``init=False`` uses the default
         group someone else already initialised (see :meth:`attach`)."""
         super().__init__()
         self.backend = backend
         if init:
             if backend == "nccl":
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+            _init_process_group(backend, timedelta(seconds=timeout_s))
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self._owner = init

@@ -27,6 +27,7 @@ blurred:
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -190,7 +191,7 @@ class Group:
 def _jobs(spec: RunSpec, plan: Path) -> Iterator[list[procs.Job]]:
     """The group's launch, every rank given the plan: mpirun for mpi; for the
     torch.distributed backends one process per rank started here (``local.direct_rank_env``,
-    no torchrun interpreter and rendezvous to pay for); behind emulated links one process per
+    no torchrun interpreter to pay for, a file rendezvous); behind emulated links one process per
     rank in its namespace (which lives as long as the block), or mpirun in the hub's."""
     program = [sys.executable, *local.WORKER, str(plan)]
     if spec.network:
@@ -201,9 +202,11 @@ def _jobs(spec: RunSpec, plan: Path) -> Iterator[list[procs.Job]]:
     if spec.backend == "mpi":
         yield [(local.argv_for(spec.backend, plan, spec.world_size), local.worker_env())]
         return
-    port, base = local.free_port(), local.worker_env()
-    yield [(program, local.direct_rank_env(base, r, spec.world_size, port))
-           for r in range(spec.world_size)]  # fmt: skip
+    base = local.worker_env()
+    with tempfile.TemporaryDirectory(prefix="qbench-store-") as tmp:  # local disk, fresh per launch
+        store = Path(tmp) / "store"
+        yield [(program, local.direct_rank_env(base, r, spec.world_size, store))
+               for r in range(spec.world_size)]  # fmt: skip
 
 
 @contextmanager

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from qbench.comm import INIT_METHOD_ENV
 from qbench.errors import UserError
 
 WORKER = ["-m", "qbench.run.worker"]
@@ -45,16 +46,18 @@ def argv_for(backend: str, spec_path: Path, world_size: int) -> list[str]:
 
 
 def direct_rank_env(
-    base: Mapping[str, str], rank: int, world_size: int, port: int
+    base: Mapping[str, str], rank: int, world_size: int, store_file: Path
 ) -> dict[str, str]:
-    """What torchrun gives rank ``rank`` of ``world_size`` on this host (the env:// rendezvous
-    at rank 0's store on ``port``), for ranks the driver starts itself: a warm rank group
-    (``qbench.launch.group``) then costs no torchrun interpreter and no c10d rendezvous."""
+    """What torchrun gives rank ``rank`` of ``world_size`` on this host, for ranks the driver
+    starts itself: a warm rank group (``qbench.launch.group``) then costs no torchrun
+    interpreter and no c10d rendezvous. The ranks meet in ``store_file`` (a file store), not
+    at a TCP port picked for them: between the pick and rank 0's bind another process (any
+    gloo connection on the host) can take the port, and rank 0 fails with EADDRINUSE."""
     env = dict(base)
     env.update({
         "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-        "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
+        "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0",
+        INIT_METHOD_ENV: f"file://{store_file}",
     })  # fmt: skip
     return env
 

@@ -233,6 +233,28 @@ def connect(spec: RunSpec, timeout_s: float) -> comm.Comm:
 def main(argv: list[str] | None = None) -> int:
     apply_worker_env()  # a rank started by srun: torch env:// variables from SLURM_* (else no-op)
     args = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(args)
+    except Exception as e:  # outside a run (joining the group, say): run_config tags its own
+        _tag(_launcher_rank(), e)
+        raise
+
+
+# Where each launcher puts a rank's number before the communicator exists: torchrun, qbench's
+# own rank groups and srun (through apply_worker_env): RANK; mpirun (Open MPI, MPICH): the rest.
+_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+
+
+def _launcher_rank() -> str:
+    return next((os.environ[v] for v in _RANK_VARS if v in os.environ), "?")
+
+
+def _tag(rank: object, e: BaseException) -> None:
+    """The one line the sweep driver quotes in run.json (see runfiles._error_line)."""
+    print(f"{FAILED_TAG} {rank} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+
+
+def _main(args: list[str]) -> int:
     if is_group_plan(Path(args[0])):  # a warm rank group: many runs, one launch
         from qbench.run import group
 
@@ -281,9 +303,7 @@ def run_config(
         return True
     except Exception as e:
         traceback.print_exc()
-        # One tagged line the sweep driver quotes in run.json (see sweep._error_line).
-        line = f"{FAILED_TAG} {cm.rank} failed: {type(e).__name__}: {e}"
-        print(line, file=sys.stderr, flush=True)
+        _tag(cm.rank, e)
         return False
     finally:
         if tracer is not None:
