@@ -11,9 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
+from qbench.comm import MPI_RANK_VARS as RANK_VARS
 from qbench.launch import netns
-
-RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
 
 def argv_for(template: str, rank: int, program: list[str]) -> list[str]:

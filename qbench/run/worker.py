@@ -241,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # Where each launcher puts a rank's number before the communicator exists: torchrun, qbench's
-# own rank groups and srun (through apply_worker_env): RANK; mpirun (Open MPI, MPICH): the rest.
-_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+# own rank groups and srun (through apply_worker_env): RANK; mpirun: the rest (MPICH: PMI_RANK).
+_RANK_VARS = ("RANK", *comm.MPI_RANK_VARS, "PMI_RANK")
 
 
 def _launcher_rank() -> str:
