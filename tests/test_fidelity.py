@@ -20,7 +20,7 @@ from qbench import aggregate, catalog, models
 from qbench.aggregate.directed import Mixing
 from qbench.compress import Compressor, from_spec
 from qbench.compress.adaptive import widths
-from qbench.run import precision
+from qbench.run import evonorm
 from qbench.spec import layers
 from qbench.timing import PhaseTimer
 from tests.threadcomm import ThreadComm, run_ranks
@@ -444,25 +444,156 @@ def _authors_range_evonorm(
 
 @pytest.mark.parametrize(("channels", "hw"), [(16, 32), (32, 16), (64, 8)])
 def test_range_evonorm_is_the_authors(channels: int, hw: int) -> None:
-    torch.manual_seed(channels)
-    layer = precision.RangeEvoNorm(channels)
+    """gamma, v and beta drawn here and set on both, so the layer's use of each is checked
+    against the reference's; a fresh layer starts as the authors' ``RangeEN`` (v 1, beta 0,
+    gamma uniform in [0, 1): ``reset_params``)."""
+    layer = evonorm.RangeEvoNorm(channels)
+    assert torch.equal(layer.v, torch.ones(1, channels, 1, 1))
+    assert torch.equal(layer.beta, torch.zeros(1, channels, 1, 1))
+    g0 = layer.gamma.detach()
+    assert float(g0.min()) >= 0.0 and float(g0.max()) < 1.0
+    assert abs(float(g0.mean()) - 0.5) < 4 * math.sqrt(1 / 12 / channels)  # 4 standard errors
+    rng = np.random.default_rng(channels)
+    shape = (1, channels, 1, 1)
+    v, w, b = rng.uniform(0.5, 1.5, shape), rng.uniform(-2, 2, shape), rng.normal(0, 1, shape)
     with torch.no_grad():
-        layer.v.uniform_(0.5, 1.5)
-        layer.beta.normal_()
-    x = torch.randn(4, channels, hw, hw) * 3 + 0.5
-    v, w, b = (t.detach().double().numpy() for t in (layer.v, layer.gamma, layer.beta))
-    want = _authors_range_evonorm(x.double().numpy(), v, w, b)
-    np.testing.assert_allclose(layer(x).detach().double().numpy(), want, rtol=1e-4, atol=1e-5)
+        for param, value in ((layer.v, v), (layer.gamma, w), (layer.beta, b)):
+            param.copy_(torch.from_numpy(value))
+    x = rng.normal(0.5, 3, (4, channels, hw, hw))
+    got = layer(torch.from_numpy(x).float()).detach().double().numpy()
+    np.testing.assert_allclose(got, _authors_range_evonorm(x, v, w, b), rtol=1e-4, atol=1e-5)
 
 
 def test_range_evonorm_on_a_hand_computed_example() -> None:
     """8 channels, 8 groups of one channel, 1 x 32 positions: 16 chunks of 2 values. Channel
     values 0, 1, ..., 31: each chunk (2j, 2j + 1) has max - min = 1, so the range is 1 and the
     scale 1 / C(2), C(2) = 0.175 (1 + sqrt(pi ln 4)) / sqrt(2 ln 2)."""
-    layer = precision.RangeEvoNorm(8, eps=0.0)
+    layer = evonorm.RangeEvoNorm(8, eps=0.0)
     with torch.no_grad():
         layer.gamma.fill_(1.0)
     x = torch.arange(32.0).repeat(1, 8, 1).reshape(1, 8, 1, 32)
     c = 0.175 * (1 + math.sqrt(math.pi * math.log(4))) / math.sqrt(2 * math.log(2))
     gate = torch.clamp((x + 3) / 6, 0, 1)
     torch.testing.assert_close(layer(x), x * gate / c)
+
+
+# -- the authors' Range-EvoNorm ResNet-20 -------------------------------------------------------
+def _authors_resnet20(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Transcribed from aparna-aketi/Low_Precision_DL, quantized_training/resnet_quantized.py:
+    ResNet_cifar10q(depth=20).forward with BasicBlockq, in float64 without the 8-bit parts, each
+    RangeEN as ``_authors_range_evonorm``. ``p`` holds the parameters under the authors' names.
+    No ReLU anywhere: conv1, bn1, (maxpool is the identity), three layers of three blocks
+    (conv1 bn1 conv2 bn2; the shortcut a 1x1 conv and a RangeEN where the shape changes;
+    Qsum adds the two), AvgPool2d(8), fc."""
+
+    def norm(y: torch.Tensor, name: str) -> torch.Tensor:
+        v, w, b = (p[f"{name}.{k}"].numpy() for k in ("v", "weight", "bias"))
+        return torch.from_numpy(_authors_range_evonorm(y.numpy(), v, w, b))
+
+    conv = torch.nn.functional.conv2d
+    y = norm(conv(x, p["conv1.weight"], padding=1), "bn1")
+    for layer, stride in ((1, 1), (2, 2), (3, 2)):
+        for block in range(3):
+            pre, s = f"layer{layer}.{block}.", stride if block == 0 else 1
+            out = norm(conv(y, p[pre + "conv1.weight"], None, s, 1), pre + "bn1")
+            out = norm(conv(out, p[pre + "conv2.weight"], None, 1, 1), pre + "bn2")
+            residual = y
+            if layer > 1 and block == 0:  # stride 2 and twice the channels: the downsample
+                residual = norm(
+                    conv(y, p[pre + "downsample.0.weight"], None, s), pre + "downsample.1"
+                )
+            y = residual + out
+    y = torch.nn.functional.avg_pool2d(y, 8).flatten(1)
+    return torch.nn.functional.linear(y, p["fc.weight"], p["fc.bias"])
+
+
+def _authors_name(name: str) -> str:
+    """qbench's parameter name -> the authors' (stem -> conv1 / bn1, layers.i -> layer(i // 3
+    + 1).(i % 3), short -> downsample, gamma / beta -> weight / bias)."""
+    name = name.replace("stem.0.", "conv1.").replace("stem.1.", "bn1.")
+    if name.startswith("layers."):
+        _, i, rest = name.split(".", 2)
+        name = f"layer{int(i) // 3 + 1}.{int(i) % 3}.{rest}"
+    name = name.replace("short.", "downsample.")
+    return name.replace(".gamma", ".weight").replace(".beta", ".bias")
+
+
+def test_range_evonorm_resnet20_is_the_authors_network() -> None:
+    """Same weights in, same logits out. Every norm's gamma, v and beta are drawn here (the
+    initial gamma 0 of each block's second norm would hide its branch), so an activation left
+    anywhere, a missing shortcut norm or a norm in the wrong place changes the logits."""
+    torch.manual_seed(0)
+    model = evonorm.use_range_evonorm(models.build("resnet20"), "range-evonorm").double()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith((".gamma", ".v")):
+                param.copy_(torch.rand(param.shape, generator=g, dtype=torch.float64) + 0.5)
+            elif name.endswith(".beta"):
+                param.copy_(torch.randn(param.shape, generator=g, dtype=torch.float64) * 0.2)
+    p = {_authors_name(n): t.detach() for n, t in model.named_parameters()}
+    assert len(p) == 1 + 3 + 9 * 2 * 4 + 2 * 4 + 2  # stem conv + norm, blocks, shortcuts, fc
+    x = torch.randn(2, 3, 32, 32, generator=g, dtype=torch.float64)
+    want = _authors_resnet20(x, p)
+    got = model(x).detach()
+    scale = float(want.abs().max())
+    assert scale > 0.1  # not a degenerate comparison
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9 * scale)
+
+
+@pytest.mark.parametrize("norm", ["range-evonorm", "range-evonorm-gs2"])
+def test_range_evonorm_resnet20_starts_as_the_authors_init_modelq(norm: str) -> None:
+    """init_modelq (resnet_quantized.py): every norm gamma 1, beta 0 (v 1 from RangeEN), each
+    block's bn2 gamma 0; convs normal(0, sqrt(2 / (k k out_channels))); fc weight normal(0,
+    0.01), bias 0. Spreads within 5 standard errors of a Gaussian's sample standard deviation
+    (relative se 1 / sqrt(2 n)); the pooled standardized conv weights have a Gaussian's
+    kurtosis 3 (se sqrt(24 / n), about 0.01; a uniform's is 1.8)."""
+    torch.manual_seed(0)
+    model = evonorm.use_range_evonorm(models.build("resnet20"), norm)
+    norms = {n: m for n, m in model.named_modules() if hasattr(m, "gamma")}
+    assert len(norms) == 1 + 9 * 2 + 2
+    for name, m in norms.items():
+        second = name.startswith("layers.") and name.endswith(".bn2")
+        ones = torch.ones(1, m.gamma.shape[1], 1, 1)
+        assert torch.equal(m.gamma, ones * (0.0 if second else 1.0)), name
+        assert torch.equal(m.beta, ones * 0.0) and torch.equal(m.v, ones), name
+    standardized = []
+    convs = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d)]
+    assert len(convs) == 1 + 9 * 2 + 2
+    for name, conv in convs:
+        k, out = conv.kernel_size
+        sd = math.sqrt(2 / (k * out * conv.out_channels))
+        w = conv.weight.detach().double().flatten()
+        assert abs(float(w.std()) / sd - 1) < 5 / math.sqrt(2 * w.numel()), name
+        assert abs(float(w.mean())) < 5 * sd / math.sqrt(w.numel()), name
+        standardized.append(w / sd)
+    z = torch.cat(standardized)
+    assert abs(float((z**4).mean() / (z**2).mean() ** 2) - 3) < 0.1
+    fc = model.fc.weight.detach().double()
+    assert abs(float(fc.std()) / 0.01 - 1) < 5 / math.sqrt(2 * fc.numel())
+    assert torch.equal(model.fc.bias, torch.zeros(10))
+
+
+def test_batchnorm_resnet20_keeps_its_relus_and_range_evonorm_has_none() -> None:
+    """The block outputs (after the residual add) and the stem: never negative with batch norm
+    (a ReLU ends each); with Range-EvoNorm nothing clips them (random gamma and beta so the
+    blocks' branches count)."""
+    outputs: list[torch.Tensor] = []
+
+    def negative_share(model: torch.nn.Module) -> float:
+        outputs.clear()
+        for m in [model.stem, *model.layers]:
+            m.register_forward_hook(lambda _m, _i, out: outputs.append(out.detach()))
+        model(torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(2)))
+        return float(torch.cat([o.flatten() for o in outputs]).lt(0).double().mean())
+
+    torch.manual_seed(0)
+    assert negative_share(models.build("resnet20")) == 0.0
+    evo = evonorm.use_range_evonorm(models.build("resnet20"), "range-evonorm")
+    with torch.no_grad():
+        for name, param in evo.named_parameters():
+            if name.endswith(".gamma"):
+                param.uniform_(0.5, 1.5)
+            elif name.endswith(".beta"):
+                param.normal_(0, 0.2)
+    assert negative_share(evo) > 0.2

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from qbench.run import precision
+from qbench.run import evonorm, precision
 
 
 def _train(compute: str, steps: int = 60) -> tuple[float, float]:
@@ -45,7 +45,7 @@ def _train(compute: str, steps: int = 60) -> tuple[float, float]:
 def test_the_planner_accepts_exactly_the_precisions_and_norms_the_worker_runs() -> None:
     from qbench.spec import scenario  # the planner keeps its own copy: it imports no torch
 
-    assert scenario.COMPUTE == precision.COMPUTE and scenario.NORMS == precision.NORMS
+    assert scenario.COMPUTE == precision.COMPUTE and scenario.NORMS == evonorm.NORMS
 
 
 @pytest.mark.parametrize("compute", precision.COMPUTE)
@@ -55,7 +55,7 @@ def test_every_compute_precision_trains(compute: str) -> None:
 
 
 def test_range_evonorm_gs2_matches_its_formula_on_a_hand_computed_example() -> None:
-    layer = precision.RangeEvoNormGS2(channels=2, group_size=2, eps=0.0)
+    layer = evonorm.RangeEvoNormGS2(channels=2, group_size=2, eps=0.0)
     x = torch.tensor([[[[1.0, -2.0]], [[0.5, 3.0]]]])  # (1 sample, 2 channels, 1 x 2)
     # one group of both channels: range = 3 - (-2) = 5; C = 1 / sqrt(2 ln 2)
     c = 1 / math.sqrt(2 * math.log(2))
@@ -72,12 +72,12 @@ def test_range_evonorm_gs2_matches_its_formula_on_a_hand_computed_example() -> N
 
 @pytest.mark.parametrize(
     ("norm", "layer"),
-    [("range-evonorm", precision.RangeEvoNorm), ("range-evonorm-gs2", precision.RangeEvoNormGS2)],
+    [("range-evonorm", evonorm.RangeEvoNorm), ("range-evonorm-gs2", evonorm.RangeEvoNormGS2)],
 )
 def test_range_evonorm_replaces_batch_norms(norm: str, layer: type[nn.Module]) -> None:
     from qbench import models
 
-    model = precision.use_range_evonorm(models.build("resnet20"), norm)
+    model = evonorm.use_range_evonorm(models.build("resnet20"), norm)
     assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
     assert any(isinstance(m, layer) for m in model.modules())
     out = model(torch.randn(2, 3, 32, 32))
@@ -86,11 +86,11 @@ def test_range_evonorm_replaces_batch_norms(norm: str, layer: type[nn.Module]) -
 
 def test_range_evonorm_rejects_bad_groups() -> None:
     with pytest.raises(ValueError, match="group_size"):
-        precision.RangeEvoNormGS2(channels=4, group_size=1)
+        evonorm.RangeEvoNormGS2(channels=4, group_size=1)
     with pytest.raises(ValueError, match="groups 8 must divide the channels, 12"):
-        precision.RangeEvoNorm(channels=12)
+        evonorm.RangeEvoNorm(channels=12)
     with pytest.raises(ValueError, match="chunks of >= 2 values"):
-        precision.RangeEvoNorm(channels=8)(torch.randn(2, 8, 1, 1))  # one value per group
+        evonorm.RangeEvoNorm(channels=8)(torch.randn(2, 8, 1, 1))  # one value per group
 
 
 def test_asymmetric_int8_uses_min_max_and_a_zero_point() -> None:

@@ -32,13 +32,20 @@ def cnn() -> nn.Module:
     )  # fmt: skip
 
 
-class _Block(nn.Module):
+class BasicBlock(nn.Module):
+    """conv-bn-relu, conv-bn, plus the shortcut (a 1x1 conv and bn where the shape changes),
+    then relu. The ReLUs are modules registered right after the batch norm they follow (relu2
+    after bn2, though it acts after the residual add) so that a norm swap which drops "the ReLU
+    after a batch norm" (qbench.run.evonorm) drops both, as in seed 001's authors' network."""
+
     def __init__(self, cin: int, cout: int, stride: int) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(cout)
+        self.relu1 = nn.ReLU()
         self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(cout)
+        self.relu2 = nn.ReLU()
         self.short: nn.Module = nn.Identity()
         if stride != 1 or cin != cout:
             self.short = nn.Sequential(
@@ -46,8 +53,8 @@ class _Block(nn.Module):
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.relu(self.bn1(self.conv1(x)))
-        return F.relu(self.bn2(self.conv2(y)) + self.short(x))
+        y = self.relu1(self.bn1(self.conv1(x)))
+        return self.relu2(self.bn2(self.conv2(y)) + self.short(x))
 
 
 class CifarResNet(nn.Module):
@@ -62,7 +69,7 @@ class CifarResNet(nn.Module):
         cin = 16
         for cout, stride in ((16, 1), (32, 2), (64, 2)):
             for i in range(n):
-                layers.append(_Block(cin, cout, stride if i == 0 else 1))
+                layers.append(BasicBlock(cin, cout, stride if i == 0 else 1))
                 cin = cout
         self.layers = nn.Sequential(*layers)
         self.fc = nn.Linear(64, num_classes)

@@ -19,12 +19,7 @@
     activations by the batch mean of each sample's min and max (values outside are clipped,
     as there).
 
-* ``norm:`` swaps batch norms (and the ReLU after them) for Range-EvoNorm (seed 001 eq. 5):
-  ``range-evonorm`` as the authors' released code computes it (:class:`RangeEvoNorm`: 8 groups,
-  the range estimated as the mean over 16 chunks of max - min, their constant), or
-  ``range-evonorm-gs2``, the paper's formula read with groups of 2 channels
-  (:class:`RangeEvoNormGS2`, what ``range-evonorm`` meant before; docs/precision-and-layers.md
-  compares the two).
+* ``norm:`` Range-EvoNorm in place of batch norm: :mod:`qbench.run.evonorm`.
 * ``weights: {bits: N}`` (seed 000 section 5.4): after every optimizer step, all parameters are
   rounded stochastically to N-bit fixed point with a per-tensor scale (max |w|).
 
@@ -34,7 +29,6 @@ number format, not integer-kernel speed; reports label it so.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -46,7 +40,6 @@ from torch.nn import functional as F
 COMPUTE = ("fp32", "bf16", "fp16", "int8", "int8-asym")
 INT8 = {"int8": "symmetric", "int8-asym": "asymmetric"}
 """The fake-quantized compute precisions and the quantizer each uses (module docstring)."""
-NORMS = ("batchnorm", "range-evonorm", "range-evonorm-gs2")
 GROWTH_INTERVAL = 200
 """fp16 loss scale: clean steps before the scale doubles (torch.amp.GradScaler's default is 2000;
 short runs here need a faster recovery after an overflow)."""
@@ -192,119 +185,6 @@ def fake_quantize(model: nn.Module, bits: int = 8, scheme: str = "symmetric") ->
             setattr(model, name, FakeQuant(child, bits, scheme))
         else:
             fake_quantize(child, bits, scheme)
-    return model
-
-
-# -- Range-EvoNorm (seed 001 eq. 5) ----------------------------------------------------------
-
-
-def _hsig_gate(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    return F.hardsigmoid(v * x)  # = clamp((v x + 3) / 6, 0, 1)
-
-
-def banner_constant(n: int) -> float:
-    """The authors' ``scale_fix`` for a range over n values: 0.5 * 0.35 * (1 + sqrt(pi ln 4))
-    / sqrt(2 ln n) (Banner et al.'s Range BN constant), so that scale * range is about the
-    standard deviation of n Gaussian values."""
-    return 0.5 * 0.35 * (1 + math.sqrt(math.pi * math.log(4))) / math.sqrt(2 * math.log(n))
-
-
-class RangeEvoNorm(nn.Module):
-    """Range-EvoNorm as seed 001's authors compute it (aparna-aketi/Low_Precision_DL,
-    quantized_training/quantize.py ``RangeEN``; evonorm.py ``RangeEN_full`` is the same in fp32):
-
-        y = x * hsig(v x) / (scale_fix(m) * range + eps) * gamma + beta
-
-    per sample and per group of channels, where ``groups`` is the NUMBER of groups (8), the
-    range is estimated by cutting each group's C/groups * H * W values into ``chunks`` (16)
-    consecutive chunks of m values and taking mean(max of each chunk) - mean(min of each
-    chunk), ``scale_fix`` is :func:`banner_constant` of the chunk size m, and hsig(z) =
-    clamp((z + 3) / 6, 0, 1). gamma starts uniform in [0, 1), as their ``reset_params``.
-
-    Their 8-bit module also quantizes its input, v, the scale, gamma and beta and the output
-    gradient; here the layer runs in fp32 (``compute: int8`` fake-quantizes the Conv/Linear
-    layers only). When a group's values do not split into 16 chunks, the chunk count is
-    gcd(16, values) (their reshape would fail); ``groups`` must divide the channels.
-    """
-
-    def __init__(self, channels: int, groups: int = 8, chunks: int = 16, eps: float = 1e-5) -> None:
-        super().__init__()
-        if groups < 1 or channels % groups:
-            raise ValueError(f"groups {groups} must divide the channels, {channels}")
-        self.channels, self.groups, self.chunks, self.eps = channels, groups, chunks, eps
-        self.v = nn.Parameter(torch.ones(1, channels, 1, 1))
-        self.gamma = nn.Parameter(torch.empty(1, channels, 1, 1).uniform_())
-        self.beta = nn.Parameter(torch.zeros(1, channels, 1, 1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = x.shape[0]
-        per_group = x[0].numel() // self.groups
-        chunks = math.gcd(self.chunks, per_group)
-        size = per_group // chunks
-        if size < 2:
-            raise ValueError(
-                f"Range-EvoNorm needs chunks of >= 2 values, got {per_group} values per group "
-                f"in {chunks} chunks (input {tuple(x.shape)})"
-            )
-        y = x.reshape(n, self.groups, chunks, size)
-        spread = y.amax(-1).mean(-1) - y.amin(-1).mean(-1)  # (n, groups)
-        scale = 1.0 / (spread * banner_constant(size) + self.eps)
-        gated = (x * _hsig_gate(self.v, x)).reshape(n, self.groups, -1) * scale.unsqueeze(-1)
-        return gated.reshape(x.shape) * self.gamma + self.beta
-
-
-class RangeEvoNormGS2(nn.Module):
-    """Range-EvoNorm as seed 001's equation 5 reads with groups of ``group_size`` channels:
-    ``x * hsig(v x) / (C * range_g(x)) * gamma + beta``.
-
-    ``range_g`` is max - min per sample over each group of ``group_size`` channels (all their
-    spatial positions), ``hsig(z) = clamp((z + 3) / 6, 0, 1)`` the hard sigmoid and
-    ``C = 1 / sqrt(2 ln(group_size))``. The paper names the argument of C "c/g = #channels per
-    group" with a default "group size" of 2; this reads both as channels per group, which must
-    be at least 2 (C is infinite at 1). Its denominator is several standard deviations (a range
-    over many values times C < 1), so it shrinks activations that the authors' version keeps
-    near unit scale (docs/precision-and-layers.md).
-    """
-
-    def __init__(self, channels: int, group_size: int = 2, eps: float = 1e-5) -> None:
-        super().__init__()
-        if group_size < 2 or channels % group_size:
-            raise ValueError(
-                f"channels {channels} must be a multiple of group_size {group_size} >= 2"
-            )
-        self.channels, self.group_size, self.eps = channels, group_size, eps
-        self.v = nn.Parameter(torch.ones(1, channels, 1, 1))
-        self.gamma = nn.Parameter(torch.ones(1, channels, 1, 1))
-        self.beta = nn.Parameter(torch.zeros(1, channels, 1, 1))
-        self.c = 1.0 / math.sqrt(2.0 * math.log(group_size))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n, ch = x.shape[0], x.shape[1]
-        groups = x.reshape(n, ch // self.group_size, -1)
-        spread = groups.amax(-1) - groups.amin(-1)  # (n, groups)
-        spread = spread.repeat_interleave(self.group_size, dim=1).reshape(n, ch, 1, 1)
-        gate = _hsig_gate(self.v, x)
-        return x * gate / (self.c * spread + self.eps) * self.gamma + self.beta
-
-
-_NORM_LAYERS: dict[str, type[nn.Module]] = {
-    "range-evonorm": RangeEvoNorm,
-    "range-evonorm-gs2": RangeEvoNormGS2,
-}
-
-
-def use_range_evonorm(model: nn.Module, norm: str = "range-evonorm") -> nn.Module:
-    """Replace every BatchNorm2d (and a ReLU right after it, which Range-EvoNorm's gate
-    subsumes) by the ``norm`` variant (NORMS), in place."""
-    layer = _NORM_LAYERS[norm]
-    children = list(model.named_children())
-    for i, (name, child) in enumerate(children):
-        if isinstance(child, nn.BatchNorm2d):
-            setattr(model, name, layer(child.num_features))
-            if i + 1 < len(children) and isinstance(children[i + 1][1], nn.ReLU):
-                setattr(model, children[i + 1][0], nn.Identity())
-        else:
-            use_range_evonorm(child, norm)
     return model
 
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from qbench import comm, data, models
 from qbench.records.schema import iterations_frame
-from qbench.run import epochs, precision, workload
+from qbench.run import epochs, evonorm, precision, workload
 from qbench.spec import layers
 from qbench.spec.matrix import RunSpec
 
@@ -26,7 +26,7 @@ from qbench.spec.matrix import RunSpec
 def with_precision(model: nn.Module, spec: RunSpec) -> nn.Module:
     """Swap in Range-EvoNorm and int8 fake-quantized layers before parameters are flattened."""
     if spec.norm != "batchnorm":
-        precision.use_range_evonorm(model, spec.norm)
+        evonorm.use_range_evonorm(model, spec.norm)
     if spec.compute in precision.INT8:
         precision.fake_quantize(model, scheme=precision.INT8[spec.compute])
     return model

@@ -28,7 +28,7 @@ BACKENDS = ("gloo", "mpi", "nccl")
 LAUNCHERS = ("local", "slurm")
 ISOLATIONS = ("auto", "group", "process")  # auto: group locally, process under Slurm
 DEVICES = ("auto", "cpu", "cuda")
-# qbench.run.precision.COMPUTE and NORMS (no torch import here)
+# qbench.run.precision.COMPUTE and qbench.run.evonorm.NORMS (no torch import here)
 COMPUTE = ("fp32", "bf16", "fp16", "int8", "int8-asym")
 NORMS = ("batchnorm", "range-evonorm", "range-evonorm-gs2")
 
