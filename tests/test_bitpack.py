@@ -85,6 +85,16 @@ def test_only_low_bits_are_kept_at_every_width(bits: int) -> None:
     assert bytes(pack(torch.tensor(high), bits).tolist()) == _reference_pack(low, bits)
 
 
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
+@pytest.mark.parametrize("bits", WIDTHS)
+def test_wide_unsigned_codes_at_every_width(dtype: torch.dtype, bits: int) -> None:
+    # torch promotes uint16/32/64 with no other dtype (a shift by an int64 or uint8 table raises),
+    # so pack must convert them before shifting, at the byte-aligned and the word widths alike.
+    low = [0, 1, (1 << bits) - 1, 0b10101010 & ((1 << bits) - 1)] * 3
+    high = [v | (0x7F << bits) for v in low]  # still fits in 16 bits
+    assert bytes(pack(torch.tensor(high).to(dtype), bits).tolist()) == _reference_pack(low, bits)
+
+
 def test_packed_bytes_never_alias_the_codes() -> None:
     codes = torch.tensor([1, 2, 3], dtype=torch.uint8)
     packed = pack(codes, 8)
