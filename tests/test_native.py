@@ -175,6 +175,35 @@ def test_onebit_decode_accumulates_and_residual_in_place() -> None:
         assert _bits(out) == _bits(1.0 + c.decode(payload))
 
 
+ONEBIT_100 = "onebit: payload of 100 values needs 13 uint8 signs and 26 float32 means, got "
+
+
+@pytest.mark.parametrize(
+    ("signs", "means", "got"),
+    [
+        (lambda s: s[:-1], lambda m: m, "12 torch.uint8 and 26 torch.float32"),  # short signs
+        (lambda s: s.view(torch.int8), lambda m: m, "13 torch.int8 and 26 torch.float32"),
+        (lambda s: s, lambda m: m[:-1], "13 torch.uint8 and 25 torch.float32"),
+        (lambda s: s, lambda m: m.double(), "13 torch.uint8 and 26 torch.float64"),
+    ],
+    ids=["short-signs", "int8-signs", "short-means", "float64-means"],
+)
+def test_onebit_native_rejects_a_malformed_payload(
+    signs: Callable[[torch.Tensor], torch.Tensor],
+    means: Callable[[torch.Tensor], torch.Tensor],
+    got: str,
+) -> None:
+    # 100 values: ceil(100 / 8) = 13 bytes of signs; 13 buckets of 8, 2 float32 means each. The
+    # kernels read exactly these sizes, so a malformed payload must fail before they run.
+    c = OneBit(bucket_size=8, error_feedback=False)
+    payload = c.encode(_grad(100))
+    payload.buffers["signs"] = signs(payload.buffers["signs"])
+    payload.buffers["means"] = means(payload.buffers["means"])
+    with native.backend("native"), pytest.raises(ValueError) as e:
+        c.decode(payload)
+    assert str(e.value) == ONEBIT_100 + got
+
+
 def test_onebit_residual_on_another_device_is_refused() -> None:
     c = OneBit(bucket_size=8)
     c.state["w"] = torch.zeros(10, dtype=torch.float64)
