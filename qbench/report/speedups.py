@@ -76,7 +76,9 @@ def _flat_fp32(table: pd.DataFrame) -> pd.DataFrame:
         & (table["overlap"] == "none")
     ]
     not_allreduce = base["scheme"] != "allreduce"  # prefer allreduce, else any scheme
-    return base[not_allreduce == not_allreduce.groupby([base[k] for k in keys]).transform("min")]
+    # dropna=False: a missing key value is a configuration too, as in the other baselines
+    fewest = not_allreduce.groupby([base[k] for k in keys], dropna=False).transform("min")
+    return base[not_allreduce == fewest]
 
 
 _SCALE_KEYS = [
