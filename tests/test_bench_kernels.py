@@ -19,6 +19,7 @@ from qbench.bench import kernels, render
 from qbench.bench.kernels import KernelResult, KernelRow
 from qbench.cli import cli
 from qbench.errors import UserError
+from tests import compiled
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +97,7 @@ def test_threads_are_restored() -> None:
 def test_backend_switch_names_the_path() -> None:
     ref = kernels.measure(["qsgd", "none"], sizes=[10], repeats=1, backend="torch")
     assert {r.implementation for r in ref.rows} == {"torch"} and ref.backend == "torch"
-    native = pytest.importorskip("qbench.compress.native")
-    if not native.available():
-        pytest.skip(f"no compiled CPU kernels: {native.why_unavailable()}")
+    compiled.require_c_kernels()  # skips without a C compiler; a broken build fails
     auto = kernels.measure(["qsgd", "none"], sizes=[10], repeats=1, backend="auto")
     impl = {r.compressor: r.implementation for r in auto.rows}
     assert impl == {"qsgd-4b-b512": "native-cpu", "fp32": "torch"}

@@ -1,16 +1,20 @@
 """The CUDA path (kernels/*.cu through CuPy) against the torch reference, byte for byte.
 
-The GPU tests need a CUDA device and CuPy and skip with the reason otherwise. Without a GPU the
-kernels still run, on CPU threads, through the same cuda.py launches: tests/test_cuda_emulate.py
-(against the C kernels), tests/test_cuda_racecheck.py (the race detector) and
-tests/test_cuda_coverage.py (every kernel line). What only a GPU tests is left here: CuPy's
-compilation and loading of the sources, DLPack, streams, and the device's own arithmetic.
+The GPU tests need a CUDA device and CuPy and skip with the reason otherwise; with both, kernels
+that NVRTC cannot compile fail them, as tests/compiled.py fails the CPU kernel tests. Without a
+GPU the kernels still run, on CPU threads, through the same cuda.py launches:
+tests/test_cuda_emulate.py (against the C kernels), tests/test_cuda_racecheck.py (the race
+detector) and tests/test_cuda_coverage.py (every kernel line). What only a GPU tests is left
+here: CuPy's compilation and loading of the sources, DLPack, streams, and the device's own
+arithmetic.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -19,16 +23,36 @@ from qbench.compress import cuda, native
 from qbench.compress.onebit import OneBit
 from qbench.compress.qsgd import QSGD
 
+T = TypeVar("T", bound=Callable[..., Any])
+
 
 def _gpu_skip_reason() -> str:
+    """No GPU, or no CuPy: the reasons to skip. With both, the kernels must compile (NVRTC) and
+    load, or the tests fail (``_cuda_kernels``): a compile error is a bug, not a missing tool."""
     if not torch.cuda.is_available():
         return "needs a CUDA GPU"
-    reason = cuda.why_unavailable()
-    return f"CUDA kernels unavailable: {reason}" if reason else ""
+    if importlib.util.find_spec("cupy") is None:
+        return f"CUDA kernels unavailable: {cuda.why_unavailable()}"  # says how to install CuPy
+    return ""
 
 
 _GPU_SKIP = _gpu_skip_reason()
-needs_gpu = pytest.mark.skipif(bool(_GPU_SKIP), reason=_GPU_SKIP)
+
+
+@pytest.fixture
+def _cuda_kernels() -> None:
+    reason = cuda.why_unavailable()
+    if reason:
+        pytest.fail(
+            f"a GPU and CuPy are here, but the CUDA kernels do not build: {reason}", pytrace=False
+        )
+
+
+def needs_gpu(test: T) -> T:
+    """Skip without a GPU or CuPy; with both, fail when the kernels do not build."""
+    test = pytest.mark.usefixtures("_cuda_kernels")(test)
+    return pytest.mark.skipif(bool(_GPU_SKIP), reason=_GPU_SKIP)(test)
+
 
 QSGD_VARIANTS = [
     (bits, layout, norm)

@@ -18,18 +18,16 @@ from qbench.compress import cuda, cuda_emulate, native
 from qbench.compress.onebit import OneBit
 from qbench.compress.qsgd import QSGD
 from qbench.errors import UserError
+from tests import compiled
 from tests.test_cuda import QSGD_VARIANTS  # the same variants the GPU tests run
 
 
-def _skip_reason() -> str:
-    if not native.available():
-        return f"C kernels unavailable: {native.why_unavailable()}"
-    reason = cuda.emulator_unavailable()
-    return f"CUDA emulator unavailable: {reason}" if reason else ""
+@pytest.fixture(autouse=True, scope="module")
+def _kernels() -> None:
+    # each skips without its compiler (C, C++); a broken build fails
+    compiled.require_c_kernels()
+    compiled.require_emulator()
 
-
-_SKIP = _skip_reason()
-pytestmark = pytest.mark.skipif(bool(_SKIP), reason=_SKIP)
 
 ALL_KERNELS = {name for names in cuda._SOURCES.values() for name in names}
 Tensors = list[torch.Tensor]

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from qbench.compress import cuda_emulate, cuda_racecheck
+from tests import compiled
 
 RACY = Path(__file__).parent / "cuda" / "racy.cu"
 KERNELS = (
@@ -40,8 +41,8 @@ def emu(request: pytest.FixtureRequest) -> cuda_emulate.Emulator:
     try:
         defines = ("EMU_UCONTEXT",) if request.param == "ucontext" else ()
         return cuda_emulate.Emulator(cuda_emulate.build({str(RACY): KERNELS}, defines=defines))
-    except RuntimeError as exc:
-        pytest.skip(f"cannot build the CUDA emulator: {exc}")
+    except RuntimeError as exc:  # skips without a C++ compiler; a broken build fails
+        compiled.emulator_failed(exc)
 
 
 def _racecheck(

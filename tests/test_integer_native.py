@@ -10,8 +10,12 @@ from qbench.compress import native
 from qbench.compress._buckets import buckets
 from qbench.compress.base import Key
 from qbench.compress.rng import uniform_reference
+from tests import compiled
 
-pytestmark = pytest.mark.skipif(not native.available(), reason=native.why_unavailable())
+
+@pytest.fixture(autouse=True, scope="module")
+def _c_kernels() -> None:
+    compiled.require_c_kernels()  # skips without a C compiler; a broken build fails
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32])

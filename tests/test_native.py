@@ -14,10 +14,13 @@ from qbench.compress import native
 from qbench.compress._buckets import tree_sum
 from qbench.compress.onebit import OneBit
 from qbench.compress.qsgd import QSGD
+from tests import compiled
 
-pytestmark = pytest.mark.skipif(
-    not native.available(), reason=f"native CPU kernels unavailable: {native.why_unavailable()}"
-)
+
+@pytest.fixture(autouse=True, scope="module")
+def _c_kernels() -> None:
+    compiled.require_c_kernels()  # skips without a C compiler; a broken build fails
+
 
 QSGD_VARIANTS = [
     (bits, layout, norm)

@@ -1,7 +1,9 @@
-"""What the compiled CPU kernels need from this machine (no torch): the C compilers tried, in
+"""What the compiled kernels need from this machine (no torch): the C compilers tried, in
 order, and which compressors and schemes call the kernels. ``qbench.compress.native`` builds
 with the compiler found here; the sweep's pre-flight (``qbench.launch.preflight``) checks for
 it before any run starts, since a run without one silently measures the slower torch codecs.
+The CUDA emulator (``qbench.compress.cuda_emulate``) builds kernels/*.cu with the C++ compiler
+found here.
 """
 
 from __future__ import annotations
@@ -19,17 +21,32 @@ COMPILED_COMPRESSORS = frozenset({"qsgd", "onebit", "fixedpoint", "adaptive"})
 """Codecs whose CPU encode / decode or random draws run in ``kernels/cpu/qbench_cpu.c``."""
 COMPILED_SCHEMES = frozenset({"integer-allreduce"})
 """Schemes with loops of their own in the C library (quantize / dequantize)."""
+CXX_COMPILERS = ("c++", "g++", "clang++")
+"""Tried in this order after ``$CXX``, for the CUDA emulator."""
 FIX = (
     "install a C compiler (Debian: apt-get install gcc), or set QBENCH_COMPRESS_BACKEND=torch "
     "to measure the slower torch codecs instead"
 )
+CXX_FIX = "install a C++ compiler (Debian: apt-get install g++), or set CXX to one"
 
 
 def find_c_compiler(env: Mapping[str, str] | None = None) -> str | None:
     """The compiler the kernels are built with: ``$CC``, else the first of C_COMPILERS on
     PATH; None when there is none."""
+    return _first_found(env, "CC", C_COMPILERS)
+
+
+def find_cxx_compiler(env: Mapping[str, str] | None = None) -> str | None:
+    """The C++ compiler of the CUDA emulator: ``$CXX``, else the first of CXX_COMPILERS on
+    PATH; None when there is none."""
+    return _first_found(env, "CXX", CXX_COMPILERS)
+
+
+def _first_found(
+    env: Mapping[str, str] | None, variable: str, names: tuple[str, ...]
+) -> str | None:
     env = os.environ if env is None else env
-    for name in [env.get("CC", ""), *C_COMPILERS]:
+    for name in [env.get(variable, ""), *names]:
         path = shutil.which(name, path=env.get("PATH")) if name else None
         if path:
             return path

@@ -105,6 +105,12 @@ def emulator_unavailable() -> str:
     return cuda_emulate.why_unavailable(_SOURCES)
 
 
+def emulator_build_error() -> str:
+    """The emulator's compile error when a C++ compiler is here ('' when it builds, or when
+    there is no compiler: then it is only unavailable)."""
+    return cuda_emulate.build_error(_SOURCES)
+
+
 def _bucket_threads(per_bucket: int) -> int:
     """Threads of a one-block-per-bucket kernel: a power of two in [32, 256]."""
     return min(max(tree_width(per_bucket), 32), 256)

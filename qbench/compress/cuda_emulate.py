@@ -26,6 +26,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from qbench.catalog import toolchain
 from qbench.compress.cuda_args import Marshalled, marshal
 from qbench.compress.native import cache_dir, kernel_dir
 from qbench.errors import UserError
@@ -89,11 +90,11 @@ def _check_mode(name: str, where: str) -> str:
 
 # -- build ----------------------------------------------------------------------------------------
 def compiler() -> str:
-    for name in [os.environ.get("CXX", ""), "c++", "g++", "clang++"]:
-        path = shutil.which(name) if name else None
-        if path:
-            return path
-    raise RuntimeError("no C++ compiler found ($CXX, c++, g++ or clang++)")
+    found = toolchain.find_cxx_compiler()
+    if found is None:
+        names = ", ".join(toolchain.CXX_COMPILERS)
+        raise RuntimeError(f"no C++ compiler found ($CXX, {names})")
+    return found
 
 
 def translation_unit(sources: Sources) -> str:
@@ -261,6 +262,13 @@ def why_unavailable(sources: Sources) -> str:
     except RuntimeError as exc:
         return str(exc)
     return ""
+
+
+def build_error(sources: Sources) -> str:
+    """Why the emulator of these sources failed although a C++ compiler is here ('' when it
+    builds, and when there is no compiler): a compile error is a bug, not a missing tool."""
+    reason = why_unavailable(sources)
+    return reason if reason and toolchain.find_cxx_compiler() is not None else ""
 
 
 def launch(

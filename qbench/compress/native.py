@@ -10,7 +10,8 @@ Paths, chosen per tensor by :func:`kernels_for`:
 - otherwise, or when the backend is ``torch``: the torch reference in each compressor module.
 
 All paths produce byte-identical payloads (tests/test_native.py, tests/test_cuda.py). A path
-that cannot be built falls back silently to torch; :func:`why_unavailable` says why.
+that cannot be built falls back silently to torch; :func:`why_unavailable` says why, and
+:func:`build_error` tells a broken build (a compiler is here) from a missing compiler.
 
 The backend is ``auto`` (compiled when possible), ``torch`` (always the reference) or
 ``native`` (compiled or an error): :func:`set_backend`, the :func:`backend` context manager, or
@@ -180,7 +181,11 @@ def _emulated_cuda() -> Kernels | None:
     reason = cuda.emulator_unavailable()
     if reason:  # asked for by name: running the C loops instead would hide that
         env = cuda_emulate.ENV_CUDA
-        fix = "install g++ or clang++, or unset" if "no C++ compiler" in reason else "or unset"
+        fix = (
+            f"{toolchain.CXX_FIX}, or unset"
+            if toolchain.find_cxx_compiler() is None
+            else "or unset"
+        )
         raise UserError(f"{env}={wanted}: {reason}; {fix} {env}")
     return cuda.CUDA
 
@@ -341,6 +346,15 @@ def why_unavailable() -> str:
     """Why the CPU library cannot be used ('' when it can)."""
     _load()
     return _reason or ""
+
+
+def build_error() -> str:
+    """Why the CPU library failed although a C compiler is here: a compile or load error, or
+    the load-time check of the random hash ('' when it works, and when there is no compiler,
+    the one reason that is not a bug in the kernels or the toolchain). qbench falls back to
+    torch either way; the test suite fails on this one (tests/compiled.py)."""
+    reason = why_unavailable()
+    return reason if reason and toolchain.find_c_compiler() is not None else ""
 
 
 # -- the CPU path ---------------------------------------------------------------------------------

@@ -229,6 +229,9 @@ def _native_status() -> str:
 
     if native.available():
         return "available (fused C loops, built for this CPU)"
+    broken = native.build_error()  # a compiler is here: a bug, which the test suite fails on
+    if broken:
+        return f"broken: {broken} (torch fallback)"
     return f"unavailable: {native.why_unavailable()} (torch fallback)"
 
 
