@@ -26,7 +26,14 @@ from qbench.errors import UserError
 from qbench.run import async_ps
 from qbench.run.async_ps import AsyncParts
 from qbench.run.async_ps.metrics import bits_until_loss
-from qbench.run.async_ps.protocol import GradientCodec, Push, Reply, may_hand_out
+from qbench.run.async_ps.protocol import (
+    GradientCodec,
+    Push,
+    Reply,
+    decode_model,
+    encode_model,
+    may_hand_out,
+)
 from qbench.run.training import Training
 from qbench.run.worker import async_parts
 from qbench.spec import scenario
@@ -195,6 +202,105 @@ def test_sparse_then_quantized_payload_is_smaller() -> None:
     assert sparse == 410 * 4 + 410 + 4 and sparse < dense  # indices, 8-bit codes, one scale
 
 
+# Sparse-AsyLPG, small next to large: one group of a tensor of values ~1 and one of ~1e-3. At
+# ratio 0.1 each keeps its top ceil(0.1 n): the 100 values 1.90..2.00 and the 5 values
+# 1.98e-3..2.00e-3 (the tensors' last entries).
+SMALL_NEXT_TO_LARGE = (1000, 50)
+# Error bound of one value of a tensor quantized alone, as a multiple of its max |x| s, from
+# each quantizer's definition (module docstrings): QSGD 4-bit intervals, grid step 2 s / 15;
+# fixed point 6-bit auto delta, step 2^e < 2 s / 31; adaptive, levels s / L with
+# L = 2^(N-1) - 1 >= 31 (width N >= floor_bits 6).
+PER_TENSOR = {
+    "qsgd-tensor": ({"name": "qsgd", "bits": 4, "align": "tensor"}, 2 / 15),
+    "fixedpoint": ({"name": "fixedpoint", "bits": 6}, 2 / 31),
+    "adaptive": ({"name": "adaptive"}, 1 / 31),
+}
+
+
+def _small_next_to_large() -> torch.Tensor:
+    return torch.cat([torch.linspace(1.0, 2.0, 1000), torch.linspace(1e-3, 2e-3, 50)])
+
+
+def _sparse_round_trip(spec: dict[str, Any], g: torch.Tensor, step: int = 0) -> torch.Tensor:
+    groups = [(slice(0, g.numel()), from_spec(spec), SMALL_NEXT_TO_LARGE)]
+    (wire,) = GradientCodec(groups, 0.1).encode(g, step=step, rank=1)
+    out = torch.empty(g.numel())
+    GradientCodec(groups, 0.1).decode(wire, [wire.numel()], out)
+    return out
+
+
+@pytest.mark.parametrize("spec", list(PER_TENSOR), ids=list(PER_TENSOR))
+def test_sparse_codec_quantizes_each_tensors_kept_values_with_their_own_scale(
+    spec: str,
+) -> None:
+    """A per-tensor compressor gives each tensor's kept values their own scale, so the small
+    tensor's are as exact as if quantized alone. One scale for the group's kept values (the
+    old encoding) rounds values of 2e-3 on the grid of 2: off by about 0.13 each."""
+    comp, per_s = PER_TENSOR[spec]
+    g = _small_next_to_large()
+    out = _sparse_round_trip(comp, g)
+    assert out[:900].eq(0).all() and out[1000:1045].eq(0).all()  # dropped values
+    assert (out[900:1000] - g[900:1000]).abs().max() <= per_s * 2.0
+    assert (out[1045:] - g[1045:]).abs().max() <= per_s * 2e-3
+    small = float((out[1045:] - g[1045:]).norm() / g[1045:].norm())
+    assert small <= per_s  # relative error in norm, bounded as alone
+
+
+def test_sparse_codec_keeps_one_vector_where_the_compressor_says_so() -> None:
+    """QSGD with contiguous buckets (granularity bucket): the group's 105 kept values form one
+    bucket of scale 2, whose levels -2 + j 4 / 15 nearest to 2e-3 are -2/15 and 2/15."""
+    g = _small_next_to_large()
+    out = _sparse_round_trip({"name": "qsgd", "bits": 4}, g)
+    torch.testing.assert_close(out[1045:].abs(), torch.full((5,), 2 / 15), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("spec", "nbytes"),
+    [
+        # 105 int32 indices (420 bytes), then per tensor: 4-bit codes ceil(4 k / 8) and one
+        # fp32 scale per started bucket of 512: (50 + 4) + (3 + 4)
+        ({"name": "qsgd", "bits": 4, "align": "tensor"}, 420 + 54 + 7),
+        # contiguous buckets: the 105 values as one, ceil(420 / 8) = 53 bytes and one scale
+        ({"name": "qsgd", "bits": 4}, 420 + 53 + 4),
+        # 6-bit codes ceil(6 k / 8) and an int16 exponent per tensor: (75 + 2) + (4 + 2)
+        ({"name": "fixedpoint", "bits": 6}, 420 + 77 + 6),
+        ({"name": "fixedpoint", "bits": 6, "scope": "global"}, 420 + 79 + 2),
+    ],
+    ids=["qsgd-tensor", "qsgd-contiguous", "fixedpoint-layer", "fixedpoint-global"],
+)
+def test_sparse_wire_counts_every_tensors_header(spec: dict[str, Any], nbytes: int) -> None:
+    groups = [(slice(0, 1050), from_spec(spec), SMALL_NEXT_TO_LARGE)]
+    (wire,) = GradientCodec(groups, 0.1).encode(_small_next_to_large(), step=0, rank=1)
+    assert wire.numel() == nbytes
+
+
+def test_sparse_per_tensor_quantization_is_unbiased() -> None:
+    """Mean over 400 independent draws (step keys the draws; a fresh codec each time, so no
+    residual changes what is kept) against the kept values. Stochastic rounding on a grid of
+    step d has variance p (1 - p) d^2 <= d^2 / 4: a standard error <= d / (2 sqrt(400)) = d / 40
+    per value, d = 2 s / 15 with each tensor's own s; allowed 4 of them."""
+    g, draws = _small_next_to_large(), 400
+    total = torch.zeros(1050, dtype=torch.float64)
+    for step in range(draws):
+        total += _sparse_round_trip(PER_TENSOR["qsgd-tensor"][0], g, step=step)
+    mean = (total / draws).float()
+    assert ((mean[900:1000] - g[900:1000]).abs() <= 4 * (2 * 2.0 / 15) / 40).all()
+    assert ((mean[1045:] - g[1045:]).abs() <= 4 * (2 * 2e-3 / 15) / 40).all()
+
+
+def test_model_sent_down_is_quantized_tensor_by_tensor() -> None:
+    """The reply path (double quantization's model half): a per-tensor ``down`` gives the
+    small tensor its own scale; the same bound as for the gradients."""
+    down = from_spec(PER_TENSOR["qsgd-tensor"][0])
+    model = _small_next_to_large()
+    wire = encode_model(down, model, SMALL_NEXT_TO_LARGE, version=3, worker=1)
+    assert wire.numel() == (500 + 2 * 4) + (25 + 4)  # 4-bit codes, a scale per 512 values
+    out = torch.empty(1050)
+    decode_model(down, wire, SMALL_NEXT_TO_LARGE, out)
+    assert (out[1000:] - model[1000:]).abs().max() <= 2 / 15 * 2e-3
+    assert (out[:1000] - model[:1000]).abs().max() <= 2 / 15 * 2.0
+
+
 # -- point-to-point interface ------------------------------------------------------------------
 class Threads(Comm):
     """Rank ``rank`` of ranks that are threads; point-to-point messages through queues."""
@@ -311,6 +417,25 @@ def test_threads_learn_within_the_staleness_bound(scheme: str) -> None:
     # a worker's row reports the staleness the server gave its update
     merged = workers.merge(server, on="server_version", suffixes=("", "_server"))
     assert len(merged) == 90 and (merged["staleness"] == merged["staleness_server"]).all()
+
+
+def test_sparse_run_counts_every_tensors_header_in_its_bytes() -> None:
+    """Sparse-AsyLPG with QSGD 8-bit per tensor both ways, logreg's weight (7840) and bias (10)
+    in one group (full_precision_below 0), ratio 0.3: kept ceil(0.3 n) = 2352 and 3.
+    Push payload: 2355 int32 indices, then per tensor 8-bit codes and a scale per started
+    bucket of 512: 9420 + (2352 + 5 * 4) + (3 + 4) = 11799 bytes (one vector: 11795), plus the
+    float64 push header (its length is the protocol's, tested above). Reply: (7840 + 16 * 4)
+    + (10 + 4) = 7918, plus the 5-value float64 header = 7958 (one vector: 7954)."""
+    qsgd = "{name: qsgd, bits: 8, align: tensor}"
+    scheme = f"{{name: async-ps, staleness: 3, variant: sparse, ratio: 0.3, down: {qsgd}}}"
+    extra = "iterations: 3\nlayers: {full_precision_below: 0}\n"
+    server, workers = _frames(_on_threads(_spec(scheme, comp=qsgd, world=2, extra=extra)))
+    push = 11799 + 8 * Push.header_len(1)
+    assert list(workers["payload_bytes"]) == [11799] * 3
+    assert list(workers["bytes_sent"]) == [push] * 3
+    assert list(server["payload_bytes"]) == [11799] * 3
+    assert list(server["bytes_sent"]) == [7958] * 3  # the reply sent before each update
+    assert server["cum_bits"].iloc[-1] == 8 * 3 * (push + 7958)  # all bits, up and down
 
 
 def test_accuracy_mode_evaluates_the_server_model_each_epoch() -> None:

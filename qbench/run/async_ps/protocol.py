@@ -8,7 +8,8 @@ exactly, so versions, sizes and the loss share one header.
 * push, worker -> server: [worker, version the gradient was computed on, batch loss, size of
   each layer group's wire...]; the payload is the groups' wires, concatenated.
 * reply, server -> worker: [model version, staleness of this worker's last update, version that
-  update produced, stop flag, payload size]; the payload is the (quantized) model.
+  update produced, stop flag, payload size]; the payload is the model, quantized by ``down``
+  cut at every tensor of the model (:func:`encode_model`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from qbench.comm import Comm
-from qbench.compress import Compressor, from_spec
+from qbench.compress import Compressor, WireField, from_spec
 from qbench.compress.topk import TopK
 from qbench.run.async_ps import AsyncParts
 
@@ -108,9 +109,14 @@ class GradientCodec:
     ``ratio`` None: each group is encoded with its compressor (AsyLPG: quantized). ``ratio`` r:
     Sparse-AsyLPG; each tensor of a group keeps its top ceil(r n) values (top-k's default
     ``scope: layer``, so a small tensor is never starved by a large one; error feedback: the
-    rest is added to the next gradient, per tensor, on the worker) and the group's kept values
-    are then encoded with the compressor; the wire is the int32 indices (in the group), then
-    the encoded values.
+    rest is added to the next gradient, per tensor, on the worker). The kept values are then
+    encoded with the compressor, with each tensor's kept values as one piece: a per-tensor
+    compressor (granularity ``tensor``, e.g. QSGD ``align: tensor``) quantizes each tensor's
+    kept values with their own scale and header, so values ~1e-3 are not rounded on the grid
+    of a neighbour's ~1; the others treat the group's kept values as one vector (contiguous
+    buckets, one ``scope: global`` call), as their granularity says. The wire is the int32
+    indices (in the group; each tensor's as the catalog's top-k wire counts them), then the
+    encoded values.
     """
 
     def __init__(
@@ -130,7 +136,10 @@ class GradientCodec:
                 wires.append(payload.to_wire())
                 continue
             indices, kept = self._sparsify(g, tensors, slot)
-            values = c.encode(kept, step=step, rank=rank, offset=part.start, name=slot)
+            counts = [f.numel for f in self._index_fields(tensors, g.numel())]
+            values = c.encode(
+                kept, step=step, rank=rank, offset=part.start, name=slot, pieces=counts
+            )
             wires.append(torch.cat([indices.view(torch.uint8), values.to_wire()]))
         return wires
 
@@ -147,6 +156,13 @@ class GradientCodec:
             start += n
         return torch.cat(indices).to(torch.int32), torch.cat(values)
 
+    def _index_fields(self, tensors: Sequence[int], numel: int) -> list[WireField]:
+        """Each tensor's kept-index buffer as the catalog's top-k wire lays it out (int32 k_i):
+        the counts are the pieces of the kept values, the bytes where the values start."""
+        assert self.topk is not None
+        layouts = (self.topk.wire_layout(n) for n in _pieces(tensors, numel))
+        return [f for layout in layouts for f in layout if f.name == "indices"]
+
     def decode(self, wire: torch.Tensor, sizes: Sequence[int], out: torch.Tensor) -> None:
         """Decode the concatenated group wires into ``out`` (overwritten)."""
         out.zero_()
@@ -157,10 +173,30 @@ class GradientCodec:
             if self.topk is None:
                 c.decode(c.from_wire(chunk, view.numel(), tensors), out=view)
                 continue
-            k = sum(self.topk.k(n) for n in _pieces(tensors, view.numel()))
-            indices = chunk[: 4 * k].view(torch.int32).long()
-            values = c.decode(c.from_wire(_aligned(chunk[4 * k :]), k))
+            fields = self._index_fields(tensors, view.numel())
+            counts, at = [f.numel for f in fields], sum(f.nbytes for f in fields)
+            indices = chunk[:at].view(torch.int32).long()
+            values = c.decode(c.from_wire(_aligned(chunk[at:]), sum(counts), counts))
             view.index_add_(0, indices, values)
+
+
+def encode_model(
+    down: Compressor, model: torch.Tensor, sizes: Sequence[int], version: int, worker: int
+) -> torch.Tensor:
+    """The wire of the model the server sends ``worker`` (the model half of double
+    quantization). ``sizes`` are the model's tensors: a per-tensor ``down`` gives each its own
+    scale and header, as the gradient codec does. Encoded per reply, keyed by the worker, so
+    each worker gets its own stochastic rounding; stream 1 keeps its draws apart from the
+    gradients'."""
+    enc = down.encode(model, step=version, rank=worker, stream=1, name="down", pieces=sizes)
+    return enc.to_wire()
+
+
+def decode_model(
+    down: Compressor, wire: torch.Tensor, sizes: Sequence[int], out: torch.Tensor
+) -> None:
+    """The worker's side of :func:`encode_model`: the model into ``out`` (overwritten)."""
+    out.copy_(down.decode(down.from_wire(wire, out.numel(), sizes)))
 
 
 def _pieces(tensors: Sequence[int], numel: int) -> Sequence[int]:

@@ -22,6 +22,7 @@ from qbench.run.async_ps.protocol import (
     Push,
     Reply,
     codecs,
+    encode_model,
     may_hand_out,
     send_message,
 )
@@ -72,11 +73,7 @@ class _Server:
             model = self.r.params
             if self.velocity is not None:  # accelerated: the Nesterov look-ahead point
                 model = model + self.r.spec.momentum * self.velocity
-            # Encoded per reply: each worker gets its own stochastic rounding of the model.
-            enc = self.down.encode(
-                model, step=self.version, rank=w, stream=1, name="down", pieces=self.r.sizes
-            )
-            wire = enc.to_wire()
+            wire = encode_model(self.down, model, self.r.sizes, self.version, w)
         timer.mark("encode")
         reply = Reply(self.version, staleness, applied, stop, wire.numel())
         send_message(self.cm, reply.to_tensor(), wire, w)

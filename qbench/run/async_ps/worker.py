@@ -13,7 +13,15 @@ import torch
 from qbench.comm import Comm
 from qbench.run import precision
 from qbench.run.async_ps import SERVER, AsyncParts
-from qbench.run.async_ps.protocol import HEADER, PAYLOAD, Push, Reply, codecs, send_message
+from qbench.run.async_ps.protocol import (
+    HEADER,
+    PAYLOAD,
+    Push,
+    Reply,
+    codecs,
+    decode_model,
+    send_message,
+)
 from qbench.timing import PhaseTimer
 
 
@@ -34,7 +42,7 @@ def work(r: AsyncParts) -> None:
         x, y = r.data.batch(it)
         cm.bytes_sent = 0
         timer.start()
-        r.params.copy_(down.decode(down.from_wire(model, r.params.numel(), r.sizes)))
+        decode_model(down, model, r.sizes, r.params)
         timer.mark("decode")
         r.grads.zero_()
         with precision.autocast(r.spec.compute, r.device):  # int8: the model is fake-quantized
