@@ -448,6 +448,49 @@ def test_same_key_gives_identical_bytes(
     assert all((other != first) == stochastic for other in others)
 
 
+STOCHASTIC = [
+    ("qsgd", {"bits": 4, "bucket_size": 64}),
+    ("qsgd", {"bits": 2, "layout": "sign", "bucket_size": 128}),
+    ("qsgd", {"bits": 8, "norm": "l2", "bucket_size": 512}),
+    ("qsgd", {"bits": 16, "bucket_size": 8192}),
+    ("fixedpoint", {"bits": 6}),
+    ("fixedpoint", {"bits": 12, "delta": 0.01}),  # range +-20.47: nothing clipped
+    ("adaptive", {}),
+]
+KEY_CHANGES = {
+    "rank": {"rank": 1},
+    "offset": {"offset": 8192},  # the same values as the next range of a longer vector
+    "step": {"step": 3},
+    "stream": {"stream": 1},
+}
+
+
+@pytest.mark.parametrize("change", list(KEY_CHANGES))
+@pytest.mark.parametrize(("name", "params"), STOCHASTIC, ids=lambda v: str(v))
+def test_rounding_errors_of_other_keys_are_uncorrelated(
+    name: str, params: dict[str, object], change: str
+) -> None:
+    """Two ranks (or offsets, steps, streams) rounding the same values must draw independently.
+
+    With independent draws and unbiased rounding E[e_i e'_i] = E[e_i] E[e'_i] = 0, so the mean of
+    the 8192 products is 0 within 5 standard errors and the correlation is about 1/sqrt(8192)
+    = 0.011 (bound 0.1). Draws reused across keys give e = e': the mean of the products is then
+    E[e^2] > 0, dozens of standard errors, and the correlation 1. The mean-error tests above
+    cannot see this, since every rank's error is unbiased either way."""
+    n, c = 8192, build(name, **params)
+    x = _grad(n, seed=5)
+
+    def error(**key: int) -> torch.Tensor:
+        return (c.decode(c.encode(x, name="w", **key)) - x).double()
+
+    first = {"step": 2, "rank": 0, "stream": 0, "offset": 0}
+    e, e_other = error(**first), error(**(first | KEY_CHANGES[change]))
+    products = e * e_other
+    assert float(products.mean().abs()) <= 5 * float(products.std()) / math.sqrt(n)
+    correlation = float(products.sum() / (e.square().sum() * e_other.square().sum()).sqrt())
+    assert abs(correlation) < 0.1
+
+
 def test_registry_has_the_new_compressors() -> None:
     names = {"fp16": Half, "bf16": BFloat16, "fixedpoint": FixedPoint, "topk": TopK}
     for name, cls in {**names, "adaptive": Adaptive}.items():
