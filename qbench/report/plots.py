@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import math
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import NullLocator
 
 from qbench.records.store import atomic_write_bytes
-from qbench.report import names
+from qbench.report import names, styles
 from qbench.report.stats import SIMULATED_SUFFIX
 
 DPI = 150
@@ -39,35 +38,22 @@ STYLE: dict[Any, Any] = {  # keys typed Any: matplotlib's stubs want Literal key
     **{"xtick.labelsize": 9, "ytick.labelsize": 9, "figure.titlesize": 12},
     "pdf.fonttype": 42,  # embed TrueType so the PDF text stays editable and sharp in print
 }
-_FAMILY_COLORS = {
-    **{"fp32": "#000000", "none": "#000000", "fp16": "#7F7F7F", "bf16": "#7F7F7F"},
-    **{"1bit": "#D62728", "onebit": "#D62728", "signsgd": "#8C564B", "terngrad": "#FF7F0E"},
-    **{"topk": "#2CA02C", "randk": "#BCBD22", "powersgd": "#9467BD", "natural": "#17BECF"},
-}
-_FALLBACK = ("#E377C2", "#17BECF", "#8C564B", "#BCBD22", "#9467BD", "#FF7F0E", "#2CA02C")
-_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
 _ORDER = ["world_size", "bits", "compressor", "scheme"]
 
 
-def compressor_color(label: str) -> str:
-    """Fixed colour of a compressor label (same in every figure; "(simulated)" ignored).
-
-    fp32 black, QSGD blues (darker = fewer bits), 1-bit red, other known families fixed,
-    unknown labels a stable hash into a fallback palette.
-    """
-    name = label.removesuffix(SIMULATED_SUFFIX).strip().lower()
-    family = name.split("-")[0]
-    if family == "qsgd":
-        return _qsgd_color(name)
-    if family in _FAMILY_COLORS:
-        return _FAMILY_COLORS[family]
-    return _FALLBACK[zlib.crc32(name.encode()) % len(_FALLBACK)]
-
-
-def _qsgd_color(name: str) -> str:
-    bits = next((p[:-1] for p in name.split("-")[1:] if p[:-1].isdigit() and p[-1] == "b"), "4")
-    shade = min(0.95, max(0.35, 0.95 - 0.15 * math.log2(max(int(bits), 1))))
-    return str(matplotlib.colors.to_hex(matplotlib.colormaps["Blues"](shade)))
+def spread_note(runs: pd.DataFrame, keys: list[str], per: str, shown: str) -> str:
+    """What a figure's band or error bars are, for its title: "mean over 3 seeds, bars: +/- 1
+    std", or "one seed per point, so no bars" when no configuration (``keys``) of ``runs`` (a
+    row per run: ``run_id``, ``repeat`` if any) had two runs. Runs of one configuration differ
+    by seed, or by repeat where there are repeats (then they are called runs)."""
+    counts = sorted(set(runs.groupby(keys, dropna=False)["run_id"].nunique()))
+    repeats = pd.to_numeric(runs["repeat"], errors="coerce") if "repeat" in runs else pd.Series()
+    unit = "runs" if (repeats > 0).any() else "seeds"
+    if counts == [1]:
+        return f"one {unit[:-1]} per {per}, so no {shown}"
+    over = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    where = " where 2 or more" if counts[0] == 1 else ""
+    return f"mean over {over} {unit}, {shown}: +/- 1 std{where}"
 
 
 def write_figures(summary: pd.DataFrame, out_dir: Path) -> tuple[list[Path], list[str]]:
@@ -105,7 +91,7 @@ def _measured(summary: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     named = {c: rows[c].astype(object).fillna("?") for c in ("model", "dataset", "backend")}
     rows = rows.assign(series=_series_labels(rows), network=rows["network"].fillna("?"), **named)
     values = ["samples_per_s", "t_iteration_median", *PARTS]
-    by = [*keys, "series", "compressor_name", *_ORDER]
+    by = [*keys, "series", "compressor_name", "precision", *_ORDER]
     merged = rows.groupby(by, as_index=False, dropna=False)[values]
     order = [True, False, True, True]  # fp32 (32 bits) before fewer bits
     return merged.median().sort_values(_ORDER, ascending=order, na_position="last")
@@ -226,7 +212,8 @@ def _part_handles() -> list[Patch | Line2D]:
 # -- (b) throughput vs world size ----------------------------------------------------------
 def scalability_figure(summary: pd.DataFrame) -> Figure | None:
     """Samples/s vs ranks (log2 x): one panel per (model, backend), one line per compressor
-    (and scheme when several); dotted grey: linear scaling of the 1-GPU fp32 run."""
+    (and scheme when several), each with its own colour and marker (``styles``); dotted grey:
+    linear scaling of the 1-GPU fp32 run."""
     data = _measured(summary, ["model", "dataset", "backend", "network"])
     if not data.empty:  # without a batch size or a world size there is no point to draw
         data = data[data["samples_per_s"].notna() & data["world_size"].notna()]
@@ -238,9 +225,12 @@ def scalability_figure(summary: pd.DataFrame) -> Figure | None:
     width = max(5.5, 4.4 * ncols)
     fig = Figure(figsize=(width, 0.9 + 3.3 * nrows), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    markers = {s: _MARKERS[i % len(_MARKERS)] for i, s in enumerate(data["series"].unique())}
+    entries = data[["series", "scheme", "compressor", "precision"]].drop_duplicates()
+    looks = styles.assign(
+        ((r.series, styles.key(r.scheme, r.compressor, r.precision))
+         for r in entries.itertuples()), summary)  # fmt: skip
     for ax, ((model, dataset, backend, network), rows) in zip(axes, panels, strict=False):
-        _scalability_panel(ax, rows, markers)
+        _scalability_panel(ax, rows, looks)
         ax.set_title(f"{model} ({dataset}) · {backend} · {network}")
     for ax in axes[len(panels) :]:
         ax.set_visible(False)
@@ -251,14 +241,13 @@ def scalability_figure(summary: pd.DataFrame) -> Figure | None:
     return fig
 
 
-def _scalability_panel(ax: Axes, rows: pd.DataFrame, markers: dict[str, str]) -> None:
+def _scalability_panel(ax: Axes, rows: pd.DataFrame, looks: dict[str, styles.Style]) -> None:
     for series, line in rows.groupby("series", sort=False):
         line = line.sort_values("world_size")
-        compressor = str(line["compressor"].iloc[0])
-        simulated = compressor.endswith(SIMULATED_SUFFIX)  # dashed, hollow markers
-        color = compressor_color(compressor)
+        simulated = str(line["compressor"].iloc[0]).endswith(SIMULATED_SUFFIX)  # dashed, hollow
+        color, marker = looks[str(series)]
         ax.plot(line["world_size"], line["samples_per_s"], "--" if simulated else "-",
-                color=color, lw=1.6, marker=markers[series], ms=6, label=series,
+                color=color, lw=1.6, marker=marker, ms=6, label=series,
                 mfc="white" if simulated else color)  # fmt: skip
     _ideal_line(ax, rows)
     _log2_axis(ax, sorted(int(w) for w in rows["world_size"].dropna().unique()))

@@ -6,8 +6,8 @@
 * ``pareto``: what a configuration buys in accuracy and time for the bits it sends; the
   configurations no other one beats on both axes form the Pareto front.
 
-``matplotlib.figure.Figure`` only (never pyplot), shared colours and style from
-``qbench.report.plots``.
+``matplotlib.figure.Figure`` only (never pyplot), shared style from ``qbench.report.plots``, each
+series' colour and marker from ``qbench.report.styles``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
 
-from qbench.report import names, plots
+from qbench.report import names, plots, styles
 from qbench.report.accuracy import CONFIG_KEYS
 from qbench.report.stats import SIMULATED_SUFFIX
 
@@ -34,7 +34,6 @@ RATIO_LABEL = (
     "communication / computation: fp32 gradient MB per GFLOP (log)\n"
     "MB = 4 x parameters / 1e6;  GFLOP = 3 x forward GFLOPs/sample x batch per rank"
 )
-_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 
 
 def write_study_figures(summary: pd.DataFrame, out_dir: Path) -> tuple[list[Path], list[str]]:
@@ -94,8 +93,8 @@ def _ratio_rows(summary: pd.DataFrame) -> pd.DataFrame:
 def speedup_ratio_figure(summary: pd.DataFrame) -> Figure | None:
     """Speedup over fp32 of each compressed configuration against the communication /
     computation ratio (log x): one line per (compressor, backend, world size), and per scheme,
-    network and compute precision when those vary. Dashed: no speedup (1x); dotted: the bound
-    32 / bits.
+    network and compute precision when those vary, each with its own colour and marker. Dashed
+    grey: no speedup (1x); dotted: the bound 32 / bits.
 
     The ratio is fp32 gradient MB (4 x numel / 1e6) over the GFLOPs one rank computes per
     iteration, taken as 3 x forward GFLOPs per sample x per-rank batch (forward + backward about
@@ -107,13 +106,11 @@ def speedup_ratio_figure(summary: pd.DataFrame) -> Figure | None:
     keys += [c for c in ("scheme", "network", "precision") if rows[c].nunique() > 1]
     fig = Figure(figsize=(8.0, 5.2), layout="constrained")
     ax = fig.subplots()
-    setups = sorted(
-        set(zip(rows["backend"].astype(str), rows["world_size"].astype(str), strict=True))
-    )
-    markers = {setup: _MARKERS[i % len(_MARKERS)] for i, setup in enumerate(setups)}
-    for key, line in rows.groupby(keys, sort=True, dropna=False):
-        _speedup_line(ax, line, dict(zip(keys, map(str, key), strict=True)),
-                      markers[(str(key[1]), str(key[2]))])  # fmt: skip
+    lines = [(_speedup_label(line, dict(zip(keys, map(str, key), strict=True))), line)
+             for key, line in rows.groupby(keys, sort=True, dropna=False)]  # fmt: skip
+    looks = styles.assign(((label, _config(line)) for label, line in lines), summary)
+    for label, line in lines:
+        _speedup_line(ax, line, label, looks[label])
     top = _speedup_top(rows["speedup_vs_fp32"], _bounds(rows))
     _draw_bounds(ax, _bounds(rows), top)
     ax.axhline(1.0, color="#444444", ls="--", lw=1.0, label="fp32 (no speedup)")
@@ -140,19 +137,26 @@ def _log_ratio_axis(ax: Axes, ratios: pd.Series) -> None:
     ax.set_xlim(low / (high / low) ** 0.08, high * (high / low) ** 0.08)
 
 
-def _speedup_line(ax: Axes, line: pd.DataFrame, key: dict[str, str], marker: str) -> None:
-    """One line; its label names the method (scheme too when schemes vary), backend, ranks
-    and whatever else varies."""
-    points = line.groupby("ratio", sort=True)["speedup_vs_fp32"].median()  # repeats, seeds
-    color = plots.compressor_color(key["compressor"])
+def _config(rows: pd.DataFrame) -> styles.Key:
+    first = rows.iloc[0]
+    return styles.key(first["scheme"], first["compressor"], first.get("precision"))
+
+
+def _speedup_label(line: pd.DataFrame, key: dict[str, str]) -> str:
+    """The method (scheme too when schemes vary), backend, ranks and whatever else varies."""
     name = (names.method(key["scheme"], key["compressor"]) if "scheme" in key
             else names.compressor(key["compressor"]))  # fmt: skip
     label = [name, key["backend"], f"{key['world_size']} ranks"]
     label += [key[c] for c in ("network", "precision") if c in key]
+    return legend_label(label, _is_simulated(line))
+
+
+def _speedup_line(ax: Axes, line: pd.DataFrame, label: str, look: styles.Style) -> None:
+    points = line.groupby("ratio", sort=True)["speedup_vs_fp32"].median()  # repeats, seeds
     simulated = _is_simulated(line)
-    ax.plot(points.index, points.to_numpy(), "--" if simulated else "-", color=color,
-            marker=marker, ms=6, lw=1.6, mfc="white" if simulated else color,
-            label=legend_label(label, simulated))  # fmt: skip
+    ax.plot(points.index, points.to_numpy(), "--" if simulated else "-", color=look.color,
+            marker=look.marker, ms=6, lw=1.6, mfc="white" if simulated else look.color,
+            label=label)  # fmt: skip
 
 
 def _bounds(rows: pd.DataFrame) -> dict[str, float]:
@@ -180,7 +184,7 @@ def _draw_bounds(ax: Axes, bounds: dict[str, float], top: float) -> None:
         if bound > top:
             far.append(text)
             continue
-        ax.axhline(bound, color=plots.compressor_color(name), ls=":", lw=1.3)
+        ax.axhline(bound, color="#444444", ls=":", lw=1.3)  # the text beside it names it
         ax.text(0.99, bound, f"upper bound {text}", transform=ax.get_yaxis_transform(),
                 ha="right", va="bottom", fontsize=8)  # fmt: skip
     if far:
@@ -202,13 +206,17 @@ def pareto_front(points: pd.DataFrame, y: str, lower_is_better: bool) -> pd.Data
     return ordered.loc[keep]
 
 
-def _configs(summary: pd.DataFrame) -> pd.DataFrame:
-    """One row per configuration (seeds and repeats merged): mean and std of time to target
-    and of final top-1 (%), median bits per value actually sent."""
+def _runs(summary: pd.DataFrame) -> pd.DataFrame:
+    """Ok runs with a final top-1 and the bits they sent: what the Pareto figure draws."""
     if "final_top1" not in summary.columns:
         return summary.iloc[0:0]
     rows = summary[(summary["status"] == "ok") & summary["final_top1"].notna()]
-    rows = rows[rows["bits_per_value"].notna()].assign(top1=lambda r: 100 * r["final_top1"])
+    return rows[rows["bits_per_value"].notna()].assign(top1=lambda r: 100 * r["final_top1"])
+
+
+def _configs(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per configuration of ``_runs`` (seeds and repeats merged): mean and std of time
+    to target and of final top-1 (%), median bits per value actually sent."""
     if rows.empty:
         return rows
     grouped = rows.groupby(CONFIG_KEYS, sort=True, dropna=False)
@@ -234,29 +242,32 @@ def _y_axis(summary: pd.DataFrame, configs: pd.DataFrame) -> tuple[str, str]:
 
 def pareto_figure(summary: pd.DataFrame) -> Figure | None:
     """Time to target accuracy (or final top-1) against bits per value (log2 x): one point per
-    configuration with +/- 1 std over seeds, the Pareto front as a step line; one panel per
-    (model, dataset, skew). Colour is the compressor's, the marker the scheme's; the legend
-    below the panels names every configuration (scheme and compressor), those that never
-    reached the target included, so no label sits on the data. None without accuracy runs."""
-    configs = _configs(summary)
+    configuration with +/- 1 std over seeds (the title says when there was one seed, so no
+    bars), the Pareto front as a step line; one panel per (model, dataset, skew). Each
+    configuration has its own colour and marker (``styles``); the legend below the panels names
+    every one (scheme and compressor, and backend, ranks and compute precision where they vary),
+    those that never reached the target included (hollow, not drawn), so no label sits on the
+    data. None without accuracy runs."""
+    runs = _runs(summary)
+    configs = _configs(runs)
     if configs.empty:
         return None
     y, ylabel = _y_axis(summary, configs)
+    varying = [c for c in ("backend", "world_size", "precision") if configs[c].nunique() > 1]
+    configs["label"] = [_pareto_label(row, varying) for row in configs.to_dict("records")]
     panels = list(configs.groupby(["model", "dataset", "skew"], sort=True))[:MAX_PANELS]
+    shown = pd.concat([group for _, group in panels])
+    looks = styles.assign(((r["label"], _config(pd.DataFrame([r])))
+                           for r in shown.to_dict("records")), summary)  # fmt: skip
+    handles = _pareto_handles(shown, y, looks)
     cols = min(2, len(panels))
     nrows = math.ceil(len(panels) / cols)
-    schemes = sorted(configs["scheme"].astype(str).unique())
-    markers = {s: _MARKERS[i % len(_MARKERS)] for i, s in enumerate(schemes)}
-    varying = [c for c in ("backend", "world_size") if configs[c].nunique() > 1]
-    handles: dict[str, Line2D] = {}
-    for _, group in panels:
-        handles |= _pareto_handles(group, y, markers, varying)
     width = 6.4 * cols
     fig = Figure(figsize=(width, 0.9 + 4.4 * nrows + 0.2 * len(handles) / _ncols(
         handles, width)), layout="constrained")  # fmt: skip
     axes = fig.subplots(nrows, cols, squeeze=False).ravel()
     for ax, ((model, dataset, skew), group) in zip(axes, panels, strict=False):
-        _pareto_panel(ax, group, y, ylabel, markers)
+        _pareto_panel(ax, group, y, ylabel, looks)
         ax.set_title(f"{model} on {dataset}" + (f", skew {float(skew):g}" if skew else ""))
     for ax in axes[len(panels) :]:
         ax.set_visible(False)
@@ -267,7 +278,8 @@ def pareto_figure(summary: pd.DataFrame) -> Figure | None:
     fig.legend(handles=entries, loc="outside lower center", ncols=_ncols(handles, width),
                fontsize=8, frameon=False)  # fmt: skip
     what = "Time to accuracy" if y == "time" else "Final accuracy"
-    fig.suptitle(f"{what} vs bits sent per value\n(mean over seeds, bars: +/- 1 std)")
+    spread = plots.spread_note(runs, CONFIG_KEYS, "point", "bars")
+    fig.suptitle(f"{what} vs bits sent per value\n({spread})")
     return fig
 
 
@@ -284,32 +296,36 @@ def _pareto_label(row: dict[str, object], varying: list[str]) -> str:
 
 
 def _pareto_handles(
-    group: pd.DataFrame, y: str, markers: dict[str, str], varying: list[str]
+    shown: pd.DataFrame, y: str, looks: dict[str, styles.Style]
 ) -> dict[str, Line2D]:
-    """Legend entries of a panel's configurations (label -> handle); those without a value
-    (never reached the target) say so."""
+    """One legend entry per configuration label, in its look (label -> handle). One that
+    never reached the target is not drawn: its entry is hollow and says so, also where it
+    reached it in another panel only."""
     out = {}
-    for row in group.to_dict("records"):
-        color = plots.compressor_color(str(row["compressor"]))
-        label = _pareto_label(row, varying)
-        if pd.isna(row[y]):
-            label += " (never reached the target)"
-            handle = Line2D([], [], color=color, marker="x", ls="none", ms=7)
-        else:
-            handle = Line2D([], [], color=color, marker=markers[str(row["scheme"])], ls="none",
-                            ms=7, mfc="white" if row["simulated"] else color)  # fmt: skip
-        handle.set_label(label)
-        out[label] = handle
+    for label, rows in shown.groupby("label", sort=False):
+        color, marker = looks[str(label)]
+        reached = rows[y].notna()
+        hollow = bool(rows["simulated"].any()) or not reached.all()
+        text = str(label) + (
+            ""
+            if reached.all()
+            else " (never reached the target)"
+            if not reached.any()
+            else " (absent where it never reached the target)"
+        )
+        handle = Line2D([], [], color=color, marker=marker, ls="none", ms=7,
+                        mfc="white" if hollow else color)  # fmt: skip
+        handle.set_label(text)
+        out[text] = handle
     return out
 
 
 def _pareto_panel(
-    ax: Axes, group: pd.DataFrame, y: str, ylabel: str, markers: dict[str, str]
+    ax: Axes, group: pd.DataFrame, y: str, ylabel: str, looks: dict[str, styles.Style]
 ) -> None:
     points = group[group[y].notna()]
     for row in points.to_dict("records"):
-        color = plots.compressor_color(str(row["compressor"]))
-        marker = markers[str(row["scheme"])]
+        color, marker = looks[str(row["label"])]
         ax.errorbar(row["bits"], row[y], yerr=row[f"{y}_std"], fmt=marker, color=color, ms=7,
                     capsize=3, mfc="white" if row["simulated"] else color)  # fmt: skip
     front = pareto_front(points, y, lower_is_better=y == "time")

@@ -7,7 +7,8 @@ models whose gradient is large next to their compute. One panel per model (and r
 axis is the emulated link rate (log), with unshaped links (loopback) at the right edge; where a
 method's line crosses 1x the crossover bandwidth is marked (interpolated in log bandwidth).
 
-``matplotlib.figure.Figure`` only, colours and style from ``qbench.report.plots``.
+``matplotlib.figure.Figure`` only, style from ``qbench.report.plots``, each method's colour and
+marker from ``qbench.report.styles`` (dashed: sent after backward, not per DDP bucket).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from qbench.report import names, plots
+from qbench.report import names, plots, styles
 from qbench.spec import network
 
 UNSHAPED = "unshaped"
@@ -76,19 +77,24 @@ def utility_figure(summary: pd.DataFrame) -> Figure | None:
     nrows = math.ceil(len(panels) / cols)
     fig = Figure(figsize=(6.4 * cols, 4.2 * nrows + 0.8), layout="constrained")
     axes = fig.subplots(nrows, cols, squeeze=False).ravel()
+    methods = rows[[*METHOD, "precision"]].drop_duplicates().sort_values([*METHOD, "precision"])
+    looks = styles.assign(((names.method(s, c), styles.key(s, c, p))
+                           for s, c, p in methods.itertuples(index=False)), summary)  # fmt: skip
     for ax, (key, panel) in zip(axes, panels, strict=False):
-        _panel(ax, panel, key)
+        _panel(ax, panel, key, looks)
     for ax in axes[len(panels) :]:
         ax.set_visible(False)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=min(3, len(labels)))
+    found = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
+    fig.legend(handles=list(found.values()), loc="outside lower center", ncols=min(3, len(found)))
     fig.suptitle(
         "Speedup over PyTorch DDP fp32\n(bucketed allreduce overlapped with backward = 1x)"
     )
     return fig
 
 
-def _panel(ax: Axes, panel: pd.DataFrame, key: tuple[object, ...]) -> None:
+def _panel(
+    ax: Axes, panel: pd.DataFrame, key: tuple[object, ...], looks: dict[str, styles.Style]
+) -> None:
     shaped = panel["bps"].dropna()
     right = shaped.max() * 4  # unshaped links (loopback) drawn at the right edge
     for (scheme, comp), line in panel.groupby(METHOD, sort=True):
@@ -96,10 +102,11 @@ def _panel(ax: Axes, panel: pd.DataFrame, key: tuple[object, ...]) -> None:
             continue  # the baseline itself: the dashed 1x line
         x = line["bps"].fillna(right)
         order = x.argsort()
-        color = plots.compressor_color(str(comp))
-        ax.plot(x.iloc[order], line["vs_ddp"].iloc[order], marker="o", color=color,
+        label = names.method(scheme, comp)
+        color, marker = looks[label]
+        ax.plot(x.iloc[order], line["vs_ddp"].iloc[order], marker=marker, color=color,
                 linestyle="-" if "backward" in str(scheme) or scheme == "ddp" else "--",
-                label=names.method(scheme, comp))  # fmt: skip
+                label=label)  # fmt: skip
         cross = crossover(line)
         if cross is not None:
             ax.axvline(cross, color=color, linewidth=0.8, alpha=0.5)
