@@ -45,6 +45,12 @@ CASES: dict[str, dict[str, Any]] = {
                               "comp": QSGD4, "steps": 90, "grad_steps": 50, "lr": 0.1},
     "deepsqueeze-qsgd8-quadratic": {"algorithm": "deepsqueeze", "topology": "ring", "gamma": 0.5,
                                     "comp": QSGD8, "steps": 90, "grad_steps": 50, "lr": 0.1},
+    # a few steps with stochastic rounding, against the test's reference with each rank's draws
+    "choco-qsgd4-draws": {"algorithm": "choco", "topology": "ring", "gamma": 0.8, "comp": QSGD4,
+                          "steps": 4, "reference": True},
+    "deepsqueeze-fixed6-draws": {"algorithm": "deepsqueeze", "topology": "torus", "gamma": 0.5,
+                                 "comp": {"name": "fixedpoint", "bits": 6}, "steps": 4,
+                                 "reference": True},
 }  # fmt: skip
 
 

@@ -260,6 +260,7 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     "target_accuracy": st.floats(0, 1),
     "compute": valid_axis(st.sampled_from(getattr(scenario, "COMPUTE", ("fp32",)))),
     "norm": st.sampled_from(getattr(scenario, "NORMS", ("batchnorm",))),
+    "rounding": st.sampled_from(getattr(scenario, "ROUNDING", ("per-rank",))),
     "weights": valid_axis(st.one_of(st.just("none"), st.builds(lambda b: {"bits": b},
                                                                st.integers(2, 32)))),
     "optimizer": st.one_of(

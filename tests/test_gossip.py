@@ -272,6 +272,78 @@ def test_mixing_keeps_the_average_and_reaches_consensus(
     assert all(math.isclose(r["distance"][-1], reference, rel_tol=1e-3, abs_tol=1e-5) for r in got)
 
 
+# Stochastic compressors: the reference draws each rank's rounding with that rank's own key
+# (qbench.compress.base.Key: the run's seed, the step, the rank, stream 2 for gossip, and the
+# global index where the slice starts, ``mix``'s offset 5 here). Deterministic top-k or none
+# would pass even if every rank drew the same numbers.
+GOSSIP_STREAM = 2
+STOCHASTIC = [QSGD4, {"name": "fixedpoint", "bits": 6}]
+Parts = list[tuple[slice, int]]
+"""Slices of the model, each mixed by its own scheme instance, with that instance's offset."""
+
+
+def _c(comp: dict[str, Any], t: torch.Tensor, step: int, rank: int, parts: Parts) -> torch.Tensor:
+    """C(t) as rank ``rank`` encodes it at ``step``: decode(encode(.)) with that rank's key,
+    slice by slice."""
+    out = torch.empty_like(t)
+    for part, offset in parts:
+        c = from_spec(comp)
+        payload = c.encode(
+            t[part].float(), step=step, rank=rank, stream=GOSSIP_STREAM, offset=offset
+        )
+        out[part] = c.decode(payload).double()
+    return out
+
+
+def gossip_reference(
+    algorithm: str, comp: dict[str, Any], x0: torch.Tensor, steps: int, gamma: float,
+    topo: str = "ring", parts: Parts | None = None, key_rank: Any = None,
+) -> torch.Tensor:  # fmt: skip
+    """Each algorithm in matrix form over all ranks, from the papers' definitions (gossip.py's
+    docstring): Choco with one public copy x_hat per rank (Koloskova et al. 2019, not the
+    memory-efficient form the scheme keeps), DeepSqueeze with its error delta, D-PSGD. ``x0``:
+    the ranks' models, one a row; ``parts``: ``mix``'s one slice at offset 5 by default;
+    ``key_rank(i)``: the rank whose key rank i draws with (its own by default)."""
+    k = x0.shape[0]
+    w = topology.build(topo, k).matrix()
+    off_diagonal = w - torch.diag(w.diagonal())
+    parts = parts or [(slice(0, x0.shape[1]), 5)]
+    x, memory = x0.clone(), torch.zeros_like(x0)  # memory: choco's x_hat, deepsqueeze's delta
+    rank_of = key_rank or (lambda i: i)
+    for step in range(steps):
+
+        def c(t: torch.Tensor, step: int = step) -> torch.Tensor:
+            return torch.stack([_c(comp, t[i], step, rank_of(i), parts) for i in range(k)])
+
+        if algorithm == "choco":
+            memory += c(x - memory)
+            x = x + gamma * (w @ memory - memory)
+        elif algorithm == "deepsqueeze":
+            v = x + memory
+            sent = c(v)
+            memory = v - sent
+            x = x + gamma * ((w - torch.eye(k, dtype=w.dtype)) @ sent)
+        else:
+            x = w.diagonal().unsqueeze(1) * x + off_diagonal @ c(x)
+    return x
+
+
+@pytest.mark.parametrize("comp", STOCHASTIC, ids=["qsgd4", "fixedpoint6"])
+@pytest.mark.parametrize(("algorithm", "gamma"), [("choco", 0.8), ("deepsqueeze", 0.5),
+                                                  ("dpsgd", 1.0)])  # fmt: skip
+def test_stochastic_mixing_matches_the_reference_with_each_ranks_own_draws(
+    algorithm: str, gamma: float, comp: dict[str, Any]
+) -> None:
+    k, steps = 4, 4
+    params = {"algorithm": algorithm} | ({"gamma": gamma} if algorithm != "dpsgd" else {})
+    got = _stack(mix(k, comp, steps, **params))
+    reference = gossip_reference(algorithm, comp, _initial(k), steps, gamma)
+    torch.testing.assert_close(got, reference, rtol=0, atol=1e-5)
+    # The draws matter: with rank 0's key on every rank the models differ 100x beyond atol.
+    shared = gossip_reference(algorithm, comp, _initial(k), steps, gamma, key_rank=lambda i: 0)
+    assert (shared - reference).abs().max() > 1e-3
+
+
 def test_bytes_are_payloads_to_neighbours_only() -> None:
     got = mix(5, QSGD4, 2)  # ring: two neighbours
     payload = from_spec(QSGD4).wire_nbytes(N)
@@ -329,13 +401,22 @@ def test_gossip_on_four_ranks(backend: str, tmp_path: Path) -> None:
     torch.testing.assert_close(
         final("deepsqueeze-qsgd8-quadratic").mean(0), a_bar, atol=1e-4, rtol=0
     )
+    # Stochastic rounding with each rank's own draws, slice by slice at the slices' offsets.
+    parts = [(part, part.start) for part in prog.SLICES]
+    for case in ("choco-qsgd4-draws", "deepsqueeze-fixed6-draws"):
+        c = prog.CASES[case]
+        expected = gossip_reference(
+            c["algorithm"], c["comp"], x0, c["steps"], c["gamma"], c["topology"], parts
+        )
+        torch.testing.assert_close(final(case), expected, rtol=0, atol=1e-5, msg=case)
     for case in prog.CASES:
         d = ranks[0][case]["distance"]
         assert all(r[case]["distance"] == d for r in ranks)  # every rank reports the same value
         x = final(case)
         reference = (x - x.mean(0)).norm(dim=1).mean().item()
         assert math.isclose(d[-1], reference, rel_tol=1e-3, abs_tol=1e-5), case
-        if prog.CASES[case]["steps"] > 1:  # deepsqueeze stops at a floor set by C's error
+        if prog.CASES[case]["steps"] > 1 and not prog.CASES[case].get("reference"):
+            # deepsqueeze stops at a floor set by C's error
             assert d[-1] < 0.02 * max(d), case
         size_exchange = 0 if from_spec(prog.CASES[case]["comp"]).fixed_size else 2 * 2 * 8
         for r in ranks:  # two neighbours on a 4-ring and on a 2 x 2 torus

@@ -39,9 +39,11 @@ skew: 0.5
 compute: bf16
 norm: range-evonorm
 weights: {bits: 8}
+rounding: shared
 price_per_hour: 2.5
 timeout: 77
 telemetry: true
+nonfinite: skip
 """
 
 # FULL's first run, field by field (layers: the default policy, written out because the run is
@@ -55,8 +57,10 @@ FULL_RUN: dict[str, Any] = {
     "scheme_params": {"overlap": 4}, "network": {"bandwidth": "1gbit"}, "model_params": {},
     "repeat": 0, "nodes": 2, "device": "", "price_per_hour": 2.5, "epochs": 0,
     "lr_schedule": {}, "weight_decay": 0.001, "skew": 0.5, "target_accuracy": None,
-    "compute": "bf16", "norm": "range-evonorm", "weight_bits": 8, "steps_per_epoch": 0,
-    "profile": False, "workload": {}, "data": {}, "optimizer": {}, "loss": {},
+    "compute": "bf16", "norm": "range-evonorm", "weight_bits": 8, "rounding": "shared",
+    "steps_per_epoch": 0, "profile": False, "workload": {}, "data": {}, "optimizer": {},
+    "loss": {},
+    "nonfinite": "skip",
 }  # fmt: skip
 
 
@@ -83,8 +87,8 @@ def test_labels_written_out() -> None:
         "batch_size": 16, "global_batch": 64, "simulated": False, "network": "1gbit",
         "model_params": {}, "seed": 3, "repeat": 0, "nodes": 2, "price_per_hour": 2.5,
         "epochs": 0, "skew": 0.5, "target_accuracy": None, "compute": "bf16",
-        "norm": "range-evonorm", "weight_bits": 8, "optimizer": "momentum",
-        "loss": "cross-entropy",
+        "norm": "range-evonorm", "weight_bits": 8, "rounding": "shared",
+        "optimizer": "momentum", "loss": "cross-entropy",
     }  # fmt: skip
 
 
@@ -98,7 +102,8 @@ def test_run_id_is_slug_and_digest_of_what_changes_the_run() -> None:
         "batch_size": 16, "warmup": 2, "iterations": 7, "lr": 0.1, "momentum": 0.5, "seed": 3,
         "telemetry": True, "layers": FULL_RUN["layers"], "scheme_params": {"overlap": 4},
         "network": {"bandwidth": "1gbit"}, "nodes": 2, "weight_decay": 0.001, "skew": 0.5,
-        "compute": "bf16", "norm": "range-evonorm", "weight_bits": 8,
+        "compute": "bf16", "norm": "range-evonorm", "weight_bits": 8, "rounding": "shared",
+        "nonfinite": "skip",
     }  # fmt: skip
     slug = "mlp-mpi-reduce-broadcast+overlap4-qsgd-4b-b512-w4n2"
     assert runs[0].run_id == f"{slug}-{sha10(hashed)}"
@@ -134,13 +139,25 @@ def test_run_id_ignores_what_changes_nothing_measured(field: str, value: Any) ->
      ("workload", {"factory": "m:f"}), ("data", {"factory": "m:d"}),
      ("optimizer", {"name": "adam"}), ("loss", {"name": "mse"}), ("weight_decay", 0.5),
      ("skew", 0.25), ("compute", "fp16"), ("norm", "batchnorm"), ("weight_bits", 6),
-     ("nodes", 1), ("repeat", 1)],
+     ("nodes", 1), ("repeat", 1), ("rounding", "per-rank"),
+     ("nonfinite", "fail")],
 )  # fmt: skip
 def test_run_id_changes_with_every_field_added_later(field: str, value: Any) -> None:
     run = expand(FULL).runs[0]
     changed = matrix.RunSpec.from_dict({**run.to_dict(), field: value})
     assert changed.run_id != run.run_id
     assert matrix.RunSpec.from_dict(run.to_dict()) == run
+
+
+def test_shared_rounding_reaches_only_the_runs_that_round_stochastically() -> None:
+    """fp32 runs draw nothing: they keep the id and labels they have without the key; the
+    int8 run records ``rounding: shared`` in its spec, its hash and its labels."""
+    text = "name: s\nmodel: mlp\nworld_size: 2\ncompute: [fp32, int8]\n"
+    plain, shared = expand(text).runs, expand(text + "rounding: shared\n").runs
+    assert [r.rounding for r in shared] == ["per-rank", "shared"]
+    assert shared[0].run_id == plain[0].run_id and "rounding" not in shared[0].labels()
+    assert shared[1].run_id != plain[1].run_id and shared[1].labels()["rounding"] == "shared"
+    assert "rounding" not in plain[1].labels()
 
 
 @pytest.mark.parametrize(
@@ -481,12 +498,14 @@ def test_accuracy_mode_and_the_users_workload_reach_the_run_spec() -> None:
         "network": {}, "model_params": {}, "repeat": 0, "nodes": 1, "device": "",
         "price_per_hour": None, "epochs": 3, "lr_schedule": {"milestones": [2], "gamma": 0.5},
         "weight_decay": 0.0, "skew": 0.0, "target_accuracy": 0.9, "compute": "fp32",
-        "norm": "batchnorm", "weight_bits": 0, "steps_per_epoch": 5, "profile": True,
+        "norm": "batchnorm", "weight_bits": 0, "rounding": "per-rank", "steps_per_epoch": 5,
+        "profile": True,
         "workload": {"factory": "mypkg.nets:build", "params": {"width": 8}, "input_shape": [4],
                      "num_classes": 3, "vocab_size": None, "input_dtype": "float32"},
         "data": {"factory": "mypkg.data:splits", "params": {}},
         "optimizer": {"name": "adam", "betas": [0.9, 0.999], "eps": 1e-08, "amsgrad": False},
         "loss": {"name": "cross-entropy", "label_smoothing": 0.1},
+        "nonfinite": "fail",
     }  # fmt: skip
     labels = run.labels()
     assert (labels["model"], labels["dataset"], labels["epochs"], labels["target_accuracy"],

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from qbench.run import evonorm, precision
+from qbench.run import evonorm, precision, rounding
 
 
 def _train(compute: str, steps: int = 60) -> tuple[float, float]:
@@ -19,7 +19,7 @@ def _train(compute: str, steps: int = 60) -> tuple[float, float]:
     y = (x @ torch.randn(20, 4)).argmax(1)
     model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 4))
     if compute in precision.INT8:
-        precision.fake_quantize(model, scheme=precision.INT8[compute])
+        precision.fake_quantize(model, scheme=precision.INT8[compute], seed=0, rank=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
     scaler = precision.LossScaler(enabled=compute == "fp16")
     losses = []
@@ -46,6 +46,7 @@ def test_the_planner_accepts_exactly_the_precisions_and_norms_the_worker_runs() 
     from qbench.spec import scenario  # the planner keeps its own copy: it imports no torch
 
     assert scenario.COMPUTE == precision.COMPUTE and scenario.NORMS == evonorm.NORMS
+    assert tuple(precision.INT8) == scenario.ROUNDED_COMPUTE
 
 
 @pytest.mark.parametrize("compute", precision.COMPUTE)
@@ -95,16 +96,16 @@ def test_range_evonorm_rejects_bad_groups() -> None:
 
 def test_asymmetric_int8_uses_min_max_and_a_zero_point() -> None:
     x = torch.tensor([-1.0, 0.0, 2.0, 3.0])  # range 4 over 255 steps, zero point at -1
-    q = precision.quantize_minmax(x, 8, stochastic=False)
+    q = precision.quantize_minmax(x, 8, None)
     step = 4.0 / 255
     want = [-1.0, -1.0 + round(1 / step) * step, -1.0 + round(3 / step) * step, 3.0]
     torch.testing.assert_close(q, torch.tensor(want))
     layer = precision.FakeQuant(nn.Linear(4, 2), scheme="asymmetric")
     batch = torch.tensor([[0.0, 1.0, 2.0, 4.0], [-2.0, 0.0, 1.0, 2.0]])
     # activations: the mean of the samples' min (0, -2) and max (4, 2): [-1, 3], clipped
-    xq = precision.quantize_minmax(batch, 8, False, torch.tensor(-1.0), torch.tensor(3.0))
+    xq = precision.quantize_minmax(batch, 8, None, torch.tensor(-1.0), torch.tensor(3.0))
     assert float(xq.min()) == -1.0 and float(xq.max()) == 3.0
-    wq = precision.quantize_minmax(layer.layer.weight.detach(), 8, stochastic=False)
+    wq = precision.quantize_minmax(layer.layer.weight.detach(), 8, None)
     torch.testing.assert_close(layer(batch), nn.functional.linear(xq, wq, layer.layer.bias))
     with pytest.raises(ValueError, match="scheme must be one of"):
         precision.FakeQuant(nn.Linear(4, 2), scheme="minmax")
@@ -117,8 +118,8 @@ def test_fake_quant_quantizes_forward_and_input_gradient_but_not_weight_gradient
     q.layer.load_state_dict(layer.state_dict())
     x = torch.randn(16, 64, requires_grad=True)
     out = q(x)
-    xq = precision.quantize_symmetric(x.detach(), 8, stochastic=False)
-    wq = precision.quantize_symmetric(layer.weight.detach(), 8, stochastic=False)
+    xq = precision.quantize_symmetric(x.detach(), 8, None)
+    wq = precision.quantize_symmetric(layer.weight.detach(), 8, None)
     torch.testing.assert_close(out, nn.functional.linear(xq, wq, layer.bias))
     out.pow(2).sum().backward()
     assert x.grad is not None and q.layer.weight.grad is not None
@@ -144,9 +145,10 @@ def test_weights_are_quantized_per_tensor_and_unbiased() -> None:
     w = torch.randn(1000) * 0.1
     sizes = [600, 400]
     means = torch.zeros_like(w)
+    draws = rounding.Draws(seed=0, rank=0, stream=rounding.WEIGHT_STREAM)
     for _ in range(400):
         q = w.clone()
-        precision.quantize_weights_(q, sizes, bits=4)
+        precision.quantize_weights_(q, sizes, 4, draws)
         for piece in torch.split(q, sizes):
             assert len(torch.unique(piece)) <= 15  # 2^(4-1) - 1 levels per side and zero
         means += q / 400

@@ -19,7 +19,8 @@ BASE = "name: t\nmodel: mlp\n"
 VALID_KEYS = (
     "name, model, dataset, world_size, nodes, gpus_per_node, backend, device, scheme, "
     "compressor, network, batch_size, warmup, iterations, epochs, steps_per_epoch, cover, "
-    "lr_schedule, weight_decay, skew, target_accuracy, compute, norm, weights, lr, momentum, "
+    "lr_schedule, weight_decay, skew, target_accuracy, compute, norm, weights, rounding, lr, "
+    "momentum, "
     "optimizer, loss, seed, repeats, include, exclude, price_per_hour, launcher, isolation, "
     "slurm, timeout, telemetry, profile, layers"
 )
@@ -112,6 +113,11 @@ def test_values_at_the_ends_of_their_ranges_are_kept(line: str, attribute: str, 
         ("norm: ln",
          "norm 'ln' is not one of batchnorm, range-evonorm, range-evonorm-gs2; e.g. "
          "`norm: batchnorm`"),
+        ("rounding: same",
+         "rounding 'same' is not one of per-rank, shared; e.g. `rounding: per-rank`"),
+        ("rounding: shared",
+         "rounding: shared applies to stochastic rounding, which only compute int8 or "
+         "int8-asym and `weights: {bits: N}` do; add one of them or drop `rounding:`"),
         ("steps_per_epoch: 3",
          "steps_per_epoch applies to accuracy mode only; set `epochs:` too, or use "
          "`iterations:` in iteration mode"),

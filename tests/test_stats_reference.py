@@ -52,19 +52,26 @@ BASE = {"model": "mlp", "dataset": "synthetic", "backend": "gloo", "scheme": "al
 
 # -- labels of a run -------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    ("compute", "norm", "weight_bits", "label"),
+    ("compute", "norm", "weight_bits", "rounding", "label"),
     [
-        (None, None, None, "fp32"),  # recorded before the axes existed
-        ("int8", None, None, "int8"),
-        ("bf16", "range-evonorm", None, "bf16+range-evonorm"),
-        (None, "batchnorm", 8, "fp32+w8"),
-        ("fp32", "groupnorm", "6", "fp32+groupnorm+w6"),
-        ("fp32", None, 0, "fp32"),
-        ("fp32", None, "n/a", "fp32"),  # not a number: no weight quantization recorded
+        (None, None, None, None, "fp32"),  # recorded before the axes existed
+        ("int8", None, None, None, "int8"),
+        ("bf16", "range-evonorm", None, None, "bf16+range-evonorm"),
+        (None, "batchnorm", 8, None, "fp32+w8"),
+        ("fp32", "groupnorm", "6", None, "fp32+groupnorm+w6"),
+        ("fp32", None, 0, None, "fp32"),
+        ("fp32", None, "n/a", None, "fp32"),  # not a number: no weight quantization recorded
+        ("int8", "range-evonorm", None, "shared", "int8+range-evonorm+shared-rounding"),
+        ("int8", None, 8, "per-rank", "int8+w8"),  # the default is not labelled
     ],
 )
-def test_precision_label(compute: Any, norm: Any, weight_bits: Any, label: str) -> None:
-    runs = pd.DataFrame({"compute": [compute], "norm": [norm], "weight_bits": [weight_bits]})
+def test_precision_label(
+    compute: Any, norm: Any, weight_bits: Any, rounding: Any, label: str
+) -> None:
+    runs = pd.DataFrame(
+        {"compute": [compute], "norm": [norm], "weight_bits": [weight_bits],
+         "rounding": [rounding]}
+    )  # fmt: skip
     assert stats._precision(runs).tolist() == [label]
 
 

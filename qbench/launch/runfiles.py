@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from qbench.launch import local, machine, procs, shaped
+from qbench.records import interference
 from qbench.records.schema import WORKER_FAILED as FAILED_TAG
 from qbench.records.schema import RunRecord
 from qbench.records.store import (
@@ -28,6 +29,7 @@ from qbench.records.store import (
     atomic_write_parquet,
     epochs_part,
     host_parts,
+    interference_parts,
     model_part,
     rank_parts,
 )
@@ -100,6 +102,7 @@ def finish(
     record.exit_code = code
     status = _merge_parts(store, spec, status)
     _record_hosts(store, spec)
+    record.interference = _interference(store, spec)
     record.labels.update(_model_labels(store, spec))
     record.status = status
     if status != "ok":
@@ -187,6 +190,20 @@ def _record_hosts(store: ResultStore, spec: RunSpec) -> None:
     doc["ranks"] = sorted(hosts, key=lambda h: int(h.get("rank", 0)))
     doc["hostnames"] = sorted({str(h.get("hostname")) for h in hosts})
     atomic_write_json(path, doc)
+
+
+def _interference(store: ResultStore, spec: RunSpec) -> dict[str, Any] | None:
+    """What else used each rank host over the measured iterations, from the ranks' parts."""
+    docs = []
+    for p in interference_parts(store.parts_dir(spec.run_id)):
+        try:
+            docs.append(json.loads(p.read_text()))
+        except (OSError, ValueError):
+            continue
+    try:
+        return interference.combine(docs)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):  # a part from another qbench
+        return None
 
 
 def _tail(path: Path) -> str:

@@ -14,7 +14,9 @@ from typing import Any
 
 import pandas as pd
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: run.json's ``interference`` (what else used the machine while the run was measured).
+Readers take version-1 files as they are: their interference is unknown."""
 
 # name -> pandas dtype. Times are seconds; byte counts are per rank per iteration.
 ITERATION_COLUMNS: dict[str, str] = {
@@ -118,6 +120,10 @@ class RunRecord:
     group: dict[str, Any] | None = None
     """Group mode: ``launch`` (its directory under ``.groups/``), ``position`` in that launch,
     ``index`` and ``size`` in the rank group."""
+    interference: dict[str, Any] | None = None
+    """What else used each rank host's CPUs over the measured iterations
+    (``qbench.records.interference``, which also holds the rule that calls a run disturbed);
+    None in older files and when no rank measured it."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -7,6 +7,7 @@ A results directory::
                  iterations.parquet [epochs telemetry buckets].parquet
                  profile/rank-<rank>.pt.trace.json (profile: true)
                  parts/<kind>-<rank>.parquet host-<rank>.json model.json epochs.parquet
+                       interference-<rank>.json (what else used the machine, per rank)
                        done.json (group mode: rank 0, when every rank finished the run)
     DIR/.groups/<launch>/plan.json stdout.log stderr.log (group mode: one per launch)
     DIR/report/summary.{csv,md} accuracy.csv compare.{csv,md} index.{md,html} figures
@@ -160,6 +161,17 @@ def is_group_plan(path: Path) -> bool:
 
 def host_parts(parts: Path) -> list[Path]:
     return sorted(parts.glob("host-*.json"), key=lambda p: int(p.stem.rpartition("-")[2]))
+
+
+def interference_part(parts: Path, rank: int) -> Path:
+    """Where a rank writes what else used its machine while the run was measured
+    (``qbench.run.interference``; the driver combines them into run.json)."""
+    return parts / f"interference-{rank}.json"
+
+
+def interference_parts(parts: Path) -> list[Path]:
+    found = parts.glob("interference-*.json")
+    return sorted(found, key=lambda p: int(p.stem.rpartition("-")[2]))
 
 
 class ResultStore:

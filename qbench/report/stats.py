@@ -40,7 +40,7 @@ LABELS = (
     *("model", "dataset", "backend", "scheme", "compressor", "compressor_name", "bits"),
     *("world_size", "batch_size", "global_batch", "simulated", "network", "numel", "seed"),
     *("repeat", "skew", "target_accuracy", "nodes", "price_per_hour", "gflops_per_sample"),
-    *("compute", "norm", "weight_bits", "overlap", "profiled"),
+    *("compute", "norm", "weight_bits", "rounding", "overlap", "profiled"),
 )
 RUN_COLUMNS = ("run_id", "status", "error", "exit_code", "git_commit", *LABELS)
 _INT_COLUMNS = (
@@ -202,15 +202,18 @@ def _runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def _precision(runs: pd.DataFrame) -> pd.Series:
-    """Compute precision, normalisation and weight quantization as one label: ``fp32``,
-    ``int8``, ``bf16+range-evonorm``, ``fp32+w8`` (fp32 for runs recorded before the axis)."""
+    """Compute precision, normalisation, weight quantization and shared rounding draws as one
+    label: ``fp32``, ``int8``, ``bf16+range-evonorm``, ``fp32+w8``, ``int8+shared-rounding``
+    (fp32, batchnorm, per-rank for runs recorded before each key)."""
     compute = runs["compute"].fillna("fp32").astype(str)
     norm = runs["norm"].fillna("batchnorm").astype(str)
     bits = pd.to_numeric(runs["weight_bits"], errors="coerce").fillna(0).astype(int)
+    rounding = runs["rounding"].fillna("per-rank").astype(str)
     labels = [
         c + ("" if n == "batchnorm" else f"+{n}") + (f"+w{b}" if b else "")
-        for c, n, b in zip(compute, norm, bits, strict=True)
-    ]
+        + ("" if r == "per-rank" else f"+{r}-rounding")
+        for c, n, b, r in zip(compute, norm, bits, rounding, strict=True)
+    ]  # fmt: skip
     return pd.Series(labels, index=runs.index, dtype=object)
 
 

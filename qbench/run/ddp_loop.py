@@ -91,7 +91,9 @@ class DDPRun(Training):
         profile.phase("step")
         self.opt.step()
         if self.spec.weight_bits:  # seed 000 section 5.4: the model itself in low precision
-            precision.quantize_tensors_(self.named.values(), self.spec.weight_bits)
+            precision.quantize_tensors_(
+                self.named.values(), self.spec.weight_bits, self.weight_draws
+            )
         timer.mark("step")
         profile.phase(None)
         self._losses.append(loss.detach())

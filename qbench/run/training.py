@@ -16,20 +16,33 @@ from typing import Any
 import torch
 from torch import nn
 
-from qbench import comm, data, models
+from qbench import catalog, comm, data, models
 from qbench.records.schema import iterations_frame
 from qbench.run import epochs, evonorm, precision, workload
+from qbench.run.rounding import Draws
 from qbench.spec import layers
 from qbench.spec.matrix import RunSpec
 
 
-def with_precision(model: nn.Module, spec: RunSpec) -> nn.Module:
-    """Swap in Range-EvoNorm and int8 fake-quantized layers before parameters are flattened."""
+def with_precision(model: nn.Module, spec: RunSpec, rank: int) -> nn.Module:
+    """Swap in Range-EvoNorm and int8 fake-quantized layers before parameters are flattened;
+    the int8 layers round with ``rank``'s draws (qbench.run.rounding)."""
     if spec.norm != "batchnorm":
         evonorm.use_range_evonorm(model, spec.norm)
     if spec.compute in precision.INT8:
-        precision.fake_quantize(model, scheme=precision.INT8[spec.compute])
+        precision.fake_quantize(
+            model, scheme=precision.INT8[spec.compute], seed=spec.seed, rank=rank,
+            shared=spec.rounding == "shared",
+        )  # fmt: skip
     return model
+
+
+def weight_draws(spec: RunSpec, rank: int) -> Draws:
+    """The draws ``rank`` rounds its parameters with (``weights: {bits: N}``): its own where
+    each rank trains its own model (decentralized schemes), else the replicas' common ones
+    (precision.weight_draws)."""
+    own = catalog.SCHEMES[spec.scheme].kind == "decentralized"
+    return precision.weight_draws(spec.seed, rank, own, shared=spec.rounding == "shared")
 
 
 def device_for(kind: str) -> torch.device:
@@ -52,7 +65,8 @@ class Training:
         self.device = device_for(spec.device_kind)
         torch.manual_seed(spec.seed)  # same initial model on every rank
         info, model = workload.model(spec)  # the zoo's or a factory's
-        self.model = with_precision(model, spec).to(self.device)
+        self.model = with_precision(model, spec, cm.rank).to(self.device)
+        self.weight_draws = weight_draws(spec, cm.rank)
         self.named = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         policy = layers.LayerPolicy(**spec.layers) if spec.layers else layers.LayerPolicy()
         self.groups = layers.plan(

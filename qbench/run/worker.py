@@ -36,7 +36,7 @@ from qbench.records.store import (
     rank_part,
     trace_path,
 )
-from qbench.run import async_ps, precision, profile, workload
+from qbench.run import async_ps, interference, precision, profile, workload
 from qbench.run.telemetry import Telemetry
 from qbench.run.training import Training
 from qbench.spec.matrix import RunSpec
@@ -134,7 +134,9 @@ class Run(Training):
         profile.phase("step")
         self.opt.step()
         if self.spec.weight_bits:  # seed 000 section 5.4: the model itself in low precision
-            precision.quantize_weights_(self.params, self.sizes, self.spec.weight_bits)
+            precision.quantize_weights_(
+                self.params, self.sizes, self.spec.weight_bits, self.weight_draws
+            )
         timer.mark("step")
         profile.phase(None)
         for part, agg in self.aggs:
@@ -282,9 +284,12 @@ def run_config(
     run: Training | None = None
     tracer: profile.Tracer | None = None
     try:
+        watch = interference.Watch(parts, cm.rank)
         if catalog.SCHEMES[spec.scheme].kind == "asynchronous":  # server + workers (seed 003)
             run = Training(spec, cm, shard=async_ps.shard(cm.rank, cm.world_size))
+            watch.start()  # its loop is its own: the whole serving time, warm-up included
             async_ps.run(async_parts(run))
+            watch.stop()
             cm.barrier()
             return True
         run = _training(spec, cm)
@@ -292,13 +297,18 @@ def run_config(
         trace = trace_path(parts, cm.rank) if spec.profile else None
         tracer = profile.Tracer(trace, spec.warmup, run.total_iterations - spec.warmup,
                                 run.device, cm)  # fmt: skip
-        for it in range(run.total_iterations):
-            if fault is not None and it == fault[0]:
-                _inject(fault, it)
-            run.before(it)
-            run.iteration(it, timer)
-            tracer.step()
-            run.after(it)
+        steps = range(run.total_iterations)
+        for measured, its in enumerate((steps[: spec.warmup], steps[spec.warmup :])):
+            if measured:  # /proc is read here and after the loop: never in a timed iteration
+                watch.start()
+            for it in its:
+                if fault is not None and it == fault[0]:
+                    _inject(fault, it)
+                run.before(it)
+                run.iteration(it, timer)
+                tracer.step()
+                run.after(it)
+        watch.stop()
         cm.barrier()
         return True
     except Exception as e:

@@ -21,14 +21,14 @@ from qbench.catalog import rules
 from qbench.errors import UserError
 from qbench.spec import checks, network
 from qbench.spec import workload as user
-from qbench.spec.scenario import Scenario
+from qbench.spec.scenario import ROUNDED_COMPUTE, Scenario
 
 # Fields added after results existed: left out of the hash while they hold their default.
 _OPTIONAL_ID_FIELDS: dict[str, Any] = {
     "model_params": {}, "repeat": 0, "nodes": 1, "device": "", "epochs": 0, "lr_schedule": {},
     "weight_decay": 0.0, "skew": 0.0, "compute": "fp32", "norm": "batchnorm", "weight_bits": 0,
     "steps_per_epoch": 0, "profile": False, "workload": {}, "data": {}, "optimizer": {},
-    "loss": {},
+    "loss": {}, "rounding": "per-rank",
 }  # fmt: skip
 
 
@@ -81,6 +81,9 @@ class RunSpec:
     norm: str = "batchnorm"
     weight_bits: int = 0
     """Quantize all parameters to this many bits after each step (0: no)."""
+    rounding: str = "per-rank"
+    """Stochastic rounding's draws (qbench.run.rounding): ``per-rank`` or ``shared``; always
+    ``per-rank`` in a run that rounds nothing stochastically."""
     steps_per_epoch: int = 0  # accuracy mode: at most this many steps per epoch (0: all)
     profile: bool = False  # profiler traces (qbench.run.profile); labelled ``profiled``
     # The user's workload (qbench.spec.workload): empty for the zoo, built-in data, SGD, CE.
@@ -158,6 +161,7 @@ class RunSpec:
             "compute": self.compute,
             "norm": self.norm,
             "weight_bits": self.weight_bits,
+            **({"rounding": self.rounding} if self.rounding != "per-rank" else {}),
             "optimizer": self.optimizer.get("name", "sgd" if self.momentum == 0 else "momentum"),
             "loss": self.loss.get("name", self.loss.get("factory", "cross-entropy")),
         }
@@ -381,8 +385,15 @@ def _run_spec(sc: Scenario, p: _Point) -> RunSpec:
         weight_decay=weight_decay, skew=p.skew, target_accuracy=sc.target_accuracy,
         compute=p.compute, norm=sc.norm, weight_bits=p.weight_bits, profile=sc.profile,
         steps_per_epoch=sc.steps_per_epoch or 0, workload=p.workload, data=p.data,
-        optimizer=optimizer, loss=dict(sc.loss),
+        optimizer=optimizer, loss=dict(sc.loss), rounding=_rounding(sc, p),
     )  # fmt: skip
+
+
+def _rounding(sc: Scenario, p: _Point) -> str:
+    """The scenario's ``rounding`` where the run rounds stochastically, else the default (a
+    run that draws nothing keeps the id it has without the key)."""
+    rounds = p.compute in ROUNDED_COMPUTE or p.weight_bits
+    return sc.rounding if rounds else "per-rank"
 
 
 def natural_device(backend: str) -> str:

@@ -31,6 +31,8 @@ DEVICES = ("auto", "cpu", "cuda")
 # qbench.run.precision.COMPUTE and qbench.run.evonorm.NORMS (no torch import here)
 COMPUTE = ("fp32", "bf16", "fp16", "int8", "int8-asym")
 NORMS = ("batchnorm", "range-evonorm", "range-evonorm-gs2")
+ROUNDING = ("per-rank", "shared")  # qbench.run.rounding
+ROUNDED_COMPUTE = ("int8", "int8-asym")  # compute that rounds stochastically (precision.INT8)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,6 +105,10 @@ class Scenario:
     weights: tuple[dict[str, Any], ...] = ({},)
     """Axis: ``{bits: N}`` quantizes every parameter to N-bit fixed point after each step
     (seed 000 section 5.4); ``none`` (``{}``) leaves the model in fp32."""
+    rounding: str = "per-rank"
+    """Where the stochastic rounding of int8 compute and ``weights`` draws from: ``per-rank``,
+    each rank its own draws; ``shared``, every rank the same draws, as seed 001's authors' code
+    (qbench.run.rounding). Applies to the runs that round stochastically only."""
     lr: float = 0.05
     """SGD learning rate."""
     momentum: float = 0.9
@@ -192,6 +198,15 @@ class Scenario:
         checks.check_choices("norm", (self.norm,), NORMS)
         for w in self.weights:
             checks.check_weights(w)
+        checks.check_choices("rounding", (self.rounding,), ROUNDING)
+        if self.rounding != "per-rank" and not (
+            set(self.compute) & set(ROUNDED_COMPUTE) or any(self.weights)
+        ):
+            raise UserError(
+                f"rounding: {self.rounding} applies to stochastic rounding, which only compute "
+                f"{' or '.join(ROUNDED_COMPUTE)} and `weights: {{bits: N}}` do; add one of "
+                "them or drop `rounding:`"
+            )
         checks.check_range("lr", self.lr, 0.0, 1e3, example="lr: 0.05")
         checks.check_range("momentum", self.momentum, 0.0, 1.0, example="momentum: 0.9")
         checks.check_range("timeout", self.timeout, 1.0, 1e7, example="timeout: 600")
@@ -228,6 +243,7 @@ _SCALARS = {
     "weight_decay": float,
     "target_accuracy": float,
     "norm": str,
+    "rounding": str,
     "lr": float,
     "momentum": float,
     "timeout": float,

@@ -27,6 +27,7 @@ from qbench.run.async_ps.protocol import (
     send_message,
 )
 from qbench.run.async_ps.protocol import update_budget as _budget
+from qbench.run.training import weight_draws
 from qbench.timing import PhaseTimer
 
 
@@ -50,6 +51,7 @@ class _Server:
         accelerated = self.scheme.variant == "accelerated"
         self.velocity = torch.zeros_like(r.params) if accelerated else None
         self.started, self.eval_s = time.perf_counter(), 0.0
+        self.weight_draws = weight_draws(r.spec, self.cm.rank)  # one model: the replicas' draws
 
     def reply_to_waiting(self, timer: PhaseTimer) -> None:
         """Models for waiting workers while the staleness rule allows; stop once every
@@ -103,7 +105,7 @@ class _Server:
             self.velocity.mul_(spec.momentum).sub_(grad, alpha=lr)
             x.add_(self.velocity)
         if spec.weight_bits:  # seed 000 section 5.4: the server's model itself in low precision
-            precision.quantize_weights_(x, self.r.sizes, spec.weight_bits)
+            precision.quantize_weights_(x, self.r.sizes, spec.weight_bits, self.weight_draws)
         self.version += 1
         self.last[push.worker] = (float(staleness), float(self.version))
         self.waiting.append(push.worker)

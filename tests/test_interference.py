@@ -1,0 +1,126 @@
+"""Measurements that know when they were disturbed (issue 31, item 9): the /proc arithmetic on
+fake /proc trees with literal numbers, the ranks' parts combined per host, and the rule at its
+threshold. The report's side is tests/test_disturbed_report.py, ``sweep --rerun-disturbed``'s
+tests/test_rerun_disturbed.py, a real 2-rank run beside a busy loop
+tests/test_interference_e2e.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qbench.records import interference
+from qbench.run.interference import cpu_ticks, governors, part, sample
+
+# ---- /proc arithmetic ------------------------------------------------------------------------
+# /proc/stat columns: user nice system idle iowait irq softirq steal guest guest_nice
+STAT_BEFORE = """cpu  900 90 900 9000 90 9 9 9 0 0
+cpu0 100 10 100 1000 10 1 1 1 0 0
+cpu1 200 20 200 2000 20 2 2 2 0 0
+cpu2 300 30 300 3000 30 3 3 3 0 0
+intr 144436 0 0
+ctxt 231945
+"""
+# over the window: cpu0 busy +150 ticks (user 100, nice 0, system 40, irq 5, softirq 5), steal
+# +10, idle +40 (idle 30, iowait 10); cpu1 busy +100 (user 100), steal +0, idle +100; cpu2
+# (not watched) +1000 busy, which must not count
+STAT_AFTER = """cpu  999 99 999 9999 99 99 99 99 0 0
+cpu0 200 10 140 1030 20 6 6 11 0 0
+cpu1 300 20 200 2100 20 2 2 2 0 0
+cpu2 1300 30 300 3000 30 3 3 3 0 0
+intr 144436 0 0
+"""
+
+
+def _proc(root: Path, stat: str, load: str = "0.50 0.40 0.30 2/108 7266\n") -> Path:
+    (root / "sys/kernel/random").mkdir(parents=True, exist_ok=True)
+    (root / "stat").write_text(stat)
+    (root / "loadavg").write_text(load)
+    (root / "sys/kernel/random/boot_id").write_text("boot-a\n")
+    return root
+
+
+def test_cpu_ticks_sum_busy_steal_and_idle_columns_of_watched_cpus() -> None:
+    # cpu0: busy 100+10+100+1+1 = 212, steal 1, idle 1000+10 = 1010; the cpu total line and
+    # cpu2 (not watched) are not read
+    assert cpu_ticks(STAT_BEFORE, [0, 1]) == {0: (212, 1, 1010), 1: (424, 2, 2020)}
+    # an old kernel's line without steal and later columns: they count as 0
+    assert cpu_ticks("cpu0 5 0 5 50 0\n", [0]) == {0: (10, 0, 50)}
+
+
+def test_a_rank_part_is_the_difference_of_two_samples_in_seconds(tmp_path: Path) -> None:
+    root = _proc(tmp_path / "proc", STAT_BEFORE)
+    before = sample([0, 1], root, clock=lambda: 10.0, own=lambda: 1.0)
+    _proc(root, STAT_AFTER, "1.75 0.60 0.35 3/110 7300\n")
+    after = sample([0, 1], root, clock=lambda: 12.0, own=lambda: 2.5)
+    doc = part(before, after, 100, rank=0)
+    assert doc["wall_s"] == 2.0 and doc["own_s"] == 1.5 and doc["hz"] == 100
+    # ticks / 100: cpu0 busy 150, steal 10, idle 40; cpu1 busy 100, steal 0, idle 100
+    assert doc["cpus"] == {"0": [1.5, 0.1, 0.4], "1": [1.0, 0.0, 1.0]}
+    assert doc["loadavg_before"] == [0.5, 0.4, 0.3] and doc["loadavg_after"] == [1.75, 0.6, 0.35]
+
+
+def test_governor_where_readable_else_none(tmp_path: Path) -> None:
+    (tmp_path / "cpu0/cpufreq").mkdir(parents=True)
+    (tmp_path / "cpu0/cpufreq/scaling_governor").write_text("powersave\n")
+    assert governors([0, 1], tmp_path) == ["powersave"]  # cpu1 has none: skipped
+    assert governors([1], tmp_path) is None  # a VM or container: nothing to read
+
+
+def _rank(rank: int, own: float, cpus: dict[str, list[float]], machine: str = "boot-a",
+          wall: float = 2.0) -> dict[str, Any]:  # fmt: skip
+    return {"rank": rank, "host": f"h-{machine}", "machine": machine, "hz": 100, "wall_s": wall,
+            "own_s": own, "cpus": cpus, "loadavg_before": [0.5, 0.4, 0.3],
+            "loadavg_after": [1.75, 0.6, 0.35], "governor": None}  # fmt: skip
+
+
+def test_combine_counts_each_cpu_once_and_subtracts_every_rank_of_the_host() -> None:
+    shared = {"0": [1.5, 0.1, 0.4], "1": [1.0, 0.0, 1.0]}
+    # two ranks on one machine watching the same CPUs (rank 1's counts differ slightly: its
+    # window is a few ms off; the first rank's are taken), and a third rank on another host
+    doc = interference.combine([
+        _rank(1, 1.0, {"0": [1.6, 0.1, 0.3], "1": [1.0, 0.0, 1.0]}),
+        _rank(0, 0.8, shared),
+        _rank(2, 0.5, {"0": [0.6, 0.0, 1.4]}, machine="boot-b"),
+    ])  # fmt: skip
+    assert doc is not None
+    a, b = doc["hosts"]
+    # host a: busy 1.5 + 1.0 = 2.5, steal 0.1, own 0.8 + 1.0 = 1.8: others 0.8 s over 2 s
+    assert a["ranks"] == [0, 1] and a["cpus"] == 2
+    assert (a["busy_s"], a["steal_s"], a["idle_s"], a["own_s"]) == (2.5, 0.1, 1.4, 1.8)
+    assert a["other_s"] == pytest.approx(0.8, abs=1e-9)
+    assert a["other_cores"] == pytest.approx(0.4, abs=1e-9)
+    assert a["resolution_s"] == 0.02  # 2 CPUs x 1 tick of 1/100 s
+    # host b: busy 0.6 - own 0.5 = 0.1 s over 2 s
+    assert b["ranks"] == [2] and b["other_cores"] == pytest.approx(0.05, abs=1e-9)
+    assert doc["other_cores"] == pytest.approx(0.4, abs=1e-9)
+    assert interference.combine([]) is None
+
+
+# ---- the rule --------------------------------------------------------------------------------
+def _doc(other_s: float, wall: float = 4.0, resolution: float = 0.25) -> dict[str, Any]:
+    return {"hosts": [{"host": "a", "cpus": 2, "wall_s": wall, "other_s": other_s,
+                       "resolution_s": resolution,
+                       "other_cores": other_s / wall if wall else 0.0}]}  # fmt: skip
+
+
+def test_disturbed_past_the_threshold_beyond_the_tick_resolution() -> None:
+    assert interference.THRESHOLD_CORES == 0.25
+    # 4 s measured, 0.25 s of tick resolution: others must exceed 0.25 * 4 + 0.25 = 1.25 s
+    assert interference.disturbed(_doc(1.25)) is False  # exactly at it: not beyond
+    assert interference.disturbed(_doc(1.26)) is True
+    # 0.275 cores counted, but 0.25 s of it may be the ticks' rounding: not sure enough
+    assert interference.disturbed(_doc(1.1)) is False
+    # a quiet host beside a disturbed one: the run is disturbed
+    both = {"hosts": [*_doc(0.0)["hosts"], *_doc(2.0)["hosts"]]}
+    assert interference.disturbed(both) is True
+    assert interference.other_cores(both) == 0.5
+
+
+@pytest.mark.parametrize("doc", [None, {}, {"hosts": []}, _doc(2.0, wall=0.0), {"hosts": "x"},
+                                 {"hosts": [{"wall_s": 1.0}]}])  # fmt: skip
+def test_not_recorded_is_unknown_not_quiet(doc: Any) -> None:
+    assert interference.disturbed(doc) is None and interference.other_cores(doc) is None
