@@ -29,6 +29,7 @@ from qbench.timing import PhaseTimer
 NUMEL = 1_003
 SLICES = (slice(0, 600), slice(600, NUMEL))  # two scheme instances, like two layer groups
 QSGD8 = {"name": "qsgd", "bits": 8, "bucket_size": 128}
+QSGD4 = {"name": "qsgd", "bits": 4, "bucket_size": 128}
 NONE = {"name": "none"}
 
 CASES: dict[str, dict[str, Any]] = {
@@ -48,6 +49,12 @@ CASES: dict[str, dict[str, Any]] = {
     # data-dependent payload sizes: 8 bytes of size to the out-peer first
     "choco-adaptive-exponential-mix": {"topology": "exponential", "comp": {"name": "adaptive"},
                                        "gamma": 0.5, "steps": 20},
+    # a few steps with stochastic rounding, against the test's reference with each rank's draws
+    "choco-qsgd4-skewed-draws": {"topology": "directed-ring", "comp": QSGD4, "gamma": 0.6,
+                                 "steps": 6, "grad_steps": 6, "lr": 0.05, "skewed": True},
+    "sgp-fixed6-skewed-draws": {"topology": "directed-ring", "algorithm": "sgp", "steps": 6,
+                                "comp": {"name": "fixedpoint", "bits": 6}, "grad_steps": 6,
+                                "lr": 0.05, "skewed": True},
 }  # fmt: skip
 
 
@@ -67,7 +74,7 @@ def skewed(rank: int, k: int) -> tuple[Mixing, ...]:
 
 
 def build(cm: comm.Comm, case: dict[str, Any]) -> list[tuple[slice, PushSum]]:
-    params = {k: case[k] for k in ("topology", "gamma") if k in case}
+    params = {k: case[k] for k in ("topology", "gamma", "algorithm") if k in case}
     aggs = []
     for part in SLICES:
         c = from_spec(case["comp"])

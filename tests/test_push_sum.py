@@ -318,6 +318,85 @@ def test_quadratic_reaches_the_mean_of_the_centres(
     assert got[0]["distance"][-1] < 1e-3 * max(got[0]["distance"])
 
 
+# Lossy compressors: a reference in matrix form with the scheme's encoders and keys. Rank i
+# encodes with its own key (qbench.compress.base.Key: step, rank i, stream 3 for push-sum, and
+# the global index where the slice starts, ``train``'s offset 3 here), so a bug that made every
+# rank draw the same numbers fails.
+PUSH_SUM_STREAM = 3
+QSGD4 = {"name": "qsgd", "bits": 4, "bucket_size": 128}
+Parts = list[tuple[slice, int]]
+"""Slices of the model, each mixed by its own scheme instance, with that instance's offset."""
+
+
+def _c(comp: dict[str, Any], t: torch.Tensor, step: int, rank: int, parts: Parts) -> torch.Tensor:
+    out = torch.empty_like(t)
+    for part, offset in parts:
+        c = from_spec(comp)
+        payload = c.encode(
+            t[part].float(), step=step, rank=rank, stream=PUSH_SUM_STREAM, offset=offset
+        )
+        out[part] = c.decode(payload).double()
+    return out
+
+
+def push_sum_reference(
+    algorithm: str, comp: dict[str, Any], p: torch.Tensor, x0: torch.Tensor, centres: torch.Tensor,
+    steps: int, lr: float, gamma: float, parts: Parts | None = None, key_rank: Any = None,
+) -> list[torch.Tensor]:  # fmt: skip
+    """z = x / w after each step, from push_sum.py's definitions with P fixed (column i: what
+    rank i keeps and pushes): a gradient step x_i -= lr 2 (z_i - centre_i), then
+    sgp:   x_i <- P_ii x_i + sum_j P_ij C_j(x_j),  w <- P w;
+    choco (Quant-SGP): per directed edge j -> i a public copy x_hat_ji, moved by
+           q = C_j(x_j - x_hat_ji) on both ends, then
+           x_i += gamma (sum_j P_ij x_hat_ji - sum_k P_ki x_hat_ik), w += gamma (P w - w).
+    ``parts``: ``train``'s one slice at offset 3 by default; ``key_rank(i)``: the rank whose key
+    rank i encodes with (its own by default)."""
+    k = p.shape[0]
+    x, w = x0.clone(), torch.ones(k, 1, dtype=torch.float64)
+    parts = parts or [(slice(0, x0.shape[1]), 3)]
+    copies: dict[tuple[int, int], torch.Tensor] = {}  # (sender, receiver) -> x_hat
+    rank_of = key_rank or (lambda i: i)
+    edges = [(j, i) for i in range(k) for j in range(k) if i != j and p[i, j] > 0]
+    out = []
+    for step in range(steps):
+        x = x - lr * 2 * (x / w - centres)
+        if algorithm == "sgp":
+            sent = torch.stack([_c(comp, x[j], step, rank_of(j), parts) for j in range(k)])
+            off = p - torch.diag(p.diagonal())
+            x, w = p.diagonal().unsqueeze(1) * x + off @ sent, p @ w
+        else:
+            for j, i in edges:
+                hat = copies.setdefault((j, i), torch.zeros_like(x[0]))
+                hat += _c(comp, x[j] - hat, step, rank_of(j), parts)
+            delta = torch.zeros_like(x)
+            for j, i in edges:
+                delta[i] += p[i, j] * copies[j, i]
+                delta[j] -= p[i, j] * copies[j, i]
+            x, w = x + gamma * delta, w + gamma * (p @ w - w)
+        out.append(x / w)
+    return out
+
+
+@pytest.mark.parametrize("comp", [QSGD4, {"name": "fixedpoint", "bits": 6}],
+                         ids=["qsgd4", "fixedpoint6"])  # fmt: skip
+@pytest.mark.parametrize(("algorithm", "gamma"), [("choco", 0.6), ("choco", 1.0), ("sgp", 1.0)])
+def test_quantized_push_sum_matches_the_reference_with_each_ranks_own_draws(
+    algorithm: str, gamma: float, comp: dict[str, Any]
+) -> None:
+    # The skewed ring: weights leave 1, so de-biasing by the exchanged fp32 weights matters.
+    k, steps, lr = 5, 6, 0.05
+    params: dict[str, Any] = {"algorithm": algorithm} | ({"gamma": gamma} if gamma < 1 else {})
+    got = train(k, comp, steps, lr=lr, skew=True, **params)
+    p, x0 = skewed_matrix(k), _initial(k)
+    c = torch.stack([centre(r) for r in range(k)]).double()
+    reference = push_sum_reference(algorithm, comp, p, x0, c, steps, lr, gamma)
+    for step in range(steps):
+        torch.testing.assert_close(_z(got, step), reference[step], rtol=0, atol=2e-5)
+    # The draws matter: with rank 0's key on every rank z differs 50x beyond atol.
+    shared = push_sum_reference(algorithm, comp, p, x0, c, steps, lr, gamma, key_rank=lambda i: 0)
+    assert (shared[-1] - reference[-1]).abs().max() > 1e-3
+
+
 def test_bytes_are_payload_plus_weight_to_the_out_peer() -> None:
     got = train(5, QSGD8, 2, topology="exponential")
     payload = from_spec(QSGD8).wire_nbytes(N)
@@ -390,6 +469,16 @@ def test_push_sum_on_four_ranks(backend: str, tmp_path: Path) -> None:
                  "choco-qsgd8-ring-quadratic"):  # fmt: skip
         assert (final(case) - c_bar).abs().max() < 1e-3, case
     assert (final("choco-qsgd8-skewed-mix") - x0.mean(0)).abs().max() < 1e-3
+    # Stochastic rounding with each rank's own draws, slice by slice at the slices' offsets.
+    parts = [(part, part.start) for part in prog.SLICES]
+    centres = torch.stack([prog.target(r) for r in range(k)]).double()
+    for case in ("choco-qsgd4-skewed-draws", "sgp-fixed6-skewed-draws"):
+        c = prog.CASES[case]
+        expected = push_sum_reference(
+            c.get("algorithm", "choco"), c["comp"], skewed_matrix(k), x0, centres, c["steps"],
+            c["lr"], c.get("gamma", 1.0), parts,
+        )[-1]  # fmt: skip
+        torch.testing.assert_close(final(case), expected, rtol=0, atol=2e-5, msg=case)
     for case in prog.CASES:
         weights = torch.tensor([r[case]["weight"] for r in ranks], dtype=torch.float64)
         assert (weights > 0).all(), case
