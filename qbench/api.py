@@ -47,6 +47,7 @@ def sweep(
     launcher: str | None = None,
     isolation: str | None = None,
     progress: bool = True,
+    rerun_disturbed: int = 0,
 ) -> Path:
     """Run every combination of ``scenario`` (a mapping as the YAML would be, or a path to a
     scenario file) and return the results directory (``out``, default ``results/<name>``).
@@ -55,7 +56,9 @@ def sweep(
     already complete in ``out`` are skipped, so calling it again resumes. A run that fails does
     not raise: its row in :func:`load`'s summary says so (status, error). ``isolation``
     (``auto``, ``group``, ``process``) overrides the scenario's, as ``--isolation`` does.
-    ``progress`` prints one line per run to stderr.
+    ``progress`` prints one line per run to stderr. ``rerun_disturbed`` runs again, up to
+    that many times, runs measured while other processes used the CPUs
+    (``qbench sweep --rerun-disturbed``).
     """
     from qbench.cli import console
     from qbench.launch import local
@@ -83,11 +86,14 @@ def sweep(
         from qbench.launch.slurm import available
 
         available.check_available()
+    if rerun_disturbed < 0:
+        raise UserError(f"rerun_disturbed must be 0 or more, got {rerun_disturbed}; e.g. 2")
     todo = len(sweep_mod.plan(m, _store(target), retry_failed).todo)
     with console.progress(todo) if progress else contextlib.nullcontext() as tick:
         sweep_mod.run_sweep(
             m, target, text, on_progress=tick, launch=launch, retry_failed=retry_failed,
-            resolved=console.resolved(sc, launch),
+            resolved=console.resolved(sc, launch), rerun_disturbed=rerun_disturbed,
+            on_rerun=tick.rerun if tick is not None else None,
         )  # fmt: skip
     return target
 
@@ -121,13 +127,16 @@ def load(directory: str | os.PathLike[str]) -> Results:
     return Results(stats.summarize(results), results.iterations, results.runs, results.epochs)
 
 
-def report(directory: str | os.PathLike[str], fmt: str | None = None) -> ReportPaths:
+def report(
+    directory: str | os.PathLike[str], fmt: str | None = None, include_disturbed: bool = False
+) -> ReportPaths:
     """Write ``directory/report/`` as ``qbench report`` does (summary.md and .csv, figures,
     index.html) and return their paths with the summary (``.summary``). ``fmt`` (table, csv,
-    md, json) also prints the summary to stdout; None prints nothing."""
+    md, json) also prints the summary to stdout; None prints nothing. ``include_disturbed``:
+    as ``qbench report --include-disturbed``."""
     from qbench.report import tables
 
-    return tables.write_report(Path(directory), fmt)
+    return tables.write_report(Path(directory), fmt, include_disturbed=include_disturbed)
 
 
 def _scenario_text(scenario: ScenarioLike) -> tuple[str, str]:

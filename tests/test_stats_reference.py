@@ -130,6 +130,8 @@ def test_record_row_machine_cores_provenance_and_profile() -> None:
         "host_cores": 4,
         "git_commit": "abc",
         "profiled": True,
+        "other_cores": None,  # no interference recorded: unknown, not quiet
+        "disturbed": None,
     }
     cases: tuple[tuple[Any, int | None], ...] = (
         ({"cores": 0}, None),

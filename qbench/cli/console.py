@@ -27,7 +27,7 @@ from qbench.spec.matrix import Matrix, RunSpec
 
 if TYPE_CHECKING:
     from qbench.launch import preflight
-    from qbench.launch.sweep import Launch
+    from qbench.launch.sweep import Launch, SweepSummary
 
 # Wide when writing to a file or CI log, so run ids are never cut.
 out = Console(width=None if sys.stdout.isatty() else 200)
@@ -37,7 +37,7 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 def sweep(
     text: str, source: str, out_dir: Path | None, dry_run: bool, *,
     launcher: str | None = None, retry_failed: bool = False, skip_unavailable: bool = False,
-    check: bool = False, isolation: str | None = None,
+    check: bool = False, isolation: str | None = None, rerun_disturbed: int = 0,
 ) -> None:  # fmt: skip
     sc = scenario_mod.loads(text, source)
     target = out_dir or Path("results") / sc.name
@@ -88,7 +88,8 @@ def sweep(
     with _progress(len(p.todo) - len(skip)) as tick:
         summary = sweep_mod.run_sweep(
             m, target, text, on_progress=tick, launch=launch, retry_failed=retry_failed,
-            resolved=_resolved(sc, launch), skip=skip,
+            resolved=_resolved(sc, launch), skip=skip, rerun_disturbed=rerun_disturbed,
+            on_rerun=tick.rerun,
         )  # fmt: skip
     _print_outcome(summary)
     if summary.failed or summary.kept_failed:
@@ -198,13 +199,36 @@ class _Ticker:
                 self.progress.console.print(
                     f"[red]{record.status}[/] {spec.run_id}: {escape(record.error or '')}"
                 )
+            elif _disturbed_note(record):
+                self.progress.console.print(
+                    f"[yellow]ok[/] {spec.run_id}:{escape(_disturbed_note(record))}"
+                )
             return
         elapsed = time.monotonic() - self.t0
         eta = elapsed / self.done * (self.total - self.done)
         note = "" if record.status == "ok" else f": {record.error}"
         line = f"[{self.done}/{self.total}] {record.status:7s} {spec.run_id} "
-        line += f"({record.duration_s:.1f}s, ETA {eta:.0f}s){note}"
+        line += f"({record.duration_s:.1f}s, ETA {eta:.0f}s){note}{_disturbed_note(record)}"
         print(line, file=sys.stderr, flush=True)
+
+    def rerun(self, specs: list[RunSpec], attempt: int, limit: int) -> None:
+        """``--rerun-disturbed``: these runs go again; the bar grows by as many."""
+        self.total += len(specs)
+        if self.progress is not None and self.task is not None:
+            self.progress.update(self.task, total=self.total)
+        ids = ", ".join(s.run_id for s in specs)
+        say = self.progress.console.print if self.progress is not None else err.print
+        say(f"rerun {attempt} of at most {limit}: {len(specs)} disturbed runs measured again "
+            f"(earlier files in RUN/attempts/): {escape(ids)}")  # fmt: skip
+
+
+def _disturbed_note(record: RunRecord) -> str:
+    """`` disturbed: other processes used 1.31 cores ...`` when the rule says so, else ""."""
+    from qbench.records import interference
+
+    if record.status != "ok" or not interference.disturbed(record.interference):
+        return ""
+    return f" disturbed: {interference.describe(record.interference)}"
 
 
 class _progress:
@@ -227,10 +251,7 @@ class _progress:
             self.progress.__exit__(None, None, None)
 
 
-def _print_outcome(summary: object) -> None:
-    from qbench.launch.sweep import SweepSummary
-
-    assert isinstance(summary, SweepSummary)
+def _print_outcome(summary: SweepSummary) -> None:
     ran = len(summary.statuses)
     failed = summary.failed
     unavailable = len(summary.unavailable)
@@ -243,31 +264,57 @@ def _print_outcome(summary: object) -> None:
     if summary.kept_failed:
         err.print(f"{summary.kept_failed} runs failed in an earlier sweep and were not redone; "
                   "`qbench sweep --retry-failed` redoes them")  # fmt: skip
+    _print_reruns(summary)
     err.print(f"next: qbench report {summary.out}")
 
 
-def report(directory: Path, fmt: str) -> None:
+def _print_reruns(summary: SweepSummary) -> None:
+    """What ``--rerun-disturbed`` did: how many runs went again and which are still
+    disturbed (the report flags them and leaves them out of its verdicts)."""
+    if not summary.reruns:
+        return
+    still = summary.still_disturbed
+    clean = len(summary.reruns) - len(still)
+    err.print(f"rerun: {len(summary.reruns)} disturbed runs measured again, {clean} now clean"
+              + (f"; still disturbed: {', '.join(still)}" if still else ""))  # fmt: skip
+
+
+def report(directory: Path, fmt: str, include_disturbed: bool = False) -> None:
     from qbench.report import tables as report_mod
 
-    paths = report_mod.write_report(directory, fmt)
+    paths = report_mod.write_report(directory, fmt, include_disturbed=include_disturbed)
     for note in paths.notes:
         err.print(note)
+    if fmt != "table":  # the table prints them under itself
+        from qbench.report import disturbed
+
+        for warning in disturbed.warnings(paths.summary):
+            err.print(f"warning: {escape(warning)}")
     figures = ", ".join(p.name for p in paths.figures) or "none"
     err.print(f"report: {paths.summary_md} and {paths.summary_csv.name}; figures: {figures} "
               f"(in {paths.summary_md.parent})")  # fmt: skip
 
 
-def compare(a: Path, b: Path, fmt: str, fail_pct: float | None = None) -> None:
+def compare(
+    a: Path, b: Path, fmt: str, fail_pct: float | None = None, include_disturbed: bool = False
+) -> None:
     """``report A B``; with ``fail_pct`` exit 1 when a configuration regressed beyond noise."""
     from qbench.report import compare as compare_mod
     from qbench.report import comparison as report_mod
 
-    csv_path, md_path, frame = report_mod.write_comparison(a, b, fmt)
+    csv_path, md_path, frame = report_mod.write_comparison(
+        a, b, fmt, include_disturbed=include_disturbed
+    )
     counts = ", ".join(f"{n} {v}" for v, n in frame["verdict"].value_counts().items())
     err.print(f"comparison: {counts}; written to {md_path} and {csv_path.name}")
     few = report_mod.compare_few_runs(frame)
     if few:
         err.print(f"warning: {escape(few)}")
+    left = frame[["a_disturbed", "b_disturbed"]].fillna(0).sum()
+    if left.any():
+        err.print(f"warning: disturbed runs left out ({int(left['a_disturbed'])} of A, "
+                  f"{int(left['b_disturbed'])} of B; listed in {md_path.name}); "
+                  "--include-disturbed compares them")  # fmt: skip
     if fail_pct is None:
         return
     slow = compare_mod.regressions(frame, fail_pct)

@@ -19,7 +19,14 @@ import click
     help="With A B: exit 1 when any configuration of B is slower than A by more than PCT % "
     "beyond the noise (the 95 % interval's lower end above 1 + PCT/100), for CI.",
 )  # fmt: skip
-def report(directory: str, other: str | None, fmt: str, fail_pct: float | None) -> None:
+@click.option(
+    "--include-disturbed", is_flag=True,
+    help="Compare runs measured while other processes used the CPUs too (flagged `disturbed`; "
+    "by default they are shown but left out of every speedup, baseline and verdict).",
+)  # fmt: skip
+def report(
+    directory: str, other: str | None, fmt: str, fail_pct: float | None, include_disturbed: bool
+) -> None:
     """Summarise DIRECTORY's runs: tables and figures in DIRECTORY/report/.
 
     With OTHER: compare OTHER (B) against DIRECTORY (A, the baseline) per matching
@@ -28,8 +35,8 @@ def report(directory: str, other: str | None, fmt: str, fail_pct: float | None) 
     from qbench.cli import console
 
     if other is not None:
-        console.compare(Path(directory), Path(other), fmt, fail_pct)
+        console.compare(Path(directory), Path(other), fmt, fail_pct, include_disturbed)
         return
     if fail_pct is not None:
         raise click.UsageError("--fail-if-slower compares two directories: qbench report A B")
-    console.report(Path(directory), fmt)
+    console.report(Path(directory), fmt, include_disturbed)

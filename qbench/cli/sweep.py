@@ -29,6 +29,12 @@ import click
     "kept; interrupted runs are always redone).",
 )  # fmt: skip
 @click.option(
+    "--rerun-disturbed", "rerun_disturbed", type=click.IntRange(min=0), default=0, metavar="N",
+    help="Run again, up to N times each, runs measured while other processes used the CPUs "
+    "(the report's `disturbed`), until an attempt is clean; earlier attempts are kept in "
+    "RUN/attempts/ [0: never].",
+)  # fmt: skip
+@click.option(
     "--skip-unavailable", is_flag=True,
     help="Skip runs whose prerequisites this machine lacks (recorded as skipped, with the "
     "reason) and run the others; by default the sweep stops before starting any.",
@@ -54,8 +60,8 @@ import click
 )  # fmt: skip
 def sweep(
     scenario: str | None, out: str | None, dry_run: bool, launcher: str | None,
-    isolation: str | None, retry_failed: bool, skip_unavailable: bool, check: bool, quick: bool,
-    sets: tuple[str, ...], profile: bool,
+    isolation: str | None, retry_failed: bool, rerun_disturbed: int, skip_unavailable: bool,
+    check: bool, quick: bool, sets: tuple[str, ...], profile: bool,
 ) -> None:  # fmt: skip
     """Run every combination of SCENARIO's axes (default: the embedded smoke scenario).
 
@@ -73,7 +79,7 @@ def sweep(
     console.sweep(
         text, source, Path(out) if out else None, dry_run, launcher=launcher,
         retry_failed=retry_failed, skip_unavailable=skip_unavailable, check=check,
-        isolation=isolation,
+        isolation=isolation, rerun_disturbed=rerun_disturbed,
     )  # fmt: skip
 
 

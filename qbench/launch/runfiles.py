@@ -206,6 +206,36 @@ def _interference(store: ResultStore, spec: RunSpec) -> dict[str, Any] | None:
         return None
 
 
+def archive_attempt(store: ResultStore, spec: RunSpec) -> Path:
+    """Move the run's files into ``attempts/<n>/`` (n = 1, 2, ...) before it runs again, so
+    that every attempt's records stay on disk; returns that directory."""
+    attempts = store.attempts_dir(spec.run_id)
+    earlier = attempts_of(store, spec)
+    target = attempts / str(int(earlier[-1].name) + 1 if earlier else 1)
+    target.mkdir(parents=True)
+    for p in store.run_dir(spec.run_id).iterdir():
+        if p != attempts:
+            p.rename(target / p.name)
+    return target
+
+
+def restore_attempt(store: ResultStore, spec: RunSpec, attempt: Path) -> None:
+    """Put an archived attempt back as the run (the run's current files archived first)."""
+    archive_attempt(store, spec)
+    for p in attempt.iterdir():
+        p.rename(store.run_dir(spec.run_id) / p.name)
+    attempt.rmdir()
+
+
+def attempts_of(store: ResultStore, spec: RunSpec) -> list[Path]:
+    """The run's archived attempts, first to last."""
+    attempts = store.attempts_dir(spec.run_id)
+    if not attempts.is_dir():
+        return []
+    found = [p for p in attempts.iterdir() if p.is_dir() and p.name.isdigit()]
+    return sorted(found, key=lambda p: int(p.name))
+
+
 def _tail(path: Path) -> str:
     try:
         lines = path.read_text(errors="replace").splitlines()

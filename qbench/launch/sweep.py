@@ -5,7 +5,9 @@ processes (``isolation: process``), or runs with the others of its rank group in
 Re-running skips runs whose run.json says ok. A run that fails or times out keeps its status,
 exit code and the tail of stderr, and is skipped too unless ``retry_failed`` (a deterministic
 failure, e.g. out of memory, would only fail again). A run that was interrupted, or whose driver
-died mid-run (run.json still says running), is redone.
+died mid-run (run.json still says running), is redone. With ``rerun_disturbed`` N, ok runs
+measured while other processes used the machine (``qbench.records.interference``) run again,
+up to N times each (:class:`Rerun`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from qbench.launch import local, procs, runfiles, shaped
 from qbench.launch.runfiles import Provenance
+from qbench.records import interference
 from qbench.records.schema import RunRecord
 from qbench.records.store import (
     ResultStore,
@@ -69,6 +72,8 @@ class SweepSummary:
     kept_failed: int = 0
     statuses: dict[str, str] = field(default_factory=dict)  # run_id -> status
     unavailable: dict[str, str] = field(default_factory=dict)  # run_id -> what it lacks
+    reruns: dict[str, int] = field(default_factory=dict)  # run_id -> disturbed runs re-run
+    still_disturbed: list[str] = field(default_factory=list)  # after every rerun allowed
 
     @property
     def failed(self) -> list[str]:
@@ -105,11 +110,15 @@ def run_sweep(
     retry_failed: bool = False,
     resolved: dict[str, Any] | None = None,
     skip: dict[str, str] | None = None,
+    rerun_disturbed: int = 0,
+    on_rerun: Callable[[list[RunSpec], int, int], None] | None = None,
 ) -> SweepSummary:
     """Run what :func:`plan` says, holding the directory's lock so that no second driver
     writes into it at the same time. Runs in ``skip`` (run id -> the prerequisites this machine
     lacks, from ``qbench.launch.preflight``) are not started: their run.json says ``skipped``
-    with the reason, and the next sweep checks them again."""
+    with the reason, and the next sweep checks them again. ``rerun_disturbed``: run disturbed
+    runs again up to that many times (:class:`Rerun`; ``on_rerun(specs, attempt, limit)``
+    before each pass)."""
     from qbench.records.lock import sweep_lock
 
     store = ResultStore(out)
@@ -128,22 +137,89 @@ def run_sweep(
             summary.statuses[spec.run_id] = runfiles.SKIPPED
             summary.unavailable[spec.run_id] = skip[spec.run_id]
         todo.todo = [s for s in todo.todo if s.run_id not in summary.unavailable]
-        if launch.array and todo.todo:
-            _run_array(todo.todo, store, prov, launch, summary, on_progress)
-            return summary
-        if launch.grouped:
-            from qbench.launch.group import run_groups
 
-            run_groups(todo.todo, store, prov, summary, on_progress)
-            return summary
-        for spec in todo.todo:
-            if on_progress:
-                on_progress(spec, None)
-            record = execute(spec, store, prov, launch)
-            summary.statuses[spec.run_id] = record.status
-            if on_progress:
-                on_progress(spec, record)
+        def run_pass(specs: list[RunSpec]) -> None:
+            _run_pass(specs, store, prov, launch, summary, on_progress)
+
+        run_pass(todo.todo)
+        if rerun_disturbed:
+            again = Rerun(store, rerun_disturbed, run_pass, summary, on_rerun)
+            again.run([*todo.done, *todo.todo])
     return summary
+
+
+def _run_pass(
+    specs: list[RunSpec], store: ResultStore, prov: Provenance, launch: Launch,
+    summary: SweepSummary, on_progress: Callable[[RunSpec, RunRecord | None], None] | None,
+) -> None:  # fmt: skip
+    """Run ``specs`` once, the way ``launch`` says: a Slurm array, rank groups or one by one."""
+    if launch.array and specs:
+        _run_array(specs, store, prov, launch, summary, on_progress)
+        return
+    if launch.grouped:
+        from qbench.launch.group import run_groups
+
+        run_groups(specs, store, prov, summary, on_progress)
+        return
+    for spec in specs:
+        if on_progress:
+            on_progress(spec, None)
+        record = execute(spec, store, prov, launch)
+        summary.statuses[spec.run_id] = record.status
+        if on_progress:
+            on_progress(spec, record)
+
+
+@dataclass
+class Rerun:
+    """``--rerun-disturbed N``: every ok run the rule of ``qbench.records.interference`` calls
+    disturbed runs again, all of them as one pass, until an attempt is clean or it has run N
+    more times. Each earlier attempt's files move to ``attempts/<n>/`` first (nothing is
+    lost); the run keeps its last attempt, or its last ok one when a rerun failed."""
+
+    store: ResultStore
+    limit: int
+    run_pass: Callable[[list[RunSpec]], None]
+    summary: SweepSummary
+    on_rerun: Callable[[list[RunSpec], int, int], None] | None = None
+
+    def run(self, specs: list[RunSpec]) -> None:
+        pending = [s for s in specs if self.disturbed(s)]
+        tried = list(pending)
+        for attempt in range(1, self.limit + 1):
+            if not pending:
+                break
+            for spec in pending:
+                runfiles.archive_attempt(self.store, spec)
+                self.summary.reruns[spec.run_id] = attempt
+            if self.on_rerun:
+                self.on_rerun(pending, attempt, self.limit)
+            self.run_pass(pending)
+            pending = [s for s in pending if self.disturbed(s)]
+        for spec in tried:
+            self._keep_usable(spec)
+        self.summary.still_disturbed = [s.run_id for s in tried if self.disturbed(s)]
+
+    def disturbed(self, spec: RunSpec) -> bool:
+        record = self.store.read_record(spec.run_id)
+        return (
+            record is not None
+            and record.status == "ok"
+            and bool(interference.disturbed(record.interference))
+        )
+
+    def _keep_usable(self, spec: RunSpec) -> None:
+        """A rerun that failed leaves the run's last ok attempt in place (still disturbed,
+        but measured), not a failure the first sweep did not have."""
+        record = self.store.read_record(spec.run_id)
+        if record is not None and record.status == "ok":
+            return
+        for attempt in reversed(runfiles.attempts_of(self.store, spec)):
+            earlier = self.store.read_record_at(attempt)
+            if earlier is not None and earlier.status == "ok":
+                runfiles.restore_attempt(self.store, spec, attempt)
+                self.summary.statuses[spec.run_id] = "ok"
+                return
 
 
 def _write_sweep_files(

@@ -9,6 +9,7 @@ A results directory::
                  parts/<kind>-<rank>.parquet host-<rank>.json model.json epochs.parquet
                        interference-<rank>.json (what else used the machine, per rank)
                        done.json (group mode: rank 0, when every rank finished the run)
+                 attempts/<n>/ (sweep --rerun-disturbed: an earlier attempt's files, as above)
     DIR/.groups/<launch>/plan.json stdout.log stderr.log (group mode: one per launch)
     DIR/report/summary.{csv,md} accuracy.csv compare.{csv,md} index.{md,html} figures
 
@@ -49,6 +50,7 @@ BUCKETS = "buckets.parquet"  # DDP runs: per-bucket hand-over and ready times
 SPEC_JSON = "spec.json"
 STDOUT_LOG, STDERR_LOG = "stdout.log", "stderr.log"  # the launcher's (all ranks')
 PARTS = "parts"  # per-rank partial records written by workers, merged by the driver
+ATTEMPTS = "attempts"  # sweep --rerun-disturbed: each earlier attempt's files, attempts/<n>/
 PROFILE = "profile"  # profile: true: a Chrome trace per rank (qbench.run.profile)
 # Per-rank parquet parts (parts/<kind>-<rank>.parquet) and the run file each merges into.
 RANK_PARTS = {"rank": ITERATIONS, "telemetry": TELEMETRY, "buckets": BUCKETS}
@@ -224,6 +226,11 @@ class ResultStore:
     def epochs_path(self, run_id: str) -> Path:
         return self.run_dir(run_id) / EPOCHS
 
+    def attempts_dir(self, run_id: str) -> Path:
+        """``sweep --rerun-disturbed``: earlier attempts of a run, ``attempts/<n>/`` each
+        holding that attempt's files as the run directory held them."""
+        return self.run_dir(run_id) / ATTEMPTS
+
     def merged_path(self, run_id: str, kind: str) -> Path:
         """The run file the per-rank parts of ``kind`` (a key of ``RANK_PARTS``) merge into."""
         return self.run_dir(run_id) / RANK_PARTS[kind]
@@ -232,9 +239,13 @@ class ResultStore:
         atomic_write_json(self.run_dir(record.run_id) / RUN_JSON, record.to_dict())
 
     def read_record(self, run_id: str) -> RunRecord | None:
+        return self.read_record_at(self.run_dir(run_id))
+
+    def read_record_at(self, directory: Path) -> RunRecord | None:
+        """The run.json in ``directory`` (a run's, or one of its ``attempts/<n>/``)."""
         from qbench.records.schema import RunRecord  # pandas: only where records are read
 
-        path = self.run_dir(run_id) / RUN_JSON
+        path = directory / RUN_JSON
         if not path.exists():
             return None
         return RunRecord.from_dict(json.loads(path.read_text()))

@@ -28,20 +28,31 @@ MATCH = ("model", "dataset", "backend", "device", "scheme", "compressor", "world
          "network", "batch_size")  # fmt: skip
 COLUMNS = (
     *MATCH, "a_runs", "b_runs", "a_median_s", "b_median_s", "ratio", "ci_low", "ci_high",
-    "a_n", "b_n", "noise", "verdict", "few_runs",
+    "a_n", "b_n", "noise", "verdict", "few_runs", "a_disturbed", "b_disturbed",
 )  # fmt: skip
+"""``a_disturbed`` / ``b_disturbed``: runs of the configuration left out because they were
+disturbed (``qbench.records.interference``); ``--include-disturbed`` compares them."""
 
 
-def compare(a: Path | str, b: Path | str) -> pd.DataFrame:
-    """One row per configuration present in A or B (``COLUMNS``); unmatched ones say so."""
-    ta, tb = _times(stats.load(a)), _times(stats.load(b))
-    keys = [k for k in MATCH if k in ta.columns and k in tb.columns]
-    groups_a = dict(_groups(ta, keys))
-    groups_b = dict(_groups(tb, keys))
+def compare(a: Path | str, b: Path | str, include_disturbed: bool = False) -> pd.DataFrame:
+    """One row per configuration present in A or B (``COLUMNS``); unmatched ones say so, and
+    so do those whose every run on a side was disturbed (left out unless asked for)."""
+    (ta, xa), (tb, xb) = (_sides(stats.load(d), include_disturbed) for d in (a, b))
+    keys = list(MATCH)
+    groups_a, groups_b = dict(_groups(ta, keys)), dict(_groups(tb, keys))
+    left_a, left_b = _counts(xa, keys), _counts(xb, keys)
     rows = []
-    for key in sorted(set(groups_a) | set(groups_b), key=lambda k: tuple(map(str, k))):
+    found = set(groups_a) | set(groups_b) | set(left_a) | set(left_b)
+    for key in sorted(found, key=lambda k: tuple(map(str, k))):
         row = dict(zip(keys, key, strict=True))
-        row.update(_row(groups_a.get(key), groups_b.get(key)))
+        ga, gb = groups_a.get(key), groups_b.get(key)
+        both_gone = {"a_runs": 0, "b_runs": 0}  # every run of both sides disturbed
+        row.update(both_gone if ga is None and gb is None else _row(ga, gb))
+        row.update(a_disturbed=left_a.get(key, 0), b_disturbed=left_b.get(key, 0))
+        gone = [s for s, g, n in (("A", groups_a, left_a), ("B", groups_b, left_b))
+                if key not in g and n.get(key)]  # fmt: skip
+        if gone:  # not "only in A": B ran it, under interference
+            row["verdict"] = f"disturbed in {' and '.join(gone)}"
         rows.append(row)
     frame = pd.DataFrame(rows)
     for col in COLUMNS:
@@ -50,9 +61,10 @@ def compare(a: Path | str, b: Path | str) -> pd.DataFrame:
     return frame[list(COLUMNS)]
 
 
-def _times(results: stats.Results) -> pd.DataFrame:
-    """Per measured iteration of every ok run: its time (max over ranks) and the run's labels;
-    profiled runs are left out (the profiler slowed them)."""
+def _sides(results: stats.Results, include_disturbed: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per measured iteration of every ok run that is compared: its time (max over ranks) and
+    the run's labels; and the runs left out as disturbed (none with ``include_disturbed``).
+    Profiled runs are left out too (the profiler slowed them)."""
     per_it = stats.per_iteration(results.iterations)
     runs = results.runs[(results.runs["status"] == "ok") & ~results.runs["profiled"]].copy()
     runs["compressor"] = runs["compressor"].fillna(runs["compressor_name"])
@@ -61,7 +73,14 @@ def _times(results: stats.Results) -> pd.DataFrame:
             runs[col] = "cpu" if col == "device" else (1 if col == "nodes" else np.nan)
     runs["device"] = runs["device"].fillna("cpu")
     runs["nodes"] = runs["nodes"].fillna(1)
-    return per_it[["run_id", "t_iteration"]].merge(runs[["run_id", *MATCH]], on="run_id")
+    shaken = runs["disturbed"].fillna(False).astype(bool) & (not include_disturbed)
+    times = per_it[["run_id", "t_iteration"]].merge(runs.loc[~shaken, ["run_id", *MATCH]],
+                                                    on="run_id")  # fmt: skip
+    return times, runs[shaken]
+
+
+def _counts(runs: pd.DataFrame, keys: list[str]) -> dict[tuple[object, ...], int]:
+    return {k: g["run_id"].nunique() for k, g in _groups(runs, keys)}
 
 
 def _groups(t: pd.DataFrame, keys: list[str]) -> list[tuple[tuple[object, ...], pd.DataFrame]]:

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from qbench.errors import choice_error
 from qbench.records.store import COMPARE_CSV, COMPARE_MD, ResultStore, atomic_write_bytes
-from qbench.report import compare, names
+from qbench.report import compare, disturbed, names
 from qbench.report.tables import (
     _MS,
     _NA,
@@ -43,14 +43,17 @@ _COMPARE_HEAD = {
 
 
 def write_comparison(
-    a: Path | str, b: Path | str, fmt: str | None = "table", out: TextIO | None = None
-) -> tuple[Path, Path, pd.DataFrame]:
+    a: Path | str, b: Path | str, fmt: str | None = "table", out: TextIO | None = None,
+    include_disturbed: bool = False,
+) -> tuple[Path, Path, pd.DataFrame]:  # fmt: skip
     """Compare ``b`` against baseline ``a`` (:mod:`qbench.report.compare`); write
-    ``b/report/compare.{csv,md}`` and print the table in ``fmt``; failed runs of both listed."""
+    ``b/report/compare.{csv,md}`` and print the table in ``fmt``; failed runs of both listed,
+    and the disturbed runs left out (compared with ``include_disturbed``)."""
     if fmt is not None and fmt not in FORMATS:
         raise choice_error("report format", fmt, FORMATS)
-    sa, sb = load_summary(a), load_summary(b)  # one-line errors for missing / empty dirs
-    frame = compare.compare(a, b)
+    # one-line errors for missing / empty dirs
+    sa, sb = load_summary(a, include_disturbed), load_summary(b, include_disturbed)
+    frame = compare.compare(a, b, include_disturbed)
     report_dir = ResultStore(b).report_dir()
     csv_path, md_path = report_dir / COMPARE_CSV, report_dir / COMPARE_MD
     atomic_write_bytes(csv_path, frame.to_csv(index=False).encode())
@@ -106,10 +109,20 @@ def _compare_markdown(frame: pd.DataFrame, failed: pd.DataFrame, a: str, b: str)
     few = compare_few_runs(frame)
     if few:
         parts.append(f"**Warning:** {few}")
+    parts += [f"**Warning:** {w}" for w in disturbed_warnings(failed)]
     parts += ["## Configurations", "\n".join(lines)]
     bad = failed[~failed["status"].isin(["ok", "profiled"])]
     parts += ["## Failed runs", _failed_runs(bad.assign(run_id=bad["side"] + ": " + bad["run_id"]))]
     return "\n\n".join(parts) + "\n"
+
+
+def disturbed_warnings(both: pd.DataFrame) -> list[str]:
+    """Each side's disturbed runs, left out of the comparison or compared all the same
+    (``both``: the two summaries with a ``side`` column)."""
+    return [
+        f"{side}: {w}" for side in ("A", "B")
+        for w in disturbed.warnings(both[both["side"] == side])
+    ]  # fmt: skip
 
 
 def compare_few_runs(frame: pd.DataFrame) -> str:
@@ -138,6 +151,8 @@ def _print_comparison(
     few = compare_few_runs(frame)
     if few:
         console.print(f"[yellow]warning:[/] {escape(few)}")
+    for warning in disturbed_warnings(failed):
+        console.print(f"[yellow]warning:[/] {escape(warning)}")
     bad = failed[~failed["status"].isin(["ok", "profiled"])]
     if not bad.empty:
         errors = Table("run", "status", "exit code", "error", title="Failed runs", style="red")

@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 
 from qbench.records.store import INDEX_HTML, INDEX_MD, atomic_write_bytes
-from qbench.report import intervals, names, provenance
+from qbench.report import disturbed, intervals, names, provenance
 from qbench.report import page_cells as cells
 from qbench.report.page_render import Section, markdown_table, slug, to_html, to_markdown
 
@@ -61,7 +61,7 @@ def build_sections(
     """The study's questions in seed 002's order, then cost, failures and leftover figures."""
     configs = _configs(summary)
     sections = [
-        _speed(configs), _accuracy(acc), _one_bit(configs, acc),
+        _speed(configs, summary), _accuracy(acc), _one_bit(configs, acc),
         _backends(configs, throughputs), _ranks(configs), _money(configs), _failed(summary),
     ]  # fmt: skip
     homes = {"breakdown": 0, "speedup_ratio": 0, "utility": 0, "accuracy": 1, "pareto": 1,
@@ -77,6 +77,7 @@ def _configs(summary: pd.DataFrame) -> pd.DataFrame:
     """Ok runs with a throughput, one row per configuration (median over repeats/seeds), with
     its run ids, interval columns and a name for people (``method``)."""
     ok = summary[(summary["status"] == "ok") & summary["samples_per_s"].notna()]
+    ok = ok[~ok["left_out"].astype(bool)]  # disturbed: the speed section names them
     if ok.empty:  # no throughput at all (e.g. every row warm-up): keep the columns, no rows
         return ok.assign(method=pd.Series(dtype=str))
     config = [c for c in CONFIG if c in ok.columns]
@@ -93,9 +94,13 @@ def _configs(summary: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _speed(configs: pd.DataFrame) -> Section:
+def _speed(configs: pd.DataFrame, summary: pd.DataFrame) -> Section:
     table = _rows_table(configs)
     section = Section("Does low precision help speed?", [], table)
+    section.warnings += disturbed.warnings(summary)
+    unknown = disturbed.unknown_note(summary)
+    if unknown:
+        section.notes.append(unknown)
     section.notes.append(
         "Speedups are over the fastest fp32 configuration of the same model, ranks, backend and "
         "network (column fp32 baseline; DDP is PyTorch's DistributedDataParallel, whose bucketed "

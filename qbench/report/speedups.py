@@ -29,7 +29,10 @@ def add(table: pd.DataFrame, per_it: pd.DataFrame, global_batch: pd.Series) -> p
     """``table`` (one row per run with ``samples_per_s``) with every ratio, its baseline and
     its interval; ``per_it``: measured iterations (``stats.per_iteration``)."""
     table = table.copy()
-    speed = table["samples_per_s"].where(table["status"] == "ok")  # profiled runs: not compared
+    compared = table["status"] == "ok"  # not profiled runs,
+    if "left_out" in table:  # nor disturbed ones the summary leaves out (stats.summarize)
+        compared &= ~table["left_out"].astype(bool)
+    speed = table["samples_per_s"].where(compared)
     table["samples_per_s"], kept = speed, table["samples_per_s"]
     table["speedup_vs_fp32"], table["baseline"] = _speedup_vs_fp32(table)
     table["speedup_vs_flat_fp32"] = _speedup_vs_flat_fp32(table)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from qbench.records import interference
 from qbench.records.schema import (
     EPOCH_COLUMNS,
     ITERATION_COLUMNS,
@@ -42,7 +43,10 @@ LABELS = (
     *("repeat", "skew", "target_accuracy", "nodes", "price_per_hour", "gflops_per_sample"),
     *("compute", "norm", "weight_bits", "rounding", "overlap", "profiled"),
 )
-RUN_COLUMNS = ("run_id", "status", "error", "exit_code", "git_commit", *LABELS)
+RUN_COLUMNS = (
+    *("run_id", "status", "error", "exit_code", "git_commit", *LABELS),
+    *("other_cores", "disturbed"),  # what else used the CPUs (qbench.records.interference)
+)
 _INT_COLUMNS = (
     *("exit_code", "world_size", "batch_size", "global_batch", "numel", "seed", "repeat"),
     "nodes",
@@ -68,6 +72,9 @@ SUMMARY_COLUMNS = (
     *("compressor_name", "bits", "simulated", "global_batch", "repeat", "skew", "exit_code"),
     *("batch_size", "numel", "gflops_per_sample", "nodes", "price_per_hour", "target_accuracy"),
     *("profiled", "git_commit", "error"),
+    # other processes' CPU use while measured, the rule's verdict (None: not recorded), and
+    # whether the run was left out of every comparison for it (qbench.records.interference)
+    *("other_cores", "disturbed", "left_out"),
 )
 
 
@@ -156,6 +163,8 @@ def _record_row(run_id: str, record: RunRecord) -> dict[str, Any]:
     spec = record.spec if isinstance(record.spec, dict) else {}
     # profile: true (qbench.run.profile): measured, but slowed, so never compared
     fixed["profiled"] = bool(record.labels.get("profiled") or spec.get("profile"))
+    fixed["other_cores"] = interference.other_cores(record.interference)
+    fixed["disturbed"] = interference.disturbed(record.interference)
     return {**{k: v for k, v in record.labels.items() if k not in fixed}, **fixed}
 
 
@@ -195,6 +204,8 @@ def _runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     runs["precision"] = _precision(runs)
     runs["simulated"] = runs["simulated"].map(_truthy).astype(bool)
     runs["profiled"] = runs["profiled"].map(_truthy).astype(bool)
+    runs["other_cores"] = pd.to_numeric(runs["other_cores"], errors="coerce")
+    runs["disturbed"] = runs["disturbed"].astype("boolean")  # <NA>: not recorded
     runs["nodes"] = runs["nodes"].fillna(1)  # run.json from before multi-node: one host
     for column in ("price_per_hour", "gflops_per_sample", "target_accuracy"):
         runs[column] = pd.to_numeric(runs[column], errors="coerce")
@@ -240,8 +251,10 @@ def per_iteration(iterations: pd.DataFrame) -> pd.DataFrame:
     return measured.groupby(["run_id", "iteration"], as_index=False, sort=True).agg(**spec)
 
 
-def summarize(results: Results) -> pd.DataFrame:
-    """One row per run (``SUMMARY_COLUMNS``); runs that are not ok keep NaN metrics."""
+def summarize(results: Results, include_disturbed: bool = False) -> pd.DataFrame:
+    """One row per run (``SUMMARY_COLUMNS``); runs that are not ok keep NaN metrics. A
+    disturbed run is measured and shown but ``left_out`` of every speedup, baseline and
+    interval, unless ``include_disturbed``."""
     iterations = results.iterations
     is_async = iterations["run_id"].isin(_async_runs(results.runs))
     per_it = per_iteration(iterations[~is_async])
@@ -254,6 +267,8 @@ def summarize(results: Results) -> pd.DataFrame:
     table["iterations"] = table["iterations"].fillna(0).astype("Int64")
     table.loc[table["status"] != "ok", [*_METRICS, "_samples_per_s"]] = math.nan
     table.loc[table["profiled"] & (table["status"] == "ok"), "status"] = PROFILED
+    disturbed = table["disturbed"].fillna(False).astype(bool) & (table["status"] == "ok")
+    table["left_out"] = disturbed & (not include_disturbed)
     table["compressor"] = _display_compressor(table)
     per_update = table["_samples_per_s"].astype(float) * table["batch_size"].astype(float)
     table["samples_per_s"] = per_update.fillna(_global_batch(table) / table["t_iteration_median"])

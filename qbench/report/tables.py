@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from qbench.errors import UserError, choice_error
@@ -27,6 +28,7 @@ from qbench.records.store import (
 )
 from qbench.report import (
     accuracy,
+    disturbed,
     intervals,
     names,
     page_cells,
@@ -57,17 +59,19 @@ class ReportPaths:
 
 
 def write_report(
-    root: Path | str, fmt: str | None = "table", out: TextIO | None = None
-) -> ReportPaths:
+    root: Path | str, fmt: str | None = "table", out: TextIO | None = None,
+    include_disturbed: bool = False,
+) -> ReportPaths:  # fmt: skip
     """Summarize ``root``, write ``root/report/{summary.csv,summary.md,*.png,*.pdf}``, then
-    render the summary to ``out`` (stdout) in ``fmt`` (None: print nothing).
+    render the summary to ``out`` (stdout) in ``fmt`` (None: print nothing). Disturbed runs
+    are shown but compared only with ``include_disturbed`` (``stats.summarize``).
 
     Raises UserError when ``fmt`` is unknown or ``root`` holds no runs.
     """
     if fmt is not None and fmt not in FORMATS:
         raise choice_error("report format", fmt, FORMATS)
     results = _load(root)
-    summary = stats.summarize(results)
+    summary = stats.summarize(results, include_disturbed)
     acc = accuracy.table(summary)
     report_dir = ResultStore(root).report_dir()
     csv_path, md_path = report_dir / SUMMARY_CSV, report_dir / SUMMARY_MD
@@ -89,9 +93,9 @@ def write_report(
     return ReportPaths(csv_path, md_path, tuple(figures), tuple(notes), summary, page)
 
 
-def load_summary(root: Path | str) -> pd.DataFrame:
+def load_summary(root: Path | str, include_disturbed: bool = False) -> pd.DataFrame:
     """``stats.summarize(stats.load(root))``, or a one-line UserError when there are no runs."""
-    return stats.summarize(_load(root))
+    return stats.summarize(_load(root), include_disturbed)
 
 
 def _load(root: Path | str) -> stats.Results:
@@ -159,7 +163,18 @@ def for_people(summary: pd.DataFrame) -> pd.DataFrame:
     records = summary.to_dict("records")
     for prefix in stats.RATIOS:
         shown[prefix] = [ratio_text(r, prefix) for r in records]
+    shown["others"] = [others_text(r) for r in records]
     return shown
+
+
+def others_text(row: Any) -> str:
+    """Other processes' CPU use while the run was measured: ``0.03``, ``1.31 disturbed``
+    (``qbench.records.interference``'s rule), ``-`` when not recorded."""
+    value = row.get("other_cores")
+    if _missing(value):
+        return _NA
+    flag = row.get("disturbed")
+    return f"{value:.2f}" + (" disturbed" if not _missing(flag) and bool(flag) else "")
 
 
 # column -> (header, formatter); the markdown table shows all, the terminal table a subset
@@ -171,6 +186,7 @@ _COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "network": ("network", _text),
     "precision": ("compute", _text),
     "status": ("status", _text),
+    "others": ("other cores", _text),  # what else used the CPUs (docs/reports.md)
     "iterations": ("iters", _text),
     "samples_per_s": ("samples/s", _num(1.0, 1)),
     "t_iteration_median": ("iter ms", _MS),
@@ -242,6 +258,11 @@ def markdown_report(summary: pd.DataFrame, title: str, acc: pd.DataFrame | None 
         " backward: their `comm` is the exposed part only."
     )
     money = tuple(c for c in stats.MONEY_COLUMNS if c in summary and summary[c].notna().any())
+    parts[-1] += (
+        " `other cores`: what other processes used of the CPUs while the run was measured, on"
+        " average (`disturbed` past the rule of docs/reports.md#disturbed-runs)."
+    )
+    parts += [f"**Warning:** {w}" for w in disturbed.warnings(summary)]
     parts += ["## Summary", _markdown_table(summary, _MD_COLUMNS + money)]
     if acc is not None and not acc.empty:
         parts += ["## Accuracy", _ACC_NOTE, _plain_markdown(_acc_display(acc), _ACC_COLUMNS)]
@@ -252,6 +273,10 @@ def markdown_report(summary: pd.DataFrame, title: str, acc: pd.DataFrame | None 
 def _print_table(summary: pd.DataFrame, out: TextIO) -> None:
     constant = [c for c in _LABEL_COLUMNS if summary[c].nunique(dropna=False) == 1]
     columns = tuple(c for c in _TERMINAL_COLUMNS if c not in constant)
+    flagged = summary["disturbed"].fillna(False).astype(bool)
+    if flagged.any():  # only then: a quiet sweep's table stays as narrow as it was
+        columns = (*columns[: columns.index("status") + 1], "others",
+                   *columns[columns.index("status") + 1 :])  # fmt: skip
     people = for_people(summary.iloc[:1])
     caption = " · ".join(f"{c}={_text(people[c].iloc[0])}" for c in constant)
     table = Table(title="qbench summary", caption=caption or None, header_style="bold")
@@ -259,11 +284,14 @@ def _print_table(summary: pd.DataFrame, out: TextIO) -> None:
         textual = column in _TEXTUAL  # text may fold; numbers never wrap
         table.add_column(_COLUMNS[column][0], justify="left" if textual else "right",
                          no_wrap=not textual, overflow="fold")  # fmt: skip
-    for cells, status in zip(_cells(summary, columns), summary["status"], strict=True):
-        table.add_row(*cells, style=None if status in _FINE else "red")
+    rows = zip(_cells(summary, columns), summary["status"], flagged, strict=True)
+    for cells, status, shaken in rows:
+        table.add_row(*cells, style="red" if status not in _FINE else "yellow" if shaken else None)
     width = None if out.isatty() else _PIPE_WIDTH  # a file or pipe has no reason to squeeze
     console = Console(file=out, width=width)
     console.print(table)
+    for warning in disturbed.warnings(summary):
+        console.print(f"[yellow]warning:[/] {escape(warning)}")
     failed = _failed_rows(summary)
     if failed:
         errors = Table("run", "status", "exit code", "error", title="Failed runs", style="red")
