@@ -10,7 +10,9 @@ that one number. The configurations (model mlp, dataset synthetic, gloo, 2 ranks
     fp32 reduce-bc  1 run:  160                        flat too, but not allreduce
     qsgd reduce-bc  3 runs: 250 each
     fp32 DDP, profiled: 1000 (measured, never compared)
+    fp32 DDP and qsgd, disturbed (``left_out``, stats.summarize): 1000 each, never compared
     fp32 DDP, 1 rank:   3 runs 100, 200, 50  median 100;  qsgd reduce-bc, 1 rank: 200
+    qsgd reduce-bc on MPI: 300, no fp32 run there
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def _run(run_id: str, speed: float, batch: float = 100, **fields: Any) -> dict[s
 
 
 def _runs() -> list[dict[str, Any]]:
-    return [
+    rows = [
         _run("ddp-1", 100, **DDP),
         _run("ddp-2", 200, **DDP),
         _run("ddp-3", 400, **DDP),
@@ -51,12 +53,17 @@ def _runs() -> list[dict[str, Any]]:
         _run("ddp-w1-2", 200, 50, **{**DDP, "world_size": 1}),
         _run("ddp-w1-3", 50, 50, **{**DDP, "world_size": 1}),
         _run("q-w1", 200, 50, scheme="reduce-broadcast", **FLAT, **{**QSGD, "world_size": 1}),
+        _run("ddp-disturbed", 1000, **DDP, left_out=True),
+        _run("q-disturbed", 1000, scheme="reduce-broadcast", **FLAT, **QSGD, left_out=True),
+        _run("q-mpi", 300, scheme="reduce-broadcast", **FLAT, **{**QSGD, "backend": "mpi"}),
     ]
+    return [{"left_out": False, **r} for r in rows]
 
 
-def _add(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """speedups.add on ``rows`` with 3 measured iterations of batch / samples_per_s each."""
-    table = pd.DataFrame(rows)
+def _add(rows: list[dict[str, Any]], index: list[Any] | None = None) -> pd.DataFrame:
+    """speedups.add on ``rows`` (``index``: the table's, 0, 1, ... by default) with 3 measured
+    iterations of batch / samples_per_s each."""
+    table = pd.DataFrame(rows, index=index)
     per_it = pd.DataFrame(
         [{"run_id": r["run_id"], "iteration": i, "t_iteration": r["_batch"] / r["samples_per_s"]}
          for r in rows if r["status"] != "failed" for i in (1, 2, 3)]
@@ -106,6 +113,28 @@ def test_runs_not_ok_are_measured_but_never_compared() -> None:
             assert math.isnan(out.loc[run_id, ratio]), (run_id, ratio)
             assert math.isnan(out.loc[run_id, f"{ratio}_low"]), (run_id, ratio)
     assert math.isnan(out.loc["q-failed", "samples_per_s"])
+    # disturbed runs (left out by the summary) likewise; DDP's median would be 300 with its 1000
+    assert out.loc["ddp-disturbed", "samples_per_s"] == 1000
+    for run_id in ("ddp-disturbed", "q-disturbed"):
+        assert all(math.isnan(out.loc[run_id, ratio]) for ratio in speedups.RATIOS), run_id
+    assert out.loc["q-1", "speedup_vs_fp32_n"] == 3  # not 4 with q-disturbed
+
+
+def test_a_configuration_without_fp32_has_no_ratio() -> None:
+    out = _add(_runs())
+    q = out.loc["q-mpi"]
+    assert math.isnan(q["speedup_vs_fp32"]) and pd.isna(q["baseline"])
+    assert math.isnan(q["speedup_vs_flat_fp32"]) and math.isnan(q["scalability"])
+
+
+def test_rows_keep_their_index() -> None:
+    # The table's own index, not 0, 1, ...: every ratio lands on its row.
+    rows = _runs()
+    out = _add(rows, index=[100 + 3 * i for i in range(len(rows))][::-1])
+    assert _col(out, "speedup_vs_fp32", ["q-1", "ddp-1", "ar-1", "q-w1"]) == [1.25, 0.5, 0.625, 2.0]
+    assert _col(out, "baseline", ["q-1", "ddp-w1-2"]) == ["ddp", "ddp"]
+    assert _col(out, "speedup_vs_flat_fp32", ["q-1", "ar-3", "rb-fp32"]) == [2.0, 0.5, 1.28]
+    assert _col(out, "scalability", ["ddp-3", "q-1", "ddp-w1-2"]) == [4.0, 1.25, 2.0]
 
 
 def test_intervals_against_the_same_baseline_rows() -> None:
@@ -148,6 +177,8 @@ def test_no_fp32_anywhere_gives_no_ratio_and_no_baseline() -> None:
     rows = [_run(f"q-{i}", 250, scheme="reduce-broadcast", **FLAT, **QSGD) for i in (1, 2)]
     out = _add(rows)
     assert out["speedup_vs_fp32"].isna().all() and out["baseline"].isna().all()
+    # the columns' types whether or not a baseline exists: numbers and scheme names
+    assert (str(out["speedup_vs_fp32"].dtype), str(out["baseline"].dtype)) == ("float64", "object")
     assert out["speedup_vs_flat_fp32"].isna().all() and out["scalability"].isna().all()
     assert out["speedup_vs_fp32_low"].isna().all()
     assert out["samples_per_s"].tolist() == [250, 250]
