@@ -20,12 +20,27 @@ the new buckets). A segment keeps the size of each of its tensors, so per-tensor
 
 Random draws are keyed by the bucket's offset in the hand-over order, so no two buckets of a
 step share draws.
+
+The thread's lifetime: it starts with the first bucket and stops, after the bucket it is
+exchanging, on :meth:`SchemeHookState.close`, when the state is garbage collected (DDP drops
+its hook state with the model) and at interpreter exit (``weakref.finalize``, whose exit hook
+runs before Python stops daemon threads). It must stop then: a daemon thread that is still
+inside torch's C++ code when the interpreter finalizes, for instance still returning from
+completing the last bucket's future while the main thread has gone on to exit, is killed when
+it takes the GIL back, and that kill inside a C++ frame aborts the process ("terminate called
+without an active exception", SIGABRT after training had finished: 2 of 10 runs of README's
+example under torchrun). Stopping fails the buckets still queued instead of exchanging them (no
+collective starts during teardown) and waits at most ``JOIN_TIMEOUT_S`` for the one in flight.
+The thread is a daemon all the same: Python joins non-daemon threads before the exit hooks run,
+so a user who never closes the state would hang at exit.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +53,11 @@ from qbench.comm import Comm
 from qbench.compress import from_spec
 from qbench.ddp.timeline import BucketTimeline
 from qbench.timing import PhaseTimer
+
+JOIN_TIMEOUT_S = 10.0
+"""How long stopping waits for the bucket in flight. A normal end finds the thread idle (DDP has
+waited for every bucket in backward), so this bounds only teardown after a failure, where a
+peer may never answer: exit must not wait for gloo's own 30-minute timeout."""
 
 SpecFor = Callable[[torch.Tensor], dict[str, Any]]
 """The compressor spec (``{name: ..., ...}``) for one parameter of a bucket."""
@@ -127,6 +147,7 @@ class SchemeHookState:
     _offset: int = 0
     _jobs: queue.Queue[_Job | None] = field(default_factory=queue.Queue, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
+    _stopper: weakref.finalize[..., SchemeHookState] | None = field(default=None, repr=False)
 
     _sent_at_reset: int = 0
 
@@ -143,11 +164,11 @@ class SchemeHookState:
         return self.comm.bytes_sent - self._sent_at_reset
 
     def close(self) -> None:
-        """Stop the communication thread (it also ends with the process: a daemon)."""
-        if self._thread is not None:
-            self._jobs.put(None)
-            self._thread.join()
-            self._thread = None
+        """Stop the communication thread (module docstring). Optional: it also stops when the
+        state is collected and at exit; a later bucket starts a new one."""
+        if self._stopper is not None:
+            self._stopper()
+        self._thread = self._stopper = None
 
     def submit(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         buffer = bucket.buffer()
@@ -184,25 +205,26 @@ class SchemeHookState:
 
     def _start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name="qbench-ddp-comm", daemon=True)
+            # The thread holds only a weak reference, so the state can be collected.
+            self._thread = threading.Thread(
+                target=_serve, args=(self._jobs, weakref.ref(self)), name="qbench-ddp-comm",
+                daemon=True,
+            )  # fmt: skip
             self._thread.start()
+            self._stopper = weakref.finalize(self, _stop, self._jobs, self._thread)
 
-    def _serve(self) -> None:
-        stream = None
-        while (job := self._jobs.get()) is not None:
-            try:
-                if job.ready_event is not None:
-                    stream = stream or torch.cuda.Stream(device=job.buffer.device)
-                    with torch.cuda.stream(stream):
-                        stream.wait_event(job.ready_event)
-                        self._run(job)
-                    stream.synchronize()  # the mean is in the bucket before DDP reads it
-                else:
-                    self._run(job)
-                self.timeline.done(job.index)
-                job.future.set_result(job.buffer)
-            except BaseException as e:  # the training loop re-raises it from DDP's wait
-                job.future.set_exception(e)  # type: ignore[arg-type]  # torch's stub
+    def _exchange(self, job: _Job, stream: Any) -> Any:
+        """Run one bucket through the scheme; returns the CUDA stream to reuse (None on CPU)."""
+        if job.ready_event is not None:
+            stream = stream or torch.cuda.Stream(device=job.buffer.device)
+            with torch.cuda.stream(stream):
+                stream.wait_event(job.ready_event)
+                self._run(job)
+            stream.synchronize()  # the mean is in the bucket before DDP reads it
+        else:
+            self._run(job)
+        self.timeline.done(job.index)
+        return stream
 
     def _run(self, job: _Job) -> None:
         timer = PhaseTimer(job.buffer.device)
@@ -214,6 +236,47 @@ class SchemeHookState:
             self.timeline.add_payload(job.index, agg.payload_bytes)
         self.t_encode += timer.totals["encode"]
         self.t_decode += timer.totals["decode"]
+
+
+def _serve(jobs: queue.Queue[_Job | None], state_ref: weakref.ref[SchemeHookState]) -> None:
+    """The communication thread: buckets in hand-over order until the sentinel ``None``."""
+    stream = None
+    while (job := jobs.get()) is not None:
+        state = state_ref()
+        try:
+            if state is None:
+                raise RuntimeError(_CLOSED)
+            stream = state._exchange(job, stream)
+            job.future.set_result(job.buffer)
+        except BaseException as e:  # the training loop re-raises it from DDP's wait
+            job.future.set_exception(e)  # type: ignore[arg-type]  # torch's stub
+        del state, job  # hold neither while waiting, or the state could never be collected
+
+
+_CLOSED = "qbench DDP hook closed: the bucket was not exchanged"
+
+
+def _stop(jobs: queue.Queue[_Job | None], thread: threading.Thread) -> None:
+    """Fail the queued buckets, stop the thread after the bucket in flight and wait for it,
+    at most ``JOIN_TIMEOUT_S`` (module docstring)."""
+    while True:
+        try:
+            job = jobs.get_nowait()
+        except queue.Empty:
+            break
+        if job is not None:
+            job.future.set_exception(RuntimeError(_CLOSED))  # type: ignore[arg-type]
+    jobs.put(None)
+    if thread is threading.current_thread():  # the thread dropped the last reference itself
+        return
+    thread.join(JOIN_TIMEOUT_S)
+    if thread.is_alive():
+        warnings.warn(
+            f"qbench DDP hook: the communication thread was still exchanging a bucket after "
+            f"{JOIN_TIMEOUT_S:g} s; going on without it",
+            RuntimeWarning,
+            stacklevel=1,
+        )
 
 
 def scheme_hook(
