@@ -128,6 +128,34 @@ def test_qsgd_native_rejects_a_short_payload() -> None:
         c.decode(payload)
 
 
+QSGD_100 = "qsgd: payload of 100 values needs 50 uint8 levels and 13 float32 scales, got "
+
+
+@pytest.mark.parametrize(
+    ("levels", "scales", "got"),
+    [
+        (lambda v: v.view(torch.int8), lambda s: s, "50 torch.int8 and 13 torch.float32"),
+        (lambda v: v, lambda s: s[:-1], "50 torch.uint8 and 12 torch.float32"),
+        (lambda v: v, lambda s: s.double(), "50 torch.uint8 and 13 torch.float64"),
+    ],
+    ids=["int8-levels", "short-scales", "float64-scales"],
+)
+def test_qsgd_native_rejects_a_malformed_payload(
+    levels: Callable[[torch.Tensor], torch.Tensor],
+    scales: Callable[[torch.Tensor], torch.Tensor],
+    got: str,
+) -> None:
+    # 100 4-bit codes: 50 bytes; 13 buckets of 8, one float32 scale each (the short levels case
+    # is the test above).
+    c = QSGD(bits=4, bucket_size=8)
+    payload = c.encode(_grad(100))
+    payload.buffers["levels"] = levels(payload.buffers["levels"])
+    payload.buffers["scales"] = scales(payload.buffers["scales"])
+    with native.backend("native"), pytest.raises(ValueError) as e:
+        c.decode(payload)
+    assert str(e.value) == QSGD_100 + got
+
+
 def test_qsgd_strided_input() -> None:
     c = QSGD(bits=5, bucket_size=16)
     x = _grad(2001)[::2]
