@@ -13,7 +13,7 @@ import pytest
 
 from qbench.records.schema import RunRecord, iterations_frame
 from qbench.records.store import INDEX_MD, SUMMARY_MD, ResultStore, atomic_write_json
-from qbench.report import compare, stats
+from qbench.report import compare, plots_utility, stats
 from qbench.report import comparison as comparison_mod
 from qbench.report import tables as report
 from tests.test_interference import _doc
@@ -132,3 +132,18 @@ def test_report_a_b_leaves_a_disturbed_side_out(tmp_path: Path) -> None:
     assert list(both["verdict"]) == ["slower"] and both.loc[0, "ratio"] == pytest.approx(2.2)
     _, md_path, _ = comparison_mod.write_comparison(a.root, b.root, None)
     assert "B: Left out of every speedup, baseline and verdict as disturbed" in md_path.read_text()
+
+
+def test_the_utility_figure_takes_no_disturbed_baseline() -> None:
+    """test_utility's summary (DDP fp32 at 100 samples/s on every link, QSGD at 100 at
+    1 Gbit/s) with a second DDP fp32 run at 1 Gbit/s measured at 50 while disturbed: left out,
+    QSGD stays at 100 / 100; taken in, the baseline would be the median 75 (1.33x)."""
+    from tests.test_utility import _summary
+
+    table = _summary().assign(left_out=False)
+    shaken = table[
+        (table["network"] == "1gbit") & (table["scheme"] == "ddp") & (table["compressor"] == "fp32")
+    ].assign(samples_per_s=50.0, left_out=True)
+    rows = plots_utility.utility_rows(pd.concat([table, shaken], ignore_index=True))
+    at_1g = rows[(rows["compressor"] == "qsgd-4b-b512") & (rows["bps"] == 1e9)]["vs_ddp"]
+    assert list(at_1g) == [pytest.approx(1.0)]

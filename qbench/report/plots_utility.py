@@ -34,6 +34,8 @@ def utility_rows(summary: pd.DataFrame) -> pd.DataFrame:
     """Ok runs with a DDP fp32 run of the same model, ranks and link: their speedup over it
     (``vs_ddp``, median over repeats) and the link rate in bit/s (``bps``; NaN unshaped)."""
     ok = summary[(summary["status"] == "ok") & summary["samples_per_s"].notna()].copy()
+    if "left_out" in ok:  # disturbed runs (stats.summarize): neither a point nor a baseline
+        ok = ok[~ok["left_out"].astype(bool)]
     if ok.empty or "network" not in ok:
         return ok.iloc[0:0]
     keys = [*PANEL_KEYS, "network", "dataset"]
