@@ -7,13 +7,16 @@ tests/test_interference_e2e.py.
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from qbench.records import interference
-from qbench.run.interference import cpu_ticks, governors, part, sample
+from qbench.records.store import interference_part
+from qbench.run.interference import Watch, cpu_ticks, governors, part, sample
 
 # ---- /proc arithmetic ------------------------------------------------------------------------
 # /proc/stat columns: user nice system idle iowait irq softirq steal guest guest_nice
@@ -68,6 +71,32 @@ def test_governor_where_readable_else_none(tmp_path: Path) -> None:
     (tmp_path / "cpu0/cpufreq/scaling_governor").write_text("powersave\n")
     assert governors([0, 1], tmp_path) == ["powersave"]  # cpu1 has none: skipped
     assert governors([1], tmp_path) is None  # a VM or container: nothing to read
+
+
+def _stat(busy: int, cpus: list[int]) -> str:
+    """/proc/stat with every CPU of ``cpus`` at ``busy`` user ticks and 1000 idle."""
+    return "".join(f"cpu{c} {busy} 0 0 1000 0 0 0 0 0 0\n" for c in cpus)
+
+
+def test_a_watch_writes_the_part_the_driver_reads(tmp_path: Path) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    root = _proc(tmp_path / "proc", _stat(100, cpus))
+    watch = Watch(tmp_path / "parts", 3, proc=root, sys_cpu=tmp_path / "nosys")
+    watch.start()
+    _proc(root, _stat(150, cpus))  # 50 busy ticks on every watched CPU meanwhile
+    watch.stop()
+    doc = json.loads(interference_part(tmp_path / "parts", 3).read_text())
+    assert (doc["rank"], doc["machine"], doc["governor"]) == (3, "boot-a", None)
+    hz = doc["hz"]
+    assert doc["cpus"] == {str(c): [50 / hz, 0.0, 0.0] for c in cpus}
+    assert doc["wall_s"] > 0 and doc["own_s"] >= 0
+
+
+def test_without_proc_stat_a_watch_records_nothing(tmp_path: Path) -> None:
+    watch = Watch(tmp_path / "parts", 0, proc=tmp_path / "empty")
+    watch.start()
+    watch.stop()
+    assert not (tmp_path / "parts").exists()  # interference unknown, the run goes on
 
 
 def _rank(rank: int, own: float, cpus: dict[str, list[float]], machine: str = "boot-a",
