@@ -28,7 +28,7 @@ _OPTIONAL_ID_FIELDS: dict[str, Any] = {
     "model_params": {}, "repeat": 0, "nodes": 1, "device": "", "epochs": 0, "lr_schedule": {},
     "weight_decay": 0.0, "skew": 0.0, "compute": "fp32", "norm": "batchnorm", "weight_bits": 0,
     "steps_per_epoch": 0, "profile": False, "workload": {}, "data": {}, "optimizer": {},
-    "loss": {}, "rounding": "per-rank",
+    "loss": {}, "nonfinite": "fail", "rounding": "per-rank",
 }  # fmt: skip
 
 
@@ -94,6 +94,8 @@ class RunSpec:
     optimizer: dict[str, Any] = field(default_factory=dict)
     """An optimizer other than SGD: name and parameters besides lr, momentum, weight_decay."""
     loss: dict[str, Any] = field(default_factory=dict)
+    nonfinite: str = "fail"
+    """A NaN or inf in a gradient fails the run (``fail``) or skips the step (``skip``)."""
 
     @property
     def run_id(self) -> str:
@@ -385,7 +387,8 @@ def _run_spec(sc: Scenario, p: _Point) -> RunSpec:
         weight_decay=weight_decay, skew=p.skew, target_accuracy=sc.target_accuracy,
         compute=p.compute, norm=sc.norm, weight_bits=p.weight_bits, profile=sc.profile,
         steps_per_epoch=sc.steps_per_epoch or 0, workload=p.workload, data=p.data,
-        optimizer=optimizer, loss=dict(sc.loss), rounding=_rounding(sc, p),
+        optimizer=optimizer, loss=dict(sc.loss), nonfinite=sc.nonfinite,
+        rounding=_rounding(sc, p),
     )  # fmt: skip
 
 

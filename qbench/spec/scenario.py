@@ -33,6 +33,8 @@ COMPUTE = ("fp32", "bf16", "fp16", "int8", "int8-asym")
 NORMS = ("batchnorm", "range-evonorm", "range-evonorm-gs2")
 ROUNDING = ("per-rank", "shared")  # qbench.run.rounding
 ROUNDED_COMPUTE = ("int8", "int8-asym")  # compute that rounds stochastically (precision.INT8)
+NONFINITE = ("fail", "skip")
+"""What a step whose gradient holds a NaN or inf does (qbench.run.nonfinite reads it here)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,6 +149,9 @@ class Scenario:
     named ranges (slower: reports keep these runs out of speed summaries)."""
     layers: layers.LayerPolicy = field(default_factory=layers.LayerPolicy)
     """Which tensors travel in full precision, and per-layer compressor overrides."""
+    nonfinite: str = "fail"
+    """A NaN or inf in a rank's gradient: ``fail`` the run, naming the iteration and tensor, or
+    ``skip`` the step on every rank (counted in the records, as a loss scaler would)."""
     source: str = field(default="<embedded>", compare=False)
     """Where the scenario was read from (not part of any run's identity)."""
 
@@ -196,6 +201,7 @@ class Scenario:
                 )
         checks.check_choices("compute", self.compute, COMPUTE)
         checks.check_choices("norm", (self.norm,), NORMS)
+        checks.check_choices("nonfinite", (self.nonfinite,), NONFINITE)
         for w in self.weights:
             checks.check_weights(w)
         checks.check_choices("rounding", (self.rounding,), ROUNDING)
@@ -250,6 +256,7 @@ _SCALARS = {
     "telemetry": bool,
     "profile": bool,
     "cover": bool,
+    "nonfinite": str,
 }
 
 
