@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from qbench.compress import huffman
-from qbench.compress.base import Compressor, Key, Payload
+from qbench.compress.base import Compressor, Key, Payload, require_finite
 from qbench.compress.rng import uniform
 
 _BLOCK = 512  # values per Huffman block: 512 numpy steps to decode; 16 bits of length each
@@ -74,6 +74,7 @@ class Adaptive(Compressor):
     def _encode(self, grad: torch.Tensor, key: Key, offset: int, name: str) -> Payload:
         n = grad.numel()
         scale = grad.abs().max() if n else grad.new_zeros(())
+        require_finite(self.name, grad, probe=scale, offset=offset)  # not numpy's NaN error
         ratio = grad / torch.where(scale > 0, scale, 1.0)
         entropy = _sample_entropy(
             ratio, self.sample_fraction, self.probe_bits, key, self.entropy_grid == "minmax"

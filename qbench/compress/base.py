@@ -262,5 +262,44 @@ class Compressor:
         raise NotImplementedError
 
 
+def all_finite(values: torch.Tensor) -> bool:
+    """Whether every value is finite (no NaN, no inf). One sum decides it in the usual case: a
+    NaN or inf survives every addition, so a finite sum means finite values, and a reduction
+    costs far less than ``isfinite(values).all()``, which writes a mask first (docs/failures.md
+    measures both). Only a sum that overflowed on finite values takes the full check."""
+    return math.isfinite(float(values.sum())) or bool(torch.isfinite(values).all())
+
+
+def nonfinite_kind(values: torch.Tensor) -> str:
+    """``NaN`` when ``values`` holds one, else ``inf`` (for values known to be non-finite)."""
+    return "NaN" if bool(torch.isnan(values).any()) else "inf"
+
+
+def require_finite(
+    codec: str, values: torch.Tensor, probe: torch.Tensor | float | None = None, offset: int = 0
+) -> None:
+    """Raise ValueError, naming the first NaN or inf of ``values``, when there is one, where a
+    codec would otherwise put a finite value in its place (fixed point), keep it for good (an
+    error-feedback residual) or fail obscurely (adaptive, in numpy). ``probe``: what the codec
+    computed from ``values`` anyway that is NaN or inf whenever one of them is (a max |x|), so
+    that the usual case costs nothing more; None: the sum of ``values``. ``offset``: the index
+    of ``values[0]`` (encode's ``offset``, plus a piece's position), so that the message counts
+    as the caller does. qbench's run loops check every gradient before a codec sees it
+    (qbench.run.nonfinite); this is for callers of ``encode`` itself."""
+    if isinstance(probe, float):
+        if math.isfinite(probe):
+            return
+    elif math.isfinite(float((values if probe is None else probe).sum())):
+        return
+    bad = ~torch.isfinite(values)
+    if not bool(bad.any()):  # only the sum overflowed (e.g. a norm of values near 1e19)
+        return
+    i = int(bad.nonzero()[0, 0])
+    raise ValueError(
+        f"{codec}: value {offset + i} is {float(values[i])}; the codecs take finite "
+        "values only (qbench's run loop fails or skips such a step: scenario key `nonfinite`)"
+    )
+
+
 def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty(0, dtype=dtype).element_size()

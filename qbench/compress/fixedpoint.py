@@ -25,7 +25,7 @@ from typing import ClassVar, Literal
 import torch
 
 from qbench.compress import bitpack
-from qbench.compress.base import Compressor, Key, Payload
+from qbench.compress.base import Compressor, Key, Payload, require_finite
 from qbench.compress.rng import uniform
 
 
@@ -49,6 +49,9 @@ class FixedPoint(Compressor):
         buffers = {"levels": _pack(q, self.bits)}
         if self.delta == "auto":
             buffers["exponent"] = torch.tensor([exponent], dtype=torch.int16, device=grad.device)
+        # A NaN came out as 0 and an inf as the end of the range (with auto, on a step of 1):
+        # refused, never sent. max |x| (auto) is NaN or inf exactly when a value is.
+        require_finite(self.name, grad, top if self.delta == "auto" else None, offset)
         return Payload(numel=grad.numel(), buffers=buffers)
 
     def _decode(self, payload: Payload) -> torch.Tensor:

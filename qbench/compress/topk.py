@@ -28,7 +28,7 @@ from typing import ClassVar, Literal
 import torch
 
 from qbench.catalog.compressors import topk_k
-from qbench.compress.base import Compressor, Key, Payload
+from qbench.compress.base import Compressor, Key, Payload, require_finite
 
 
 class TopK(Compressor):
@@ -44,6 +44,7 @@ class TopK(Compressor):
 
     def _encode(self, grad: torch.Tensor, key: Key, offset: int, name: str) -> Payload:
         values = (grad + self._residual(grad, name)) if self.error_feedback else grad
+        require_finite(self.name, values, offset=offset)  # before the residual keeps it for good
         indices = _top_indices(values, self.k(grad.numel()))
         sent = values[indices]
         if self.error_feedback:

@@ -48,13 +48,16 @@ ITERATION_COLUMNS: dict[str, str] = {
     "t_comm_total": "float64",  # seconds with at least one bucket in flight, hidden or not
     "overlap_fraction": "float64",  # 1 - t_comm / t_comm_total: share hidden behind backward
     "t_codec_total": "float64",  # DDP runs with qbench hooks: encode + decode time, any thread
+    # `nonfinite: skip` (qbench.run.nonfinite): 1 when a NaN or inf in a gradient skipped this
+    # step (on every rank of a lock-step run; an async-ps worker drops its push), else 0
+    "skipped": "float64",
 }
 
 # Columns added after schema version 1 was first written: readers fill them with NaN when a file
 # predates them, so older results stay readable.
 LATER_ITERATION_COLUMNS = (
     *("staleness", "server_version", "cum_bits", "t_forward", "t_comm_total"),
-    *("overlap_fraction", "t_codec_total"),
+    *("overlap_fraction", "t_codec_total", "skipped"),
 )
 
 # Workers print "<WORKER_FAILED> <rank> failed: <Exception>: <message>" on stderr when they fail.

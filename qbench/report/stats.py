@@ -75,6 +75,8 @@ SUMMARY_COLUMNS = (
     # other processes' CPU use while measured, the rule's verdict (None: not recorded), and
     # whether the run was left out of every comparison for it (qbench.records.interference)
     *("other_cores", "disturbed", "left_out"),
+    # steps skipped for a NaN or inf gradient (`nonfinite: skip`); NaN: not recorded
+    "skipped_steps",
 )
 
 
@@ -264,6 +266,7 @@ def summarize(results: Results, include_disturbed: bool = False) -> pd.DataFrame
     else:
         metrics["_samples_per_s"] = math.nan
     table = results.runs.merge(metrics, "left", "run_id")
+    table["skipped_steps"] = table["run_id"].map(_skipped_steps(iterations, is_async))
     table["iterations"] = table["iterations"].fillna(0).astype("Int64")
     table.loc[table["status"] != "ok", [*_METRICS, "_samples_per_s"]] = math.nan
     table.loc[table["profiled"] & (table["status"] == "ok"), "status"] = PROFILED
@@ -301,6 +304,18 @@ def _run_metrics(per_it: pd.DataFrame) -> pd.DataFrame:
     spec["_grad_bytes"] = ("grad_bytes", "median")
     spec["_payload_bytes"] = ("payload_bytes", "median")
     return per_it.groupby("run_id", as_index=False).agg(**spec)
+
+
+def _skipped_steps(iterations: pd.DataFrame, is_async: pd.Series) -> pd.Series:
+    """Per run, the steps skipped for a NaN or inf gradient (``nonfinite: skip``), warm-up
+    included (a skipped step changes the training wherever it falls): the iterations of a
+    lock-step run (every rank skips the same ones) or the pushes async-ps workers dropped
+    (each decides alone). NaN for runs recorded before the column existed."""
+    rows = iterations[["run_id", "iteration", "skipped"]]
+    lock = rows[~is_async].groupby(["run_id", "iteration"])["skipped"].max()
+    per_run = [lock.groupby(level="run_id").sum(min_count=1)]
+    per_run.append(rows[is_async].groupby("run_id")["skipped"].sum(min_count=1))
+    return pd.concat(per_run)
 
 
 def _async_runs(runs: pd.DataFrame) -> pd.Series:

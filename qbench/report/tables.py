@@ -188,6 +188,7 @@ _COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "status": ("status", _text),
     "others": ("other cores", _text),  # what else used the CPUs (docs/reports.md)
     "iterations": ("iters", _text),
+    "skipped_steps": ("skipped", _num(1.0, 0)),  # nonfinite: skip; shown when a run skipped
     "samples_per_s": ("samples/s", _num(1.0, 1)),
     "t_iteration_median": ("iter ms", _MS),
     "t_iteration_p95": ("p95 ms", _MS),
@@ -204,7 +205,7 @@ _COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "scalability": ("scale (95% CI; samples)", _text),
     **{c: report_page.DISPLAY[c] for c in stats.MONEY_COLUMNS},  # shown when a price is set
 }
-_MD_COLUMNS = tuple(c for c in _COLUMNS if c not in stats.MONEY_COLUMNS)
+_MD_COLUMNS = tuple(c for c in _COLUMNS if c not in (*stats.MONEY_COLUMNS, "skipped_steps"))
 _TERMINAL_COLUMNS = (  # the breakdown's other parts: summary.md, summary.csv, breakdown.png
     *(*_LABEL_COLUMNS, "compressor", "world_size", "status", "samples_per_s"),
     *("t_iteration_median", "t_comm", "bytes_per_iteration", "compression_ratio"),
@@ -262,12 +263,31 @@ def markdown_report(summary: pd.DataFrame, title: str, acc: pd.DataFrame | None 
         " `other cores`: what other processes used of the CPUs while the run was measured, on"
         " average (`disturbed` past the rule of docs/reports.md#disturbed-runs)."
     )
+    columns = _MD_COLUMNS + money
+    if _skipped_any(summary):
+        columns = _after(columns, "status", "skipped_steps")
+        parts[-1] += f" {_SKIPPED_NOTE}"
     parts += [f"**Warning:** {w}" for w in disturbed.warnings(summary)]
-    parts += ["## Summary", _markdown_table(summary, _MD_COLUMNS + money)]
+    parts += ["## Summary", _markdown_table(summary, columns)]
     if acc is not None and not acc.empty:
         parts += ["## Accuracy", _ACC_NOTE, _plain_markdown(_acc_display(acc), _ACC_COLUMNS)]
     parts += ["## Failed runs", _failed_runs(summary)]
     return "\n\n".join(parts) + "\n"
+
+
+_SKIPPED_NOTE = (
+    "`skipped`: steps a run skipped because a gradient held a NaN or inf (`nonfinite: skip`;"
+    " warm-up included), docs/failures.md#non-finite-gradients."
+)
+
+
+def _skipped_any(summary: pd.DataFrame) -> bool:
+    return bool((summary["skipped_steps"].fillna(0) > 0).any())
+
+
+def _after(columns: tuple[str, ...], anchor: str, column: str) -> tuple[str, ...]:
+    at = columns.index(anchor) + 1
+    return (*columns[:at], column, *columns[at:])
 
 
 def _print_table(summary: pd.DataFrame, out: TextIO) -> None:
@@ -277,6 +297,8 @@ def _print_table(summary: pd.DataFrame, out: TextIO) -> None:
     if flagged.any():  # only then: a quiet sweep's table stays as narrow as it was
         columns = (*columns[: columns.index("status") + 1], "others",
                    *columns[columns.index("status") + 1 :])  # fmt: skip
+    if _skipped_any(summary):  # likewise: only when a run skipped steps
+        columns = _after(columns, "status", "skipped_steps")
     people = for_people(summary.iloc[:1])
     caption = " · ".join(f"{c}={_text(people[c].iloc[0])}" for c in constant)
     table = Table(title="qbench summary", caption=caption or None, header_style="bold")

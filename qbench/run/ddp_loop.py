@@ -11,6 +11,11 @@ add up to the iteration.
 
 DDP broadcasts the model's buffers (batch-norm statistics) from rank 0 in every forward, as it
 does by default: that time is in ``t_forward``, its bytes are not in ``bytes_sent``.
+
+Every hook is registered wrapped in ``qbench.ddp.finite``, which checks each bucket for NaN and
+inf before the hook sees it; after backward the run's policy fails or skips the step
+(``qbench.run.nonfinite``; under ``skip`` the ranks' agreement is exposed communication,
+``t_comm``). A skipped step has already been exchanged: only the optimizer step is left out.
 """
 
 from __future__ import annotations
@@ -24,11 +29,12 @@ from qbench import catalog, comm
 from qbench.catalog import schemes
 from qbench.compress import from_spec
 from qbench.compress.powersgd import PowerSGD
+from qbench.ddp.finite import FiniteHookState, finite_hook
 from qbench.ddp.scheme_hook import SchemeHookState, scheme_hook
 from qbench.ddp.timeline import overlap_fraction
 from qbench.ddp.torch_hooks import TorchHookState, make_state, torch_hook
 from qbench.records.schema import buckets_frame
-from qbench.run import precision, profile
+from qbench.run import nonfinite, precision, profile
 from qbench.run.training import Training
 from qbench.spec.matrix import RunSpec
 from qbench.timing import PhaseTimer
@@ -49,11 +55,15 @@ class DDPRun(Training):
         self.state: TorchHookState | SchemeHookState
         if spec.scheme == schemes.DDP.name:
             self.state = self._torch_state()
-            self.ddp.register_comm_hook(self.state, torch_hook)
+            hook: Any = torch_hook
         else:  # the flat scheme per bucket, with its own parameters (overlap, ...)
             own = {k: v for k, v in spec.scheme_params.items() if k not in _DDP_KEYS}
             self.state = self._scheme_state(own)
-            self.ddp.register_comm_hook(self.state, scheme_hook)
+            hook = scheme_hook
+        names = {id(p): n for n, p in self.named.items()}
+        self.finite = FiniteHookState(self.state, hook, names)  # no NaN or inf handed on
+        self.ddp.register_comm_hook(self.finite, finite_hook)
+        self.guard = nonfinite.Guard(spec.nonfinite, cm, cm.rank, device=self.device)
         self.grad_bytes = 4 * sum(p.numel() for p in self.named.values())
         self.bucket_rows: list[dict[str, Any]] = []
 
@@ -88,31 +98,44 @@ class DDPRun(Training):
         loss.backward()  # DDP communicates each bucket as backward completes it
         timer.mark("comm")
         backward_end = timer.last_mark
+        stepped = self.guard.decide(it, self.finite.take(), timer)  # fail, or all skip
+        agree = timer.last_mark - backward_end  # skip: the ranks' agreement, exposed
         profile.phase("step")
-        self.opt.step()
-        if self.spec.weight_bits:  # seed 000 section 5.4: the model itself in low precision
-            precision.quantize_tensors_(
-                self.named.values(), self.spec.weight_bits, self.weight_draws
-            )
+        if stepped:
+            self._step()
         timer.mark("step")
         profile.phase(None)
         self._losses.append(loss.detach())
-        self._record(it, timer, forward_end, backward_end)
+        self._record(it, timer, (forward_end, backward_end, agree), skipped=not stepped)
         for row in self.state.timeline.rows(origin=forward_end):
             self.bucket_rows.append({
                 "run_id": self.spec.run_id, "rank": self.comm.rank, "iteration": it,
                 "warmup": it < self.spec.warmup, **row,
             })  # fmt: skip
 
+    def _step(self) -> None:
+        self.opt.step()
+        if self.spec.weight_bits:  # seed 000 section 5.4: the model itself in low precision
+            precision.quantize_tensors_(
+                self.named.values(), self.spec.weight_bits, self.weight_draws
+            )
+
     def buckets_frame(self) -> Any:
         return buckets_frame(self.bucket_rows)
 
-    def _record(self, it: int, timer: PhaseTimer, forward_end: float, backward_end: float) -> None:
+    def _record(
+        self, it: int, timer: PhaseTimer, ends: tuple[float, float, float], skipped: bool
+    ) -> None:
+        """``ends``: the forward's and backward's ends on the timer's clock, and the seconds the
+        ranks then took to agree on a skip (exposed communication, 0 under ``fail``)."""
+        forward_end, backward_end, agree = ends
         last = self.state.timeline.last_hand_over()
         if math.isnan(last):  # nothing was communicated (no gradients)
             last = backward_end
         exposed = max(0.0, backward_end - last)
-        total = self.state.timeline.comm_total()
+        compute = timer.totals["compute"] + (backward_end - forward_end) - exposed
+        total = self.state.timeline.comm_total() + agree
+        exposed += agree
         codec = math.nan
         if isinstance(self.state, SchemeHookState):
             codec = self.state.t_encode + self.state.t_decode
@@ -120,11 +143,11 @@ class DDPRun(Training):
             "run_id": self.spec.run_id, "rank": self.comm.rank, "iteration": it,
             "warmup": it < self.spec.warmup,
             "t_forward": timer.totals["compute"],
-            "t_compute": timer.totals["compute"] + (backward_end - forward_end) - exposed,
+            "t_compute": compute,
             "t_encode": math.nan, "t_comm": exposed, "t_decode": math.nan,
             "t_step": timer.totals["step"], "t_iteration": timer.elapsed(),
             "bytes_sent": self.comm.bytes_sent, "payload_bytes": self.state.payload_bytes,
             "grad_bytes": self.grad_bytes, "loss": math.nan,
             "t_comm_total": total, "overlap_fraction": overlap_fraction(exposed, total),
-            "t_codec_total": codec,
+            "t_codec_total": codec, "skipped": float(skipped),
         })  # fmt: skip

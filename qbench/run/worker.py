@@ -36,7 +36,7 @@ from qbench.records.store import (
     rank_part,
     trace_path,
 )
-from qbench.run import async_ps, interference, precision, profile, workload
+from qbench.run import async_ps, interference, nonfinite, precision, profile, workload
 from qbench.run.telemetry import Telemetry
 from qbench.run.training import Training
 from qbench.spec.matrix import RunSpec
@@ -67,6 +67,21 @@ def _flat_model(t: Training) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     return params, grads, [p.numel() for p in ordered]
 
 
+def _slices(t: Training) -> list[tuple[str, slice]]:
+    """Each parameter's name and slice of the flat buffers (layer-group order, as _flat_model)."""
+    out, pos = [], 0
+    for n in (n for g in t.groups for n in g.names):
+        out.append((n, slice(pos, pos + t.named[n].numel())))
+        pos += t.named[n].numel()
+    return out
+
+
+def _guard(t: Training, cm: comm.Comm | None) -> nonfinite.Guard:
+    """The run's non-finite policy over the flat gradient; ``cm``: the ranks that agree on a
+    skip (None: this rank alone)."""
+    return nonfinite.Guard(t.spec.nonfinite, cm, t.comm.rank, _slices(t), t.device)
+
+
 def _group_compressors(t: Training) -> Iterator[tuple[slice, Compressor, tuple[int, ...]]]:
     """Each layer group's slice of the flat buffers, its compressor (built as consumed) and the
     sizes of its tensors (per-tensor compressors encode each on its own)."""
@@ -85,6 +100,7 @@ class Run(Training):
         self.params, self.flat, self.sizes = _flat_model(self)
         self.aggs = self._aggregators()
         self.telemetry = self._telemetry(self.named) if spec.telemetry else None
+        self.guard = _guard(self, cm)
 
     def _aggregators(self) -> list[tuple[slice, aggregate.Aggregator]]:
         scheme, params = self.spec.scheme, self.spec.scheme_params
@@ -116,12 +132,19 @@ class Run(Training):
             loss = self.loss_fn(self.model(x), y)
         profile.phase("backward")
         (loss * self.scaler.scale if self.scaler.enabled else loss).backward()
-        if not self.scaler.unscale_(self.flat):
-            # fp16 overflow: this rank contributes nothing this step (the others go on, so no
-            # collective is skipped and no rank waits), and its loss scale halves.
-            self.flat.zero_()
+        # fp16 overflow: this rank contributes nothing this step (the others go on, so no
+        # collective is skipped and no rank waits), and its loss scale halves.
+        nonfinite.unscale(self.scaler, self.flat)
         timer.mark("compute")
         profile.phase(None)  # encode / comm / decode: ranges of their own
+        stepped = self.guard.check(it, self.flat, timer)  # a NaN or inf: fail, or all skip
+        if stepped:
+            self._step(it, timer)
+        self._losses.append(loss.detach())
+        self._record(it, timer, skipped=not stepped)
+
+    def _step(self, it: int, timer: PhaseTimer) -> None:
+        """The scheme's exchange, the optimizer step and the model mixing of one iteration."""
         grad = None
         if self.telemetry is not None:
             grad = self.flat.clone()  # for the telemetry pass; not part of training
@@ -141,12 +164,10 @@ class Run(Training):
         profile.phase(None)
         for part, agg in self.aggs:
             agg.after_step(self.params[part], it, timer)  # decentralized schemes mix models
-        self._losses.append(loss.detach())
-        self._record(it, timer)
-        if self.telemetry is not None and grad is not None:
+        if self.telemetry is not None and grad is not None:  # after the last mark: not timed
             self.telemetry.observe(it, grad)
 
-    def _record(self, it: int, timer: PhaseTimer) -> None:
+    def _record(self, it: int, timer: PhaseTimer, skipped: bool = False) -> None:
         t = dict(timer.totals)
         # After backward, every second of communication is exposed: none is hidden.
         comm_total, hidden = t["comm"], 0.0
@@ -163,11 +184,12 @@ class Run(Training):
                 **{f"t_{k}": v for k, v in t.items()},
                 "t_iteration": timer.elapsed(),
                 "bytes_sent": self.comm.bytes_sent,
-                "payload_bytes": sum(agg.payload_bytes for _, agg in self.aggs),
+                "payload_bytes": 0 if skipped else sum(agg.payload_bytes for _, agg in self.aggs),
                 "grad_bytes": 4 * self.flat.numel(),
                 "loss": float("nan"),
                 "t_comm_total": comm_total,
                 "overlap_fraction": hidden,
+                "skipped": float(skipped),
                 **self._scheme_metrics(),
             }
         )
@@ -333,7 +355,7 @@ def async_parts(t: Training) -> async_ps.AsyncParts:
         spec=t.spec, comm=t.comm, device=t.device, model=t.model, params=params, grads=grads,
         sizes=sizes, groups=list(_group_compressors(t)), scheme=async_ps.AsyncParams(**scheme),
         data=t.data, loss_fn=t.loss_fn, scaler=t.scaler, epoch_data=t.epoch_data, rows=t.rows,
-        epoch_rows=t.epoch_rows,
+        epoch_rows=t.epoch_rows, guard=_guard(t, None),
     )  # fmt: skip
 
 

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from qbench.comm import Comm
     from qbench.compress import Compressor
     from qbench.run.epochs import EpochData
+    from qbench.run.nonfinite import Guard
     from qbench.run.precision import LossScaler
     from qbench.spec.matrix import RunSpec
 
@@ -95,6 +96,10 @@ class AsyncParts:
     """Per-iteration rows (records.ITERATION_COLUMNS): one per push or applied update."""
     epoch_rows: list[dict[str, Any]]
     """Per-epoch rows (records.EPOCH_COLUMNS), written by the server in accuracy mode."""
+    guard: Guard
+    """A worker's non-finite policy (``nonfinite``), its own: under ``skip`` the worker pushes
+    no gradient that holds a NaN or inf (the server applies no update for it and hands the
+    worker a new model), with no collective to agree on."""
 
 
 def shard(rank: int, world_size: int) -> tuple[int, int]:

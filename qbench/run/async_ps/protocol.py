@@ -5,8 +5,10 @@ by one uint8 payload (tag PAYLOAD) whose size the header gives, so payloads of a
 (adaptive compressors, top-k with quantized values). float64 holds every integer up to 2^53
 exactly, so versions, sizes and the loss share one header.
 
-* push, worker -> server: [worker, version the gradient was computed on, batch loss, size of
-  each layer group's wire...]; the payload is the groups' wires, concatenated.
+* push, worker -> server: [worker, version the gradient was computed on, batch loss, skipped,
+  size of each layer group's wire...]; the payload is the groups' wires, concatenated.
+  ``skipped`` 1: the gradient held a NaN or inf (``nonfinite: skip``) and is not sent: no
+  payload, and the server applies no update for it.
 * reply, server -> worker: [model version, staleness of this worker's last update, version that
   update produced, stop flag, payload size]; the payload is the model, quantized by ``down``
   cut at every tensor of the model (:func:`encode_model`).
@@ -67,19 +69,20 @@ class Push:
     version: int
     loss: float
     sizes: tuple[int, ...]
+    skipped: bool = False
 
     def to_tensor(self) -> torch.Tensor:
-        values = [self.worker, self.version, self.loss, *self.sizes]
+        values = [self.worker, self.version, self.loss, float(self.skipped), *self.sizes]
         return torch.tensor(values, dtype=torch.float64)
 
     @classmethod
     def from_tensor(cls, t: torch.Tensor) -> Push:
         v = t.tolist()
-        return cls(int(v[0]), int(v[1]), v[2], tuple(int(s) for s in v[3:]))
+        return cls(int(v[0]), int(v[1]), v[2], tuple(int(s) for s in v[4:]), bool(v[3]))
 
     @staticmethod
     def header_len(groups: int) -> int:
-        return 3 + groups
+        return 4 + groups
 
 
 @dataclass(frozen=True)

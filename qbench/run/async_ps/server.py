@@ -111,6 +111,11 @@ class _Server:
         self.waiting.append(push.worker)
         return staleness
 
+    def drop(self, worker: int) -> None:
+        """A push without a gradient: nothing to apply; the worker waits for a model again."""
+        del self.pulled[worker]
+        self.waiting.append(worker)
+
     def evaluate(self, train_loss: float) -> None:
         """An epoch row after each epoch's worth of updates (accuracy mode), on the server's
         model and its whole test split; not timed as training and not counted as traffic."""
@@ -144,6 +149,9 @@ def serve(r: AsyncParts) -> None:
             continue  # the last workers were just told to stop
         push, wire = s.receive(head)
         timer.mark("comm")
+        if push.skipped:  # the gradient held a NaN or inf (nonfinite: skip): no update
+            s.drop(push.worker)
+            continue
         s.codec.decode(wire, push.sizes, r.grads)
         timer.mark("decode")
         staleness = s.apply(push, r.grads)

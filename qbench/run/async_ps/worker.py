@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from qbench.comm import Comm
-from qbench.run import precision
+from qbench.run import nonfinite, precision
 from qbench.run.async_ps import SERVER, AsyncParts
 from qbench.run.async_ps.protocol import (
     HEADER,
@@ -48,20 +48,21 @@ def work(r: AsyncParts) -> None:
         with precision.autocast(r.spec.compute, r.device):  # int8: the model is fake-quantized
             loss = r.loss_fn(r.model(x), y)
         (loss * r.scaler.scale if r.scaler.enabled else loss).backward()
-        if not r.scaler.unscale_(r.grads):
-            r.grads.zero_()  # fp16 overflow: push a zero gradient; the loss scale halves
+        nonfinite.unscale(r.scaler, r.grads)  # fp16 overflow: push a zero gradient
         value = float(loss.detach())  # travels in the push header
         if delay:
             time.sleep(delay)
         timer.mark("compute")
-        wires = codec.encode(r.grads, step=it, rank=cm.rank)
+        skipped = not r.guard.check(it, r.grads, timer)  # a NaN or inf: fail, or push none
+        wires = [] if skipped else codec.encode(r.grads, step=it, rank=cm.rank)
         payload = torch.cat(wires) if wires else torch.empty(0, dtype=torch.uint8)
         timer.mark("encode")
-        push = Push(cm.rank, reply.version, value, tuple(w.numel() for w in wires))
+        sizes = tuple(w.numel() for w in wires) or (0,) * len(codec.groups)
+        push = Push(cm.rank, reply.version, value, sizes, skipped)
         send_message(cm, push.to_tensor(), payload, SERVER)
         reply, model = _pull(cm, head, r.device)
         timer.mark("comm")
-        r.rows.append(_row(r, it, timer, int(payload.numel()), value, reply))
+        r.rows.append(_row(r, it, timer, int(payload.numel()), value, reply, skipped))
         it += 1
 
 
@@ -75,12 +76,14 @@ def _pull(cm: Comm, head: torch.Tensor, device: torch.device) -> tuple[Reply, to
 
 
 def _row(
-    r: AsyncParts, it: int, timer: PhaseTimer, payload: int, loss: float, reply: Reply
-) -> dict[str, Any]:
+    r: AsyncParts, it: int, timer: PhaseTimer, payload: int, loss: float, reply: Reply,
+    skipped: bool,
+) -> dict[str, Any]:  # fmt: skip
     return {
         "run_id": r.spec.run_id, "rank": r.comm.rank, "iteration": it,
         "warmup": it < r.spec.warmup, **{f"t_{k}": v for k, v in timer.totals.items()},
         "t_iteration": timer.elapsed(), "bytes_sent": r.comm.bytes_sent,
         "payload_bytes": payload, "grad_bytes": 4 * r.grads.numel(), "loss": loss,
         "staleness": reply.staleness, "server_version": reply.applied_as,
+        "skipped": float(skipped),
     }  # fmt: skip
