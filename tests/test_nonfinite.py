@@ -3,11 +3,10 @@
 The rules, from docs/failures.md#non-finite-gradients: a NaN or inf in a rank's gradient fails
 the run with one line naming the iteration, the first tensor holding one (in the model's flat
 order) and the rank, unless the scenario says `nonfinite: skip`; then every rank skips that
-step (no update: parameters unchanged) and the records count it. A codec's ``encode`` given a
-NaN or inf raises a ValueError naming it, instead of substituting a value (QSGD and 1bitSGD,
-whose check would cost 2 % of an encode, carry it on instead, never a finite substitute). The
-expected
-messages are written out here from those rules, never produced by the code under test.
+step (no update: parameters unchanged) and the records count it. Codecs called directly:
+tests/test_nonfinite_codecs.py; the summary's count of skipped steps:
+tests/test_skipped_steps.py. The expected messages are written out here from those rules,
+never produced by the code under test.
 """
 
 from __future__ import annotations
@@ -26,10 +25,7 @@ import pandas as pd
 import pytest
 import torch
 
-from qbench.compress import build, native
 from qbench.errors import UserError
-from qbench.records.schema import RunRecord, iterations_frame
-from qbench.records.store import ResultStore
 from qbench.report import stats
 from qbench.run import nonfinite
 from qbench.run.precision import LossScaler
@@ -42,10 +38,6 @@ from tests.threadcomm import run_ranks
 
 NAN, INF = float("nan"), float("inf")
 HINT = "set `nonfinite: skip` to skip such steps"
-CODEC_RULE = (
-    "the codecs take finite values only (qbench's run loop fails or skips such a step: "
-    "scenario key `nonfinite`)"
-)
 
 
 def _spec(extra: str = "", world: int = 1, scheme: str = "auto", comp: str = "none") -> Any:
@@ -288,96 +280,6 @@ def test_fp16_overflow_is_the_scalers_until_the_smallest_scale() -> None:
     assert math.isnan(plain[0])
 
 
-# -- codecs called directly: a ValueError naming the value, never a substitute ------------------
-CODECS = [
-    ("fixedpoint", {"bits": 8}), ("fixedpoint", {"bits": 8, "delta": 0.01}),
-    ("topk", {"ratio": 0.1}), ("topk", {"ratio": 0.1, "error_feedback": False}),
-    ("adaptive", {}),
-]  # fmt: skip
-
-
-@pytest.fixture(params=["native", "torch"])
-def backend(request: pytest.FixtureRequest) -> Any:
-    """The compiled kernels and the torch reference (qsgd and onebit have both)."""
-    if request.param == "native" and native.why_unavailable():
-        pytest.skip(f"C kernels unavailable: {native.why_unavailable()}")
-    with native.backend(request.param):
-        yield request.param
-
-
-@pytest.mark.parametrize(("name", "params"), CODECS, ids=lambda v: str(v))
-@pytest.mark.parametrize("value", [NAN, INF, -INF], ids=["nan", "inf", "-inf"])
-def test_a_codec_refuses_a_nonfinite_value_naming_it(
-    name: str, params: dict[str, Any], value: float
-) -> None:
-    c = build(name, **params)
-    x = torch.linspace(-1.0, 1.0, 100)
-    x[37] = value
-    with pytest.raises(ValueError) as e:
-        c.encode(x, name="g")
-    assert str(e.value) == f"{name}: value 37 is {value}; {CODEC_RULE}"
-    with pytest.raises(ValueError) as e:  # a piece of a per-tensor encode counts from offset
-        c.encode(x[30:], offset=30, name="h")
-    assert str(e.value) == f"{name}: value 37 is {value}; {CODEC_RULE}"
-
-
-def test_topk_refuses_before_its_residual_changes() -> None:
-    x = torch.linspace(-1.0, 1.0, 64)
-    bad = x.clone()
-    bad[3] = NAN
-    topk = build("topk", ratio=0.1)
-    topk.encode(x, name="g")
-    kept = topk.state["g"].clone()
-    with pytest.raises(ValueError):
-        topk.encode(bad, name="g")
-    assert torch.equal(topk.state["g"], kept)
-
-
-@pytest.mark.parametrize(
-    ("name", "params", "bucket"),
-    [("qsgd", {"bits": 4, "bucket_size": 8}, slice(32, 40)),
-     ("qsgd", {"bits": 4, "bucket_size": 8, "norm": "l2", "layout": "sign"}, slice(32, 40)),
-     ("onebit", {"bucket_size": 16}, slice(32, 48))],
-    ids=["qsgd-max", "qsgd-l2-sign", "onebit"],
-)  # fmt: skip
-@pytest.mark.parametrize("value", [NAN, INF, -INF], ids=["nan", "inf", "-inf"])
-def test_qsgd_and_onebit_carry_a_nonfinite_value_never_a_finite_substitute(
-    name: str, params: dict[str, Any], bucket: slice, value: float, backend: str
-) -> None:
-    """Their check would cost 2 % of an encode (docs/failures.md): the API expects finite
-    values and the run loop guarantees them; a NaN or inf given anyway makes the decoded value
-    at its place non-finite (its bucket's scale or mean is), and the other buckets exact."""
-    x = torch.linspace(-1.0, 1.0, 64)
-    x[37] = value
-    c = build(name, **params)
-    got = c.decode(c.encode(x, name="g"))
-    assert not bool(torch.isfinite(got[37]))
-    outside = torch.ones(64, dtype=torch.bool)
-    outside[bucket] = False
-    assert bool(torch.isfinite(got[outside]).all())
-
-
-def test_casts_and_none_carry_a_nonfinite_value_unchanged() -> None:
-    """No substitution to refuse: the NaN or inf arrives where it was, the rest as sent."""
-    x = torch.linspace(-1.0, 1.0, 10)
-    x[4], x[6] = NAN, -INF
-    for name in ("none", "fp16", "bf16"):
-        c = build(name)
-        got = c.decode(c.encode(x))
-        assert math.isnan(got[4]) and got[6] == -INF, name
-        assert bool(torch.isfinite(got[[0, 1, 2, 3, 5, 7, 8, 9]]).all()), name
-
-
-def test_values_whose_sum_overflows_are_still_finite() -> None:
-    """Two values of 3e38 sum to inf in float32; they are finite, so nothing is refused."""
-    from qbench.compress.base import all_finite
-
-    x = torch.full((1024,), 3e38)
-    assert all_finite(x)
-    build("topk", ratio=0.5).encode(x)
-    build("fixedpoint", bits=8, delta=1e36).encode(x)
-
-
 # -- the scenario key, the run id, the records and the report ------------------------------------
 def test_the_key_is_fail_or_skip_and_the_default_keeps_run_ids() -> None:
     default, skip = _spec(), _spec("nonfinite: skip\n")
@@ -395,37 +297,6 @@ def test_the_key_is_fail_or_skip_and_the_default_keeps_run_ids() -> None:
         with pytest.raises(UserError) as e:
             _spec(f"nonfinite: {bad}\n")
         assert str(e.value) in (message, message.removeprefix("<embedded>: "))
-
-
-def _rows(run_id: str, ranks: int, skipped: list[float]) -> list[dict[str, Any]]:
-    return [
-        {"run_id": run_id, "rank": r, "iteration": i, "warmup": i < 1, "t_iteration": 0.1,
-         "t_compute": 0.1, "bytes_sent": 4, "payload_bytes": 4, "grad_bytes": 4, "skipped": s}
-        for r in range(ranks) for i, s in enumerate(skipped)
-    ]  # fmt: skip
-
-
-def test_the_summary_counts_skipped_steps_warmup_included(tmp_path: Path) -> None:
-    store = ResultStore(tmp_path)
-    lab = {
-        "model": "mlp", "dataset": "synthetic", "backend": "gloo", "network": "unshaped",
-        "compressor": "fp32", "compressor_name": "none", "bits": 32.0, "world_size": 2,
-        "batch_size": 4, "global_batch": 8, "simulated": False, "seed": 0, "repeat": 0,
-    }  # fmt: skip
-    runs = {
-        "sync": ("allreduce", _rows("sync", 2, [1.0, 0.0, 1.0, 1.0, 0.0])),  # 3 steps, 2 ranks
-        "async": ("async-ps", _rows("async", 1, [math.nan] * 3)  # the server: no such column
-                  + [{**r, "rank": 1} for r in _rows("async", 1, [0.0, 1.0, 0.0])]
-                  + [{**r, "rank": 2} for r in _rows("async", 1, [1.0, 1.0, 0.0])]),
-        "old": ("allreduce", _rows("old", 2, [math.nan] * 3)),  # written before the column
-    }  # fmt: skip
-    for run_id, (scheme, rows) in runs.items():
-        store.write_record(RunRecord(run_id, "ok", {**lab, "scheme": scheme}, {}))
-        store.write_iterations(run_id, iterations_frame(rows))
-    summary = stats.summarize(stats.load(tmp_path)).set_index("run_id")
-    assert summary.loc["sync", "skipped_steps"] == 3
-    assert summary.loc["async", "skipped_steps"] == 3  # 1 + 2 pushes dropped
-    assert math.isnan(summary.loc["old", "skipped_steps"])
 
 
 # -- end to end: two gloo ranks through the command line -------------------------------------------
