@@ -72,7 +72,7 @@ def test_a_disturbed_baseline_gives_no_verdict_and_is_named(tmp_path: Path) -> N
     assert "1,454.5" not in page and "3,200.0" in page  # fp32's 64 / 0.044 samples/s: no row
     assert (
         "Left out of every speedup, baseline and verdict as disturbed (measured while other "
-        "processes used more than 0.25 cores on average (beyond /proc/stat's tick "
+        "processes used more than 0.1 cores on average (beyond /proc/stat's tick "
         "resolution)): fp32 (1.50 cores)."
     ) in page
     md = (root / "report" / SUMMARY_MD).read_text()

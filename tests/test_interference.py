@@ -137,12 +137,12 @@ def _doc(other_s: float, wall: float = 4.0, resolution: float = 0.25) -> dict[st
 
 
 def test_disturbed_past_the_threshold_beyond_the_tick_resolution() -> None:
-    assert interference.THRESHOLD_CORES == 0.25
-    # 4 s measured, 0.25 s of tick resolution: others must exceed 0.25 * 4 + 0.25 = 1.25 s
-    assert interference.disturbed(_doc(1.25)) is False  # exactly at it: not beyond
-    assert interference.disturbed(_doc(1.26)) is True
-    # 0.275 cores counted, but 0.25 s of it may be the ticks' rounding: not sure enough
-    assert interference.disturbed(_doc(1.1)) is False
+    assert interference.THRESHOLD_CORES == 0.1
+    # 10 s measured, 0.5 s of tick resolution: others must exceed 0.1 * 10 + 0.5 = 1.5 s
+    assert interference.disturbed(_doc(1.5, wall=10.0, resolution=0.5)) is False  # at it
+    assert interference.disturbed(_doc(1.51, wall=10.0, resolution=0.5)) is True
+    # 0.125 cores counted, but 0.5 s of it may be the ticks' rounding: not sure enough
+    assert interference.disturbed(_doc(1.25, wall=10.0, resolution=0.5)) is False
     # a quiet host beside a disturbed one: the run is disturbed
     both = {"hosts": [*_doc(0.0)["hosts"], *_doc(2.0)["hosts"]]}
     assert interference.disturbed(both) is True

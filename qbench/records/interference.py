@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from typing import Any
 
-THRESHOLD_CORES = 0.25
+THRESHOLD_CORES = 0.1
 """Other processes' CPU time, in cores on average over the measured iterations, above which a
-run is disturbed. Measured on a 2-core machine (docs/reports.md#disturbed-runs): quiet 2-rank
-sweeps stay below it; a busy loop beside the sweep gives 0.5-1 core and slows the runs it
-shares the CPUs with."""
+run is disturbed. Measured on a 2-CPU machine (docs/reports.md#disturbed-runs): quiet 2-rank
+runs saw at most 0.02 cores of others; a loop busy a quarter of the time, 0.20 cores, already
+slowed them by 16-25 %."""
 
 RULE = (
     f"other processes used more than {THRESHOLD_CORES:g} cores on average (beyond /proc/stat's "
