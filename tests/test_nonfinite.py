@@ -363,3 +363,40 @@ def test_two_gloo_ranks_fail_or_skip_the_same_step_through_the_cli(tmp_path: Pat
                 assert list(mine["bytes_sent"]) == [784] * 3 + [4, 784], rank
     summary = stats.summarize(stats.load(out))
     assert list(summary["skipped_steps"]) == [1, 1]
+
+
+def test_a_skipped_step_stays_out_of_the_epochs_train_loss() -> None:
+    """Accuracy mode: the epoch's train loss is the mean over the steps that trained (two ranks,
+    the same step skipped on both), not a NaN taken from the skipped step."""
+    spec = _spec("nonfinite: skip\ndataset: digits\nepochs: 1\nsteps_per_epoch: 4\n", world=2)
+
+    def rank(cm: Any) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+        run = _built(spec, cm)
+        _poison(run, "2.weight", NAN, rank=0, at={1})
+        run.loss_fn = _nan_loss_at(run.loss_fn, run, step=1)  # the skipped step's loss is NaN
+        timer = PhaseTimer(run.device)
+        for it in range(run.total_iterations):
+            run.before(it)
+            run.iteration(it, timer)
+            run.after(it)
+        return run.frame(), run.epoch_rows
+
+    results = run_ranks(2, rank)
+    losses = [frame["loss"].tolist() for frame, _ in results]
+    assert math.isnan(losses[0][1])  # rank 0's loss at the skipped step
+    kept = [v for per_rank in losses for i, v in enumerate(per_rank) if i != 1]
+    assert len(kept) == 6 and all(math.isfinite(v) for v in kept)
+    for _, epochs in results:
+        assert epochs[0]["train_loss"] == pytest.approx(sum(kept) / 6, rel=1e-9)
+
+
+def _nan_loss_at(loss_fn: Any, run: Training, step: int) -> Any:
+    """``loss_fn`` whose value at forward pass ``step`` on rank 0 is NaN (test-only)."""
+    calls = [0]
+
+    def fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        k, calls[0] = calls[0], calls[0] + 1
+        loss = loss_fn(out, y)
+        return loss * NAN if (k == step and run.comm.rank == 0) else loss
+
+    return fn

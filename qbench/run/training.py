@@ -137,8 +137,12 @@ class Training:
     def _end_epoch(self, epoch: int, done: int, steps: int) -> None:
         assert self.epoch_data is not None
         rows = self.rows[-steps:]
+        # A step skipped for a NaN or inf (``nonfinite: skip``) trained nothing: its loss, often
+        # the NaN itself, stays out of the epoch's mean (every rank skips the same steps).
+        kept = [not r.get("skipped") for r in rows]
+        losses = [float(v) for v, k in zip(self._losses[-steps:], kept, strict=True) if k]
         sums = torch.tensor(
-            [sum(r["t_iteration"] for r in rows), float(torch.stack(self._losses[-steps:]).sum())],
+            [sum(r["t_iteration"] for r in rows), sum(losses), len(losses)],
             dtype=torch.float64, device=self.device,
         )  # fmt: skip
         slowest = sums[:1].clone()
@@ -157,7 +161,7 @@ class Training:
         self.epoch_rows.append({
             "run_id": self.spec.run_id, "epoch": epoch, "iteration": done,
             "train_time_s": previous + float(slowest), "lr": self.opt.param_groups[0]["lr"],
-            "train_loss": float(sums[1]) / (steps * self.comm.world_size), **scores,
+            "train_loss": float(sums[1]) / float(sums[2]) if sums[2] else float("nan"), **scores,
             "grad_norm": gn,
             "bytes_sent": sum(r["bytes_sent"] for r in self.rows),
             "consensus_distance": rows[-1].get("consensus_distance", float("nan")),
