@@ -1,19 +1,24 @@
 """How a training script with qbench's DDP hook ends (tests/test_ddp_exit.py).
 
-usage: torchrun --standalone --nproc-per-node 2 tests/ddp_exit_prog.py
-       python tests/ddp_exit_prog.py busy SECONDS | stuck JOIN_TIMEOUT_S
+usage: torchrun --standalone --nproc-per-node 2 tests/ddp_exit_prog.py [plain]
+       python tests/ddp_exit_prog.py busy SECONDS | stuck JOIN_TIMEOUT_S | release VALUES
 
 With torchrun: a user's script in the shape of README's hook example, two gloo ranks, a tiny
 model, the QSGD hook from ``comm_hook``, ``STEPS`` steps, ``dist.destroy_process_group()`` and a
-normal exit with no ``close()``. ``busy``: one process whose hook thread is inside torch's C++
+normal exit with no ``close()`` (``plain``: the same script with DDP's own allreduce, no
+qbench). ``busy``: one process whose hook thread is inside torch's C++
 ops (the GIL released) for SECONDS when the main thread exits, where the race of a real run
 leaves it now and then; ``stuck``: the thread's bucket never finishes, and exit may wait only
 JOIN_TIMEOUT_S. Both print ``thread ended`` if the thread left its loop before Python shut down.
+``release``: a one-rank gloo group whose last collective (an all-to-all of VALUES floats) is
+still held by gloo's worker thread when the main thread exits, as a script's last bucket is
+(pytorch/pytorch#190489; qbench.ddp.scheme_hook's exit hook).
 """
 
 from __future__ import annotations
 
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -30,19 +35,21 @@ STEPS = 60
 THREAD_ENDED = "thread ended"
 
 
-def main() -> None:
+def main(hook: bool = True) -> None:
     dist.init_process_group("gloo")
     torch.manual_seed(dist.get_rank())
     model = DDP(nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 4)))
-    state, hook = qbench.ddp.comm_hook("qsgd", bits=4, bucket_size=512)
-    model.register_comm_hook(state, hook)
+    if hook:
+        state, comm_hook = qbench.ddp.comm_hook("qsgd", bits=4, bucket_size=512)
+        model.register_comm_hook(state, comm_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(STEPS):
         x, y = torch.randn(8, 32), torch.randint(0, 4, (8,))
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
-    assert state.step == STEPS, state.step  # every step went through the hook
+    if hook:
+        assert state.step == STEPS, state.step  # every step went through the hook
     dist.destroy_process_group()
 
 
@@ -118,8 +125,24 @@ def exit_during(kind: str, seconds: float) -> None:
     print("main thread exits", flush=True)
 
 
+def release_at_exit(values: int) -> None:
+    store = tempfile.mkdtemp(prefix="qbench-exit-")
+    dist.init_process_group("gloo", init_method=f"file://{store}/store", rank=0, world_size=1)
+    st = state()  # a hook that has run, as in a training script
+    plant(st, Busy(0.0)).wait()
+    x = torch.randn(values)
+    out = torch.empty_like(x)
+    work = dist.all_to_all_single(out, x, async_op=True)
+    del work, out, x  # gloo's worker thread now holds the collective's last references
+    print("main thread exits", flush=True)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
+    if len(sys.argv) > 1 and sys.argv[1] == "plain":
+        main(hook=False)
+    elif len(sys.argv) > 1 and sys.argv[1] == "release":
+        release_at_exit(int(sys.argv[2]))
+    elif len(sys.argv) > 1:
         exit_during(sys.argv[1], float(sys.argv[2]))
     else:
         main()

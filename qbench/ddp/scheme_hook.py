@@ -23,22 +23,29 @@ step share draws.
 
 The thread's lifetime: it starts with the first bucket and stops, after the bucket it is
 exchanging, on :meth:`SchemeHookState.close`, when the state is garbage collected (DDP drops
-its hook state with the model) and at interpreter exit (``weakref.finalize``, whose exit hook
-runs before Python stops daemon threads). It must stop then: a daemon thread that is still
-inside torch's C++ code when the interpreter finalizes, for instance still returning from
-completing the last bucket's future while the main thread has gone on to exit, is killed when
-it takes the GIL back, and that kill inside a C++ frame aborts the process ("terminate called
-without an active exception", SIGABRT after training had finished: 2 of 10 runs of README's
-example under torchrun). Stopping fails the buckets still queued instead of exchanging them (no
-collective starts during teardown) and waits at most ``JOIN_TIMEOUT_S`` for the one in flight.
-The thread is a daemon all the same: Python joins non-daemon threads before the exit hooks run,
-so a user who never closes the state would hang at exit.
+its hook state with the model) and at interpreter exit. Stopping fails the buckets still queued
+instead of exchanging them (no collective starts during teardown) and waits at most
+``JOIN_TIMEOUT_S`` for the one in flight. The thread is a daemon all the same: Python joins
+non-daemon threads before the exit hooks run, so a user who never closes the state would hang
+at exit.
+
+At exit there is one more wait (:func:`_at_exit`, at most ``EXIT_GRACE_S``). A finished gloo
+collective is released by gloo's own worker thread, and releasing it drops the Python objects it
+holds (its tensors), for which that thread must take the GIL. When the main thread has already
+begun finalizing the interpreter, taking the GIL ends the thread inside a C++ frame, which
+aborts the process ("terminate called without an active exception", SIGABRT, after training
+had finished; pytorch/pytorch#190489). A script's last collectives complete just before it
+exits, so the race is common, with or without qbench (docs/ddp.md has the measurements). The
+exit hook releases the GIL for a moment, so that gloo's threads finish while the interpreter is
+alive.
 """
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable
@@ -58,6 +65,10 @@ JOIN_TIMEOUT_S = 10.0
 """How long stopping waits for the bucket in flight. A normal end finds the thread idle (DDP has
 waited for every bucket in backward), so this bounds only teardown after a failure, where a
 peer may never answer: exit must not wait for gloo's own 30-minute timeout."""
+
+EXIT_GRACE_S = 0.2
+"""How long the exit hook hands the GIL to torch's communication threads (module docstring).
+Paid once per process that exchanged a bucket, and only at exit."""
 
 SpecFor = Callable[[torch.Tensor], dict[str, Any]]
 """The compressor spec (``{name: ..., ...}``) for one parameter of a bucket."""
@@ -212,6 +223,8 @@ class SchemeHookState:
             )  # fmt: skip
             self._thread.start()
             self._stopper = weakref.finalize(self, _stop, self._jobs, self._thread)
+            _LIVE[id(self)] = self
+            _STARTED.set()
 
     def _exchange(self, job: _Job, stream: Any) -> Any:
         """Run one bucket through the scheme; returns the CUDA stream to reuse (None on CPU)."""
@@ -277,6 +290,26 @@ def _stop(jobs: queue.Queue[_Job | None], thread: threading.Thread) -> None:
             RuntimeWarning,
             stacklevel=1,
         )
+
+
+_LIVE: weakref.WeakValueDictionary[int, SchemeHookState] = weakref.WeakValueDictionary()
+"""Every state whose thread started, by ``id`` (a dataclass is not hashable): what the exit
+hook stops."""
+_STARTED = threading.Event()
+"""Set once a hook thread has started in this process."""
+
+
+def _at_exit() -> None:
+    """Stop every live state's thread, then, if any hook thread ever ran in this process (its
+    state may be gone, its last collectives not), let torch's communication threads take the
+    GIL while the interpreter is still alive (module docstring)."""
+    for state in list(_LIVE.values()):
+        state.close()
+    if _STARTED.is_set():
+        time.sleep(EXIT_GRACE_S)  # sleeping releases the GIL to gloo's worker threads
+
+
+atexit.register(_at_exit)
 
 
 def scheme_hook(
