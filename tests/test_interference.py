@@ -92,6 +92,27 @@ def test_a_watch_writes_the_part_the_driver_reads(tmp_path: Path) -> None:
     assert doc["wall_s"] > 0 and doc["own_s"] >= 0
 
 
+def test_a_watch_reads_after_the_ranks_meet(tmp_path: Path) -> None:
+    """Every rank waits for the others before each reading (``together``, the run's barrier):
+    here the other ranks' work lands while this one waits, so a reading taken before the wait
+    would miss 30 busy ticks at the start and count 70 at the end."""
+    cpus = sorted(os.sched_getaffinity(0))
+    root = _proc(tmp_path / "proc", _stat(100, cpus))
+    ticks = iter([130, 200])  # /proc/stat once the ranks have met, at start and at stop
+    met = []
+
+    def together() -> None:
+        met.append(True)
+        _proc(root, _stat(next(ticks), cpus))
+
+    watch = Watch(tmp_path / "parts", 0, proc=root, sys_cpu=tmp_path / "nosys", together=together)
+    watch.start()
+    watch.stop()
+    doc = json.loads(interference_part(tmp_path / "parts", 0).read_text())
+    assert len(met) == 2
+    assert doc["cpus"] == {str(c): [70 / doc["hz"], 0.0, 0.0] for c in cpus}
+
+
 def test_without_proc_stat_a_watch_records_nothing(tmp_path: Path) -> None:
     watch = Watch(tmp_path / "parts", 0, proc=tmp_path / "empty")
     watch.start()
@@ -127,6 +148,22 @@ def test_combine_counts_each_cpu_once_and_subtracts_every_rank_of_the_host() -> 
     assert b["ranks"] == [2] and b["other_cores"] == pytest.approx(0.05, abs=1e-9)
     assert doc["other_cores"] == pytest.approx(0.4, abs=1e-9)
     assert interference.combine([]) is None
+
+
+def test_busy_time_is_the_busy_share_of_what_proc_stat_accounted() -> None:
+    """A VM's /proc/stat accounts less time than passed (here 3.6 of 2 CPUs x 2 s): ranks that
+    never idle, 4.0 s of their own, are not "-0.2 cores of others"; the share counts."""
+    never_idle = interference.combine([_rank(0, 2.0, {"0": [1.8, 0.0, 0.0]}),
+                                       _rank(1, 2.0, {"1": [1.8, 0.0, 0.0]})])  # fmt: skip
+    assert never_idle is not None
+    (host,) = never_idle["hosts"]
+    assert host["accounted_s"] == 3.6
+    assert host["other_s"] == pytest.approx(0.0, abs=1e-9)
+    # busy 3.0 of 3.6 accounted: 5/6 of 4.0 CPU-seconds, 3.333 s, of which 2.0 the run's
+    busy = interference.combine([_rank(0, 2.0, {"0": [1.5, 0.0, 0.3], "1": [1.5, 0.0, 0.3]})])
+    assert busy is not None
+    assert busy["hosts"][0]["other_s"] == pytest.approx(4.0 * 3.0 / 3.6 - 2.0, abs=1e-4)
+    assert busy["other_cores"] == pytest.approx((4.0 * 3.0 / 3.6 - 2.0) / 2.0, abs=1e-4)
 
 
 # ---- the rule --------------------------------------------------------------------------------

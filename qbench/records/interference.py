@@ -8,8 +8,14 @@ Per host, over the measured iterations (warm-up excluded, the timed loop untouch
 * ``busy_s``: CPU time the host's CPUs that the ranks may run on spent on anything (user,
   nice, system, irq, softirq of ``/proc/stat``), ``steal_s`` what a hypervisor gave to others;
 * ``own_s``: the CPU time of the run's ranks on that host (every thread of each rank);
-* ``other_s = busy_s + steal_s - own_s``: everything that was not the run; ``other_cores`` is
-  that over the wall time, so 1.0 means one other core busy all along.
+* ``accounted_s``: busy, steal and idle together, which should be ``cpus x wall_s``; in a VM
+  it is often 2-8 % less (ticks lost while the hypervisor ran something else), while the ranks'
+  own time, from the scheduler's clock, is not short: so the CPUs' busy time is taken as their
+  busy share of what was accounted times ``cpus x wall_s``;
+* ``other_s = (busy_s + steal_s) / accounted_s x cpus x wall_s - own_s``: everything that was
+  not the run; ``other_cores`` is that over the wall time, so 1.0 means one other core busy all
+  along. Without the share, quiet runs of ranks that never idle (MPI's busy polling) read
+  -0.1 cores (docs/reports.md#disturbed-runs).
 
 ``/proc/stat`` counts in ticks of ``1 / hz`` s (10 ms) per CPU, so a short window cannot
 resolve much: each CPU's count may be off by one tick, ``resolution_s = cpus / hz``. A run is
@@ -26,8 +32,8 @@ from typing import Any
 THRESHOLD_CORES = 0.1
 """Other processes' CPU time, in cores on average over the measured iterations, above which a
 run is disturbed. Measured on a 2-CPU machine (docs/reports.md#disturbed-runs): quiet 2-rank
-runs saw at most 0.02 cores of others; a loop busy a quarter of the time, 0.20 cores, already
-slowed them by 16-25 %."""
+runs saw at most 0.05 cores of others; a loop busy a quarter of the time, 0.21 cores, already
+slowed them by 9-16 %."""
 
 RULE = (
     f"other processes used more than {THRESHOLD_CORES:g} cores on average (beyond /proc/stat's "
@@ -58,12 +64,15 @@ def _host(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     wall = sum(float(p["wall_s"]) for p in ranks) / len(ranks)
     busy, steal, idle = (sum(float(c[i]) for c in cpus.values()) for i in range(3))
     own = sum(float(p["own_s"]) for p in ranks)
-    other = busy + steal - own
+    accounted = busy + steal + idle
+    used = (busy + steal) / accounted * len(cpus) * wall if accounted else 0.0
+    other = used - own
     first, last = ranks[0], ranks[-1]
     return {
         "host": first.get("host"), "ranks": [int(p["rank"]) for p in ranks], "cpus": len(cpus),
         "wall_s": _r(wall), "busy_s": _r(busy), "steal_s": _r(steal), "idle_s": _r(idle),
-        "own_s": _r(own), "other_s": _r(other), "other_cores": _r(other / wall if wall else 0.0),
+        "accounted_s": _r(accounted), "own_s": _r(own), "other_s": _r(other),
+        "other_cores": _r(other / wall if wall else 0.0),
         "resolution_s": _r(len(cpus) / float(first["hz"])),
         "loadavg_before": first.get("loadavg_before"), "loadavg_after": last.get("loadavg_after"),
         "governor": first.get("governor"),

@@ -306,7 +306,7 @@ def run_config(
     run: Training | None = None
     tracer: profile.Tracer | None = None
     try:
-        watch = interference.Watch(parts, cm.rank)
+        watch = interference.Watch(parts, cm.rank, together=cm.barrier)
         if catalog.SCHEMES[spec.scheme].kind == "asynchronous":  # server + workers (seed 003)
             run = Training(spec, cm, shard=async_ps.shard(cm.rank, cm.world_size))
             watch.start()  # its loop is its own: the whole serving time, warm-up included
