@@ -27,10 +27,11 @@ demo: venv
 # The single-process tests on every core (pytest-xdist); then the multi-process ones, which
 # launch ranks of their own, two at a time (SLOW_WORKERS), whole files per worker (loadfile):
 # the tests of one file share the machine's network namespaces or Slurm, never two at once.
+# The longest files go first (tests/conftest.py), so the two workers end close together.
 TEST_WORKERS ?= auto
 SLOW_WORKERS ?= 2
 FAST_TESTS = $(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS)
-SLOW_TESTS = $(BIN)/python -m pytest -m slow -n $(SLOW_WORKERS) --dist loadfile
+SLOW_TESTS = $(BIN)/python -m pytest -m slow -n $(SLOW_WORKERS) --dist loadfile --no-loadscope-reorder
 test: venv
 	$(FAST_TESTS)
 	$(SLOW_TESTS)

@@ -1,6 +1,10 @@
-"""Run one aggregation on K ranks (under torchrun or mpirun) and save each rank's result.
+"""Run aggregations on K ranks (under torchrun or mpirun) and save each rank's results.
 
-usage: python tests/dist_prog.py BACKEND SCHEME COMPRESSOR_JSON NUMEL STEPS OUT_DIR [PARAMS_JSON]
+usage: python tests/dist_prog.py BACKEND CASES_JSON NUMEL STEPS OUT_DIR
+CASES_JSON maps a case name to {"scheme": ..., "compressor": {...}, "params": {...}}; the cases
+run one after another on one process group (one launch for many cases: a launch costs seconds),
+each with its own compressor and aggregator, and rank r writes ``OUT_DIR/<case>/rank-<r>.pt``
+(its results per step and the bytes it sent in that case).
 Rank r's gradient at step t is randn(NUMEL) seeded by (r, t), see ``gradient`` (the test's
 single-process reference uses the same function).
 """
@@ -23,19 +27,21 @@ def gradient(rank: int, step: int, numel: int) -> torch.Tensor:
 
 
 def main() -> None:
-    backend, scheme, comp_json, numel, steps, out = sys.argv[1:7]
+    backend, cases_json, numel, steps, out = sys.argv[1:6]
     torch.set_num_threads(1)
     cm = comm.connect(backend, timeout_s=60)
-    compressor = from_spec(json.loads(comp_json))
-    params = json.loads(sys.argv[7]) if len(sys.argv) > 7 else {}
-    agg = aggregate.build(scheme, cm, compressor, int(numel), params=params)
-    timer = PhaseTimer(torch.device("cpu"))
-    results = []
-    for step in range(int(steps)):
-        timer.start()
-        results.append(agg.aggregate(gradient(cm.rank, step, int(numel)), step, timer).clone())
-    torch.save({"results": results, "bytes_sent": cm.bytes_sent}, Path(out) / f"rank-{cm.rank}.pt")
-    cm.barrier()
+    for name, case in json.loads(cases_json).items():
+        compressor = from_spec(case["compressor"])
+        agg = aggregate.build(case["scheme"], cm, compressor, int(numel), params=case["params"])
+        timer = PhaseTimer(torch.device("cpu"))
+        sent_before, results = cm.bytes_sent, []
+        for step in range(int(steps)):
+            timer.start()
+            results.append(agg.aggregate(gradient(cm.rank, step, int(numel)), step, timer).clone())
+        (Path(out) / name).mkdir(parents=True, exist_ok=True)
+        saved = {"results": results, "bytes_sent": cm.bytes_sent - sent_before}
+        torch.save(saved, Path(out) / name / f"rank-{cm.rank}.pt")
+        cm.barrier()
     cm.close()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,19 +20,37 @@ STEPS = 3
 pytestmark = pytest.mark.slow
 
 
-def run(
-    backend: str, scheme: str, comp: dict, world: int, tmp: Path, params: dict | None = None
-) -> list[dict]:
-    argv = [here("dist_prog.py"), backend, scheme, json.dumps(comp), str(NUMEL), str(STEPS)]
-    launch(backend, world, [*argv, str(tmp), json.dumps(params or {})])
-    return [torch.load(tmp / f"rank-{r}.pt") for r in range(world)]
+def _case(scheme: str, comp: dict, params: dict | None = None) -> dict:
+    return {"scheme": scheme, "compressor": comp, "params": params or {}}
+
+
+def launch_cases(backend: str, world: int, cases: dict[str, dict], tmp: Path) -> dict[str, list]:
+    """Every case on one launch of ``world`` ranks: each rank's saved results, per case."""
+    argv = [here("dist_prog.py"), backend, json.dumps(cases), str(NUMEL), str(STEPS), str(tmp)]
+    launch(backend, world, argv)
+    return {name: [torch.load(tmp / name / f"rank-{r}.pt") for r in range(world)] for name in cases}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], list[dict]]:
+    """The results of a two-rank case (a name of ``TWO_RANK_CASES``): every two-rank case of a
+    backend runs in the first test that asks for one of them (one launch instead of 22)."""
+    done: dict[str, dict[str, list]] = {}
+
+    def results(backend: str, name: str) -> list[dict]:
+        if backend not in done:
+            tmp = tmp_path_factory.mktemp(f"two-ranks-{backend}")
+            done[backend] = launch_cases(backend, 2, TWO_RANK_CASES, tmp)
+        return done[backend][name]
+
+    return results
 
 
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 @pytest.mark.parametrize("scheme", ["allreduce", "reduce-broadcast"])
-def test_fp32_equals_exact_mean(backend: str, scheme: str, tmp_path: Path) -> None:
+def test_fp32_equals_exact_mean(backend: str, scheme: str, two_ranks: Callable) -> None:
     world = 2
-    ranks = run(backend, scheme, {"name": "none"}, world, tmp_path)
+    ranks = two_ranks(backend, f"fp32-{scheme}")
     for step in range(STEPS):
         exact = torch.stack([gradient(r, step, NUMEL) for r in range(world)]).mean(0)
         for r in ranks:
@@ -48,13 +67,30 @@ COMPRESSED = {
 }
 
 
+OVERLAPPED = {"none": {"name": "none"}, "onebit": {"name": "onebit", "bucket_size": 64},
+              "adaptive": {"name": "adaptive"}}  # fmt: skip
+
+
+def _name(comp: dict) -> str:
+    return next(k for k, v in COMPRESSED.items() if v == comp)
+
+
+TWO_RANK_CASES = {
+    **{f"fp32-{s}": _case(s, {"name": "none"}) for s in ("allreduce", "reduce-broadcast")},
+    **{f"reduce-broadcast-{k}": _case("reduce-broadcast", c) for k, c in COMPRESSED.items()},
+    **{
+        f"overlap3-{k}": _case("reduce-broadcast", c, {"overlap": 3}) for k, c in OVERLAPPED.items()
+    },
+}
+
+
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 @pytest.mark.parametrize("comp", list(COMPRESSED.values()), ids=list(COMPRESSED))
 def test_compressed_reduce_broadcast_matches_reference(
-    backend: str, comp: dict, tmp_path: Path
+    backend: str, comp: dict, two_ranks: Callable
 ) -> None:
     world = 2
-    ranks = run(backend, "reduce-broadcast", comp, world, tmp_path)
+    ranks = two_ranks(backend, f"reduce-broadcast-{_name(comp)}")
     # Reference keeps error-feedback state across steps, like the ranks.
     ref_steps = _reference_steps(comp, world)
     for step in range(STEPS):
@@ -98,10 +134,10 @@ def _reference_steps(comp: dict, world: int, chunks: int = 1) -> list[torch.Tens
 
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 @pytest.mark.parametrize("comp", ["none", "onebit", "adaptive"])
-def test_overlapped_chunks_match_reference(backend: str, comp: str, tmp_path: Path) -> None:
+def test_overlapped_chunks_match_reference(backend: str, comp: str, two_ranks: Callable) -> None:
     """Double-buffered reduce-broadcast (3 chunks) computes exactly what the chunked maths says."""
-    spec = {"name": comp, "bucket_size": 64} if comp == "onebit" else {"name": comp}
-    ranks = run(backend, "reduce-broadcast", spec, 2, tmp_path, {"overlap": 3})
+    spec = OVERLAPPED[comp]
+    ranks = two_ranks(backend, f"overlap3-{comp}")
     ref = _reference_steps(spec, 2, chunks=3)
     for step in range(STEPS):
         for r in ranks:
@@ -111,7 +147,7 @@ def test_overlapped_chunks_match_reference(backend: str, comp: str, tmp_path: Pa
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_four_ranks_qsgd(backend: str, tmp_path: Path) -> None:
     comp = {"name": "qsgd", "bits": 8, "bucket_size": 512}
-    ranks = run(backend, "reduce-broadcast", comp, 4, tmp_path)
+    ranks = launch_cases(backend, 4, {"qsgd8": _case("reduce-broadcast", comp)}, tmp_path)["qsgd8"]
     ref = _reference_steps(comp, 4)
     for r in ranks:
         torch.testing.assert_close(r["results"][STEPS - 1], ref[STEPS - 1], rtol=1e-5, atol=1e-6)
