@@ -20,6 +20,7 @@ from qbench.comm.base import Comm, allreduce_bus_bytes
 from qbench.compress import from_spec
 from qbench.errors import UserError
 from qbench.timing import PhaseTimer
+from tests.rank_codec import Parts, rank_codec
 
 TORUS_SIZES = (4, 6, 8, 9)
 QSGD4 = {"name": "qsgd", "bits": 4, "bucket_size": 128}
@@ -278,21 +279,10 @@ def test_mixing_keeps_the_average_and_reaches_consensus(
 # would pass even if every rank drew the same numbers.
 GOSSIP_STREAM = 2
 STOCHASTIC = [QSGD4, {"name": "fixedpoint", "bits": 6}]
-Parts = list[tuple[slice, int]]
-"""Slices of the model, each mixed by its own scheme instance, with that instance's offset."""
 
 
 def _c(comp: dict[str, Any], t: torch.Tensor, step: int, rank: int, parts: Parts) -> torch.Tensor:
-    """C(t) as rank ``rank`` encodes it at ``step``: decode(encode(.)) with that rank's key,
-    slice by slice."""
-    out = torch.empty_like(t)
-    for part, offset in parts:
-        c = from_spec(comp)
-        payload = c.encode(
-            t[part].float(), step=step, rank=rank, stream=GOSSIP_STREAM, offset=offset
-        )
-        out[part] = c.decode(payload).double()
-    return out
+    return rank_codec(comp, t, step, rank, parts, GOSSIP_STREAM)
 
 
 def gossip_reference(

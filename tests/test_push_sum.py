@@ -20,6 +20,7 @@ from qbench.catalog.schemes import qgm_beta
 from qbench.compress import from_spec
 from qbench.errors import UserError
 from qbench.timing import PhaseTimer
+from tests.rank_codec import Parts, rank_codec
 from tests.test_gossip import LocalComm, on_threads
 
 SIZES = range(2, 10)
@@ -324,19 +325,10 @@ def test_quadratic_reaches_the_mean_of_the_centres(
 # rank draw the same numbers fails.
 PUSH_SUM_STREAM = 3
 QSGD4 = {"name": "qsgd", "bits": 4, "bucket_size": 128}
-Parts = list[tuple[slice, int]]
-"""Slices of the model, each mixed by its own scheme instance, with that instance's offset."""
 
 
 def _c(comp: dict[str, Any], t: torch.Tensor, step: int, rank: int, parts: Parts) -> torch.Tensor:
-    out = torch.empty_like(t)
-    for part, offset in parts:
-        c = from_spec(comp)
-        payload = c.encode(
-            t[part].float(), step=step, rank=rank, stream=PUSH_SUM_STREAM, offset=offset
-        )
-        out[part] = c.decode(payload).double()
-    return out
+    return rank_codec(comp, t, step, rank, parts, PUSH_SUM_STREAM)
 
 
 def push_sum_reference(
