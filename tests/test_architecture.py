@@ -4,6 +4,7 @@
   (``STAGES``), function-level imports included.
 * The planner (catalog, spec) and the readers of results (report, cost model) never import
   torch; ``qbench sweep --dry-run`` runs without it.
+* No two modules import each other, directly or through others (function-level imports too).
 * No module is over 400 lines without saying why at its top ("Why one module:").
 * README's layout section is the one ``layout()`` generates from the packages' docstrings.
 """
@@ -78,6 +79,70 @@ def test_imports_point_to_earlier_stages(path: Path) -> None:
     own = STAGES[_stage(path)]
     later = {m for m in _qbench_imports(path) if m in STAGES and STAGES[m] > own}
     assert not later, f"{path.relative_to(ROOT)} ({_stage(path)}) imports later stages {later}"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def _module_imports(path: Path) -> set[str]:
+    """qbench modules a module imports, anywhere in it: ``from qbench.a import b`` names the
+    module ``qbench.a.b`` where there is one, else ``qbench.a`` (b is a name defined there)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] == "qbench":
+                for a in node.names:
+                    sub = f"{node.module}.{a.name}"
+                    found.add(sub if _is_module(sub) else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "qbench")
+    return found
+
+
+def import_cycles() -> list[list[str]]:
+    """Each set of qbench modules that import each other (directly or through others)."""
+    graph = {_module_name(p): _module_imports(p) for p in _modules()}
+    reach: dict[str, set[str]] = {}
+    for start in graph:
+        seen: set[str] = set()
+        todo = list(graph[start])
+        while todo:
+            m = todo.pop()
+            if m in graph and m not in seen:
+                seen.add(m)
+                todo.extend(graph[m])
+        reach[start] = seen
+    cycles = {tuple(sorted(m for m in reach[s] if s in reach[m])) for s in graph if s in reach[s]}
+    return sorted(list(c) for c in cycles)
+
+
+# Issue 32 breaks these one by one; each fix removes its line, and no new circle may appear.
+NOT_YET_BROKEN = [
+    ["qbench.bench.comm", "qbench.bench.render_comm"],
+    ["qbench.catalog", "qbench.catalog.compressors", "qbench.catalog.plugins",
+     "qbench.catalog.schemes"],
+    ["qbench.comm", "qbench.comm.torchdist"],
+    ["qbench.compress.cuda", "qbench.compress.cuda_emulate", "qbench.compress.native",
+     "qbench.compress.rng"],
+    ["qbench.run.async_ps", "qbench.run.async_ps.protocol", "qbench.run.async_ps.server",
+     "qbench.run.async_ps.worker"],
+    ["qbench.run.group", "qbench.run.worker"],
+    ["qbench.spec.checks", "qbench.spec.scenario"],
+]  # fmt: skip
+
+
+def test_no_import_cycles() -> None:
+    cycles = import_cycles()
+    assert cycles == NOT_YET_BROKEN, "modules that import each other:\n" + "\n".join(
+        map(str, cycles)
+    )
 
 
 def _loads_torch(code: str) -> bool:
