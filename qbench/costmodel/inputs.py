@@ -16,6 +16,8 @@ import pandas as pd
 
 from qbench.costmodel.schemes import nominal_bits_per_value
 from qbench.errors import UserError
+from qbench.records.store import ResultStore
+from qbench.records.view import RunSpecs, run_specs
 
 COMM_SCHEMA = "qbench.bench.comm/1"
 
@@ -112,7 +114,9 @@ RUN_PARTS = ("t_compute", "t_encode", "t_comm", "t_decode", "t_step")
 def run_table(root: Path | str) -> pd.DataFrame:
     """One row per ok run of a results directory: labels and medians over measured iterations
     (``qbench.report.stats`` conventions: iteration = max over ranks, parts = means over ranks), and
-    ``source``, the directory, where a run's other files are."""
+    ``source``, the directory, where a run's other files are; ``specs``, the run's compressor
+    and scheme as the catalog's typed values (``qbench.records.view``; None for a compressor or
+    scheme this qbench does not know), which is where parameters are read, not the labels."""
     from qbench.report import stats
 
     results = stats.load(root)
@@ -132,7 +136,22 @@ def run_table(root: Path | str) -> pd.DataFrame:
     ]
     table["workload"] = [_workload(m, p) for m, p in _pairs(table, "model", "model_params")]
     table["source"] = str(root)
+    table["specs"] = [_specs(ResultStore(root), str(i)) for i in table["run_id"]]
     return table.reset_index(drop=True)
+
+
+def _specs(store: ResultStore, run_id: str) -> RunSpecs | None:
+    record = store.read_record(run_id)
+    try:
+        return None if record is None else run_specs(record.to_dict())
+    except UserError:  # a plug-in's compressor or scheme, not loaded here
+        return None
+
+
+def compressor_name(r: Any) -> str | None:
+    """The catalog name of a ``run_table`` row's compressor (None: unknown here)."""
+    specs = getattr(r, "specs", None)
+    return None if specs is None else specs.compressor.name
 
 
 def _forward(iterations: pd.DataFrame) -> pd.DataFrame:

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from qbench.costmodel import overlap
+from qbench.costmodel.inputs import compressor_name
 from qbench.costmodel.model import BucketProfile, CostModel
 from qbench.costmodel.points import run_config
 from qbench.costmodel.schemes import POWERSGD
@@ -32,7 +33,7 @@ def fit_local_work(model: CostModel, runs: pd.DataFrame) -> list[str]:
     excess: dict[tuple[int, str], list[float]] = defaultdict(list)
     notes: list[str] = []
     for r in runs.itertuples(index=False):
-        if not str(r.compressor).startswith(POWERSGD):
+        if compressor_name(r) != POWERSGD:
             continue
         got = run_config(r, model)
         if got is None:

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from qbench.catalog.schemes import DEFAULT_BUCKET_CAP_MB
+from qbench.costmodel.inputs import compressor_name
 from qbench.costmodel.model import BucketProfile
 from qbench.costmodel.points import run_host_cores
 from qbench.costmodel.schemes import DDP, FP32, POWERSGD, Scheme
@@ -127,7 +128,7 @@ def _powersgd_payloads(
     rows: dict[tuple[tuple[str, int, str, float], str], list[pd.DataFrame]] = {}
     for key, members in groups.items():
         for r, buckets in members:
-            if str(r.compressor).startswith(POWERSGD) and not buckets.empty:
+            if compressor_name(r) == POWERSGD and not buckets.empty:
                 rows.setdefault(((*key[:3], key[4]), str(r.compressor)), []).append(buckets)
     out: dict[tuple[str, int, str, float], dict[str, list[float]]] = {}
     for (where, label), frames in sorted(rows.items()):
