@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from qbench.errors import UserError, choice_error
+from qbench.errors import UserError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -61,7 +61,7 @@ def sweep(
     (``qbench sweep --rerun-disturbed``).
     """
     from qbench.cli import console
-    from qbench.launch import local
+    from qbench.launch import decision, local
     from qbench.launch import sweep as sweep_mod
     from qbench.spec import matrix as matrix_mod
     from qbench.spec import scenario as scenario_mod
@@ -73,9 +73,7 @@ def sweep(
     sc = scenario_mod.loads(text, source)
     m = matrix_mod.expand(sc)
     target = Path(out) if out is not None else Path("results") / sc.name
-    if isolation is not None and isolation not in scenario_mod.ISOLATIONS:
-        raise choice_error("isolation", isolation, scenario_mod.ISOLATIONS)
-    launch = console.launch_for(sc, launcher, m, isolation)
+    launch = decision.launch_for(sc, launcher, m, isolation)
     if console.factories(m):
         from qbench.run import workload
 
@@ -92,7 +90,7 @@ def sweep(
     with console.progress(todo) if progress else contextlib.nullcontext() as tick:
         sweep_mod.run_sweep(
             m, target, text, on_progress=tick, launch=launch, retry_failed=retry_failed,
-            resolved=console.resolved(sc, launch), rerun_disturbed=rerun_disturbed,
+            resolved=decision.resolved(sc, launch), rerun_disturbed=rerun_disturbed,
             on_rerun=tick.rerun if tick is not None else None,
         )  # fmt: skip
     return target

@@ -84,39 +84,6 @@ def test_isolation_keeps_run_ids() -> None:
     assert [s.run_id for s in _specs(isolation="process")] == ids
 
 
-@pytest.mark.parametrize(
-    ("launcher", "isolation", "expected"),
-    [("local", None, "group"), ("local", "auto", "group"), ("local", "group", "group"),
-     ("local", "process", "process"), ("slurm", None, "process"), ("slurm", "process", "process")],
-)  # fmt: skip
-def test_auto_is_group_here_and_process_under_slurm(
-    launcher: str, isolation: str | None, expected: str
-) -> None:
-    from qbench.cli import console
-
-    sc = scenario_mod.loads(BASE, "t")
-    m = matrix_mod.expand(sc)
-    launch = console.launch_for(sc, launcher, m, isolation)
-    assert launch.effective_isolation == expected
-    assert launch.grouped == (expected == "group")
-
-
-def test_group_isolation_under_slurm_is_a_user_error() -> None:
-    from qbench.cli import console
-
-    sc = scenario_mod.loads(BASE + "isolation: group\n", "t")
-    with pytest.raises(UserError) as err:
-        console.launch_for(sc, "slurm", matrix_mod.expand(sc), None)
-    assert "\n" not in str(err.value) and "--isolation auto or process" in str(err.value)
-
-
-def test_api_checks_isolation(tmp_path: Path) -> None:
-    import qbench
-
-    with pytest.raises(UserError, match="unknown isolation 'proces' \\(did you mean 'process'"):
-        qbench.sweep({"name": "x", "model": "mlp"}, out=tmp_path, isolation="proces")
-
-
 def test_a_local_group_meets_in_a_fresh_file_not_at_a_port(tmp_path: Path) -> None:
     """A port picked for rank 0 can be taken by any other process before rank 0 binds it
     (EADDRINUSE, a failed run); a group on this host needs none: its ranks meet in a file,

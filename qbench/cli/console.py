@@ -27,7 +27,7 @@ from qbench.spec.matrix import Matrix, RunSpec
 
 if TYPE_CHECKING:
     from qbench.launch import preflight
-    from qbench.launch.sweep import Launch, SweepSummary
+    from qbench.launch.sweep import SweepSummary
 
 # Wide when writing to a file or CI log, so run ids are never cut.
 out = Console(width=None if sys.stdout.isatty() else 200)
@@ -54,9 +54,10 @@ def sweep(
         if dry_run:  # the exclusions are the answer: show them, then the one-line error
             _print_matrix(Matrix([], e.excluded), target, preflight.check([]))
         raise
+    from qbench.launch import decision
     from qbench.launch import sweep as sweep_mod
 
-    launch = _launch_for(sc, launcher, m, isolation)
+    launch = decision.launch_for(sc, launcher, m, isolation)
     if dry_run:
         verdicts = preflight.check(m.runs, launcher=launch.kind)
         _print_matrix(m, target, verdicts)
@@ -88,7 +89,7 @@ def sweep(
     with _progress(len(p.todo) - len(skip)) as tick:
         summary = sweep_mod.run_sweep(
             m, target, text, on_progress=tick, launch=launch, retry_failed=retry_failed,
-            resolved=_resolved(sc, launch), skip=skip, rerun_disturbed=rerun_disturbed,
+            resolved=decision.resolved(sc, launch), skip=skip, rerun_disturbed=rerun_disturbed,
             on_rerun=tick.rerun,
         )  # fmt: skip
     _print_outcome(summary)
@@ -112,44 +113,6 @@ def _print_check(verdicts: preflight.Verdicts, total: int) -> None:
 def factories(m: Matrix) -> bool:
     """Whether any run names a user's factory (model, dataset or loss)."""
     return any(r.workload or r.data or "factory" in r.loss for r in m.runs)
-
-
-def _launch_for(
-    sc: scenario_mod.Scenario, launcher: str | None, m: Matrix, isolation: str | None = None
-) -> Launch:
-    """The launcher (``--launcher`` over the scenario's ``launcher:``) with its options, and
-    the isolation (``--isolation`` over ``isolation:``; ``auto``: group here, process under
-    Slurm, where each run is a job of its own)."""
-    from qbench.errors import UserError
-    from qbench.launch import sweep as sweep_mod
-
-    kind, iso = launcher or sc.launcher, isolation or sc.isolation
-    if kind == "local":
-        multi = next((s for s in m.runs if s.nodes > 1), None)
-        if multi is not None:
-            raise UserError(
-                f"nodes: {multi.nodes} needs a multi-node launcher; use --launcher slurm "
-                "(or see docs/launchers.md for torchrun rendezvous and mpirun hostfiles)"
-            )
-        return sweep_mod.Launch("local", isolation="process" if iso == "process" else "group")
-    if iso == "group":
-        raise UserError(
-            "isolation group runs rank groups with the local launcher; under Slurm every run "
-            "is a job (or array task) of its own: use --isolation auto or process with "
-            "--launcher slurm, or --launcher local"
-        )
-    from qbench.launch.slurm.options import SlurmOptions
-
-    return sweep_mod.Launch("slurm", SlurmOptions.parse(sc.slurm), isolation="process")
-
-
-def _resolved(sc: scenario_mod.Scenario, launch: Launch) -> dict[str, object]:
-    """The scenario with every default filled in, as the runs saw it."""
-    import dataclasses
-
-    d = dataclasses.asdict(sc)
-    d["launcher"], d["isolation"] = launch.kind, launch.effective_isolation
-    return d
 
 
 def _print_matrix(m: Matrix, target: Path, verdicts: preflight.Verdicts) -> None:
@@ -368,4 +331,4 @@ def info() -> None:
 
 
 # qbench.api runs a sweep as ``sweep`` above does, printing only progress.
-launch_for, resolved, progress = _launch_for, _resolved, _progress
+progress = _progress

@@ -181,8 +181,8 @@ class Scenario:
             checks.check_range(
                 "price_per_hour", self.price_per_hour, 0.0, 1e6, example="price_per_hour: 32.77"
             )
-        checks.check_choices("launcher", (self.launcher,), LAUNCHERS)
-        checks.check_choices("isolation", (self.isolation,), ISOLATIONS)
+        check_launcher(self.launcher)
+        check_isolation(self.isolation)
         for key, entries in (("include", self.include), ("exclude", self.exclude)):
             for entry in entries:
                 checks.check_filter(key, entry)
@@ -258,6 +258,16 @@ _SCALARS = {
     "cover": bool,
     "nonfinite": str,
 }
+
+
+def check_launcher(value: str) -> None:
+    """``launcher:``, and ``--launcher`` / ``launcher=`` that override it."""
+    checks.check_choices("launcher", (value,), LAUNCHERS)
+
+
+def check_isolation(value: str) -> None:
+    """``isolation:``, and ``--isolation`` / ``isolation=`` that override it."""
+    checks.check_choices("isolation", (value,), ISOLATIONS)
 
 
 def load(path: str | Path) -> Scenario:

@@ -1,0 +1,52 @@
+"""The launch decision: which launcher starts the runs and how they are isolated.
+
+``--launcher`` / ``launcher=`` over the scenario's ``launcher:``, ``--isolation`` /
+``isolation=`` over ``isolation:``; ``auto`` is ``group`` with the local launcher and ``process``
+under Slurm, where each run is a job of its own. The command line (``qbench.cli.console``) and
+the Python API (``qbench.api``) both call :func:`launch_for`, so they decide alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from qbench.errors import UserError
+from qbench.launch.sweep import Launch
+from qbench.spec import scenario as scenario_mod
+from qbench.spec.matrix import Matrix
+
+
+def launch_for(
+    sc: scenario_mod.Scenario, launcher: str | None, m: Matrix, isolation: str | None = None
+) -> Launch:
+    """The launcher with its options and the isolation the runs get. An override is checked
+    as the scenario's own key is (one message for YAML, ``--isolation`` and ``isolation=``)."""
+    if launcher is not None:
+        scenario_mod.check_launcher(launcher)
+    if isolation is not None:
+        scenario_mod.check_isolation(isolation)
+    kind, iso = launcher or sc.launcher, isolation or sc.isolation
+    if kind == "local":
+        multi = next((s for s in m.runs if s.nodes > 1), None)
+        if multi is not None:
+            raise UserError(
+                f"nodes: {multi.nodes} needs a multi-node launcher; use --launcher slurm "
+                "(or see docs/launchers.md for torchrun rendezvous and mpirun hostfiles)"
+            )
+        return Launch("local", isolation="process" if iso == "process" else "group")
+    if iso == "group":
+        raise UserError(
+            "isolation group runs rank groups with the local launcher; under Slurm every run "
+            "is a job (or array task) of its own: use --isolation auto or process with "
+            "--launcher slurm, or --launcher local"
+        )
+    from qbench.launch.slurm.options import SlurmOptions
+
+    return Launch("slurm", SlurmOptions.parse(sc.slurm), isolation="process")
+
+
+def resolved(sc: scenario_mod.Scenario, launch: Launch) -> dict[str, object]:
+    """The scenario with every default filled in, as the runs saw it."""
+    d = dataclasses.asdict(sc)
+    d["launcher"], d["isolation"] = launch.kind, launch.effective_isolation
+    return d
