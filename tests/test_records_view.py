@@ -9,11 +9,10 @@ from qbench.errors import UserError
 from qbench.records.view import run_specs
 
 # A run.json's two halves as a run writes them (schema version 2): the spec as given, and the
-# labels made from it. The labels here deliberately disagree with the spec, so a reader that
-# parses labels gets different numbers than one that reads the spec.
+# labels made from it.
 RECORD = {
     "schema_version": 2,
-    "labels": {"compressor": "qsgd-2b-b128", "scheme": "reduce-broadcast+overlap2"},
+    "labels": {"compressor": "qsgd-4b-b512", "scheme": "reduce-broadcast+overlap4"},
     "spec": {
         "compressor": {"name": "qsgd", "bits": 4, "bucket_size": 512},
         "scheme": "reduce-broadcast",
@@ -22,8 +21,9 @@ RECORD = {
 }
 
 
-def test_parameters_come_from_the_spec_not_the_labels() -> None:
-    specs = run_specs(RECORD)
+@pytest.mark.parametrize("labels", [RECORD["labels"], {}], ids=["labelled", "no labels"])
+def test_parameters_come_from_the_spec(labels: dict[str, str]) -> None:
+    specs = run_specs({**RECORD, "labels": labels})
     assert specs.compressor.name == "qsgd"
     assert specs.compressor.params["bits"] == 4
     assert specs.compressor.params["bucket_size"] == 512
@@ -32,7 +32,8 @@ def test_parameters_come_from_the_spec_not_the_labels() -> None:
 
 
 def test_defaults_are_filled_in_as_the_run_filled_them() -> None:
-    record = {**RECORD, "spec": {"compressor": {"name": "none"}, "scheme": "ddp"}}
+    labels = {"compressor": "fp32", "scheme": "ddp"}
+    record = {"labels": labels, "spec": {"compressor": {"name": "none"}, "scheme": "ddp"}}
     specs = run_specs(record)  # no scheme_params: older runs of a scheme without parameters
     assert specs.compressor.name == "none"
     assert specs.compressor.nominal_bits == 32
@@ -40,10 +41,21 @@ def test_defaults_are_filled_in_as_the_run_filled_them() -> None:
 
 
 def test_a_record_without_a_spec_reads_through_its_labels() -> None:
-    specs = run_specs({"schema_version": 1, "labels": RECORD["labels"]})
+    labels = {"compressor": "qsgd-2b-b128", "scheme": "reduce-broadcast+overlap2"}
+    specs = run_specs({"schema_version": 1, "labels": labels})
     assert specs.compressor.params["bits"] == 2
     assert specs.compressor.params["bucket_size"] == 128
     assert specs.scheme.params["overlap"] == 2
+
+
+def test_a_default_that_changed_since_the_run_is_read_from_its_label() -> None:
+    # fixedpoint's scope defaulted to global when this ran (label fixed-8b); today it is layer
+    # (label fixed-8b-layer), so the spec as given no longer says what ran, and the label does
+    record = {
+        "labels": {"compressor": "fixed-8b", "scheme": "allreduce"},
+        "spec": {"compressor": {"name": "fixedpoint", "bits": 8}, "scheme": "allreduce"},
+    }
+    assert run_specs(record).compressor.params["scope"] == "global"
 
 
 def test_an_unknown_compressor_is_a_user_error() -> None:

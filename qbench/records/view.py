@@ -3,9 +3,11 @@
 Reports and the cost model read parameters (bits, bucket size, overlap, ...) from here, never
 from labels. ``run.json``'s ``spec`` holds what the run was given (``compressor``: a mapping,
 ``scheme`` and ``scheme_params``); the catalog validates it again, so defaults are filled in the
-same way the run filled them. Records of schema versions 1 and 2 both carry ``spec``; a record
-that lacks it (a hand-written or truncated file) falls back to its labels, through
-:func:`_from_labels`, the only place a run's labels are parsed back.
+same way the run filled them. Records of schema versions 1 and 2 both carry ``spec``. Two kinds
+of record fall back to their labels, through :func:`_from_labels`, the only place a run's labels
+are parsed back: one without a spec (a hand-written or truncated file), and one whose spec no
+longer makes the label it recorded, because a default changed since it ran (``fixedpoint``'s
+``scope`` became ``layer``; its older runs were ``global``, and their label says so).
 """
 
 from __future__ import annotations
@@ -28,15 +30,20 @@ class RunSpecs:
 def run_specs(record: Mapping[str, Any]) -> RunSpecs:
     """The typed specs of a run.json (its dict, or ``RunRecord.to_dict()``); UserError when the
     record names a compressor or scheme this qbench does not know (a plug-in not loaded)."""
-    spec = record.get("spec") or {}
-    if "compressor" in spec and "scheme" in spec:
-        scheme = {"name": spec["scheme"], **(spec.get("scheme_params") or {})}
-        return RunSpecs(catalog.compressor(spec["compressor"]), catalog.scheme(scheme))
-    return _from_labels(record.get("labels") or {})
+    spec, labels = record.get("spec") or {}, record.get("labels") or {}
+    if "compressor" not in spec or "scheme" not in spec:
+        return _from_labels(labels)
+    params = spec.get("scheme_params") or {}
+    made = RunSpecs(catalog.compressor(spec["compressor"]),
+                    catalog.scheme({"name": spec["scheme"], **params}))  # fmt: skip
+    made_labels = (made.compressor.label, catalog.scheme_label(made.scheme.name, params))
+    recorded = (labels.get("compressor", made_labels[0]), labels.get("scheme", made_labels[1]))
+    return made if recorded == made_labels else _from_labels(labels)
 
 
 def _from_labels(labels: Mapping[str, Any]) -> RunSpecs:
-    """A record without a spec: its labels are all that says what ran."""
+    """A record without a spec, or whose spec no longer makes its labels: the labels say what
+    ran."""
     return RunSpecs(
         catalog.from_label(str(labels["compressor"])),
         catalog.scheme_from_label(str(labels["scheme"])),
