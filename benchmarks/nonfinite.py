@@ -65,7 +65,7 @@ def _run(model: str, scheme: str, args: argparse.Namespace, cm: Any) -> dict[str
 
     from qbench.compress.base import all_finite
     from qbench.ddp import finite
-    from qbench.run import worker
+    from qbench.run import lifecycle
     from qbench.spec import scenario
     from qbench.spec.matrix import expand
     from qbench.timing import PhaseTimer
@@ -73,7 +73,7 @@ def _run(model: str, scheme: str, args: argparse.Namespace, cm: Any) -> dict[str
     text = (f"name: b\nmodel: {model}\nworld_size: 2\nscheme: {scheme}\nwarmup: 0\n"
             f"iterations: 1\nbatch_size: {args.batch}\n")  # fmt: skip
     spec = expand(scenario.loads(text)).runs[0]
-    run = worker._training(spec, cm)
+    run = lifecycle.training_loop(spec, cm)
     timer, check = PhaseTimer(run.device), run.guard.check
     samples: dict[str, dict[str, list[float]]] = {m: {"wall": [], "recorded": []} for m in "+-"}
     it = 0

@@ -133,7 +133,6 @@ NOT_YET_BROKEN = [
      "qbench.compress.rng"],
     ["qbench.run.async_ps", "qbench.run.async_ps.protocol", "qbench.run.async_ps.server",
      "qbench.run.async_ps.worker"],
-    ["qbench.run.group", "qbench.run.worker"],
     ["qbench.spec.checks", "qbench.spec.scenario"],
 ]  # fmt: skip
 

@@ -34,8 +34,8 @@ from qbench.run.async_ps.protocol import (
     encode_model,
     may_hand_out,
 )
+from qbench.run.flat_loop import async_parts
 from qbench.run.training import Training
-from qbench.run.worker import async_parts
 from qbench.spec import scenario
 from qbench.spec.matrix import expand
 
@@ -362,7 +362,7 @@ def _spec(scheme: str, comp: str = "{name: qsgd, bits: 8}", world: int = 4, extr
 
 
 def _rank(spec: Any, cm: Comm) -> tuple[Training, AsyncParts]:
-    """One rank as qbench.run.worker sets it up: the shared training set-up and the parts of it
+    """One rank as qbench.run.lifecycle sets it up: the shared training set-up and the parts of it
     the parameter server uses (they share the model, buffers and row lists)."""
     t = Training(spec, cm, shard=async_ps.shard(cm.rank, spec.world_size))
     return t, async_parts(t)
@@ -514,12 +514,10 @@ def _loaded(imports: str, prefixes: tuple[str, ...]) -> list[str]:
 
 
 def test_the_package_stands_alone_and_its_metric_needs_no_torch() -> None:
-    """The server and workers read a rank through AsyncParts, never through qbench.run.worker;
-    reports read the metric, so it and the package load no torch."""
-    assert (
-        _loaded("qbench.run.async_ps.server, qbench.run.async_ps.worker", ("qbench.run.worker",))
-        == []
-    )
+    """The server and workers read a rank through AsyncParts, never through the training loops
+    or the worker; reports read the metric, so it and the package load no torch."""
+    loops = ("qbench.run.worker", "qbench.run.lifecycle", "qbench.run.flat_loop")
+    assert _loaded("qbench.run.async_ps.server, qbench.run.async_ps.worker", loops) == []
     assert _loaded("qbench.run.async_ps.metrics", ("torch",)) == []
 
 

@@ -28,9 +28,9 @@ import torch
 from qbench.errors import UserError
 from qbench.report import stats
 from qbench.run import nonfinite
+from qbench.run.flat_loop import Run
 from qbench.run.precision import LossScaler
 from qbench.run.training import Training
-from qbench.run.worker import Run
 from qbench.spec import scenario
 from qbench.spec.matrix import RunSpec, expand
 from qbench.timing import PhaseTimer
@@ -219,7 +219,7 @@ def test_ddp_fails_or_skips_a_nonfinite_bucket(comp: str, process_group: Any) ->
 # -- async-ps: a worker drops its push; the server applies no update for it ---------------------
 def test_an_async_worker_drops_a_nonfinite_gradient_and_the_run_goes_on() -> None:
     from qbench.run import async_ps
-    from qbench.run.worker import async_parts
+    from qbench.run.flat_loop import async_parts
     from tests.test_async_ps import Threads
     from tests.test_async_ps import _spec as async_spec
 

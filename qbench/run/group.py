@@ -47,7 +47,7 @@ from qbench.records.store import (
     host_part,
     parts_beside,
 )
-from qbench.run import worker
+from qbench.run import lifecycle
 from qbench.spec.matrix import RunSpec
 
 COMM_SLACK_S = 60.0
@@ -65,11 +65,11 @@ def main(plan: Path) -> int:
     specs = [RunSpec.from_dict(json.loads(path.read_text())) for path, _ in configs]
     # The driver times each run (``timeout``) and kills the group; a collective that gave up
     # first would turn a hung peer into a failure of this rank, so the communicator waits longer.
-    cm = worker.connect(specs[0], max(s.timeout for s in specs) + COMM_SLACK_S)
+    cm = lifecycle.connect(specs[0], max(s.timeout for s in specs) + COMM_SLACK_S)
     for k, ((path, index), spec) in enumerate(zip(configs, specs, strict=True)):
-        fault = worker.fault_injection(cm.rank, spec.run_id, index)
+        fault = lifecycle.fault_injection(cm.rank, spec.run_id, index)
         with _logs(path.parent):
-            ok = worker.run_config(spec, path, cm, fault)
+            ok = lifecycle.run_config(spec, path, cm, fault)
         if not ok:
             cm.abort(1)  # peers may be blocked in a collective: end the whole job now
             cm.close()

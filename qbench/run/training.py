@@ -4,7 +4,7 @@
 data stream, the optimizer and the loss from a :class:`~qbench.spec.matrix.RunSpec`, and does the
 work outside the timed iteration: the learning-rate schedule and, in accuracy mode, the
 evaluation at the end of each epoch. Subclasses run the iteration itself: flat aggregation
-after backward (``qbench.run.worker.Run``) or DDP's buckets during backward
+after backward (``qbench.run.flat_loop.Run``) or DDP's buckets during backward
 (``qbench.run.ddp_loop.DDPRun``).
 """
 

@@ -23,10 +23,11 @@ staleness, the version it produced, the pushing worker's batch loss and ``cum_bi
 through the server so far (up and down, headers included): seed 003's "bits transmitted until
 the training loss first falls below a threshold" (:mod:`qbench.run.async_ps.metrics`).
 
-The package reads a rank's set-up through :class:`AsyncParts` only, which ``qbench.run.worker``
-builds; it never imports the worker. Modules: ``protocol`` (messages, the staleness rule, the
-gradient codec), ``server`` (rank 0), ``worker`` (the others), ``metrics`` (pure pandas over
-the rows). Importing the package or ``metrics`` loads no torch: reports read the metric.
+The package reads a rank's set-up through :class:`AsyncParts` only, which
+``qbench.run.flat_loop.async_parts`` builds; it never imports the training loops. Modules:
+``protocol`` (messages, the staleness rule, the gradient codec), ``server`` (rank 0),
+``worker`` (the others), ``metrics`` (pure pandas over the rows). Importing the package or
+``metrics`` loads no torch: reports read the metric.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class Batches(Protocol):
 
 @dataclass(frozen=True, kw_only=True)
 class AsyncParts:
-    """What the server and the workers use of a rank's set-up (``qbench.run.worker.async_parts``
+    """What the server and the workers use of a rank's set-up (``qbench.run.flat_loop.async_parts``
     builds it from the shared :class:`~qbench.run.training.Training`). Nothing is copied: the
     package trains the model in place and appends to the caller's row lists."""
 
