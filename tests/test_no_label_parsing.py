@@ -1,0 +1,90 @@
+"""Reports and the cost model read parameters from the specs runs record
+(``qbench.records.view``), never by parsing labels back (issue 32): no function of
+``qbench/report`` or ``qbench/costmodel`` calls a label parser, except the reader of bench JSON,
+the only input without a spec.
+
+A label parser here is a call of ``catalog.from_label``, ``catalog.scheme_from_label``,
+``qsgd_params``, the cost model's own scheme syntax (``Scheme.parse``), any ``re`` function, or
+a compiled regex's ``match`` / ``fullmatch`` / ``search`` / ``findall``, or ``startswith`` /
+``endswith`` on something named compressor or scheme. ``NOT_YET`` lists the
+functions that still parse labels, so that the list can only shrink: an entry that no longer
+parses must be removed."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "qbench"
+PARSERS = {"from_label", "scheme_from_label", "qsgd_params"}
+
+ALLOWED = {
+    # bench comm JSON rows name compressors and schemes by label only
+    ("costmodel/inputs.py", "row_bits"): "bench JSON reader",
+    # page text: section anchors and inline code, no labels
+    ("report/page_render.py", "slug"): "page text",
+    ("report/page_render.py", "_inline"): "page text",
+}
+NOT_YET = {
+    ("report/names.py", "_compressor"), ("report/names.py", "_scheme"),
+    ("report/plots.py", "_scalability_panel"), ("report/plots_study.py", "_is_simulated"),
+    ("report/stats.py", "_async_runs"),
+    ("costmodel/crossover.py", "crossover"), ("costmodel/fit.py", "fit"),
+    ("costmodel/fit.py", "_overlap_points"), ("costmodel/formulas.py", "comm_plan"),
+    ("costmodel/formulas.py", "payload_bits"), ("costmodel/overlap.py", "predict_backward"),
+    ("costmodel/overlap.py", "_bucket"), ("costmodel/points.py", "bench_points"),
+    ("costmodel/points.py", "run_config"), ("costmodel/points.py", "_phased_runs"),
+    ("costmodel/predict.py", "predict"), ("costmodel/predict.py", "predict_frame"),
+    ("costmodel/profiles.py", "_backward_scheme"), ("costmodel/profiles.py", "_preference"),
+    ("costmodel/schemes.py", "<module>"), ("costmodel/schemes.py", "per_bucket"),
+    ("costmodel/schemes.py", "_split"), ("costmodel/schemes.py", "_spec"),
+}  # fmt: skip
+
+
+def _parses_labels(call: ast.Call) -> bool:
+    f = call.func
+    name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+    if name in PARSERS or name in ("match", "fullmatch", "search", "findall"):  # regexes, too
+        return True
+    if not isinstance(f, ast.Attribute):
+        return False
+    owner = ast.unparse(f.value)
+    if owner in ("re", "Scheme"):
+        return owner == "re" or name == "parse"
+    return name in ("startswith", "endswith") and ("compressor" in owner or "scheme" in owner)
+
+
+def _callers(path: Path) -> set[str]:
+    """Names of the functions (``<module>`` at top level) that call a label parser."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST, where: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = where
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                inner = child.name
+            if isinstance(child, ast.Call) and _parses_labels(child):
+                found.add(inner)
+            visit(child, inner)
+
+    visit(ast.parse(path.read_text()), "<module>")
+    return found
+
+
+def _all_callers() -> set[tuple[str, str]]:
+    return {
+        (str(p.relative_to(PKG)), fn)
+        for stage in ("report", "costmodel")
+        for p in sorted((PKG / stage).glob("*.py"))
+        for fn in _callers(p)
+    }
+
+
+def test_no_report_or_costmodel_function_parses_labels() -> None:
+    extra = _all_callers() - set(ALLOWED) - NOT_YET
+    assert not extra, f"these parse labels; read the run's spec (qbench.records.view): {extra}"
+
+
+def test_the_not_yet_list_only_shrinks() -> None:
+    stale = NOT_YET - _all_callers()
+    assert not stale, f"these no longer parse labels; remove them from NOT_YET: {stale}"
