@@ -327,6 +327,16 @@ def test_bucket_profile_from_buckets_parquet(tmp_path: Path) -> None:
     assert CostModel.load(path).buckets == m.buckets
 
 
+def test_bucket_profile_prefers_torch_ddp_over_a_qbench_hook_at_fp32(tmp_path: Path) -> None:
+    # both fp32 and unshaped: torch's own allreduce hook (ddp) is the least disturbed
+    store = ResultStore(tmp_path)
+    add_ddp_run(store, "rb-fp32", scheme="reduce-broadcast+backward", forward=0.5, backward=0.5)
+    add_ddp_run(store, "ddp-fp32", forward=0.010, backward=0.012)
+    (prof,) = fit(run_dirs=[tmp_path]).buckets
+    assert prof.measured == "ddp fp32 unshaped" and prof.runs == 1
+    assert (prof.forward_s, prof.backward_s) == pytest.approx((0.010, 0.012), rel=1e-9)
+
+
 def test_powersgd_local_work_is_its_runs_excess_over_its_collectives(tmp_path: Path) -> None:
     store = ResultStore(tmp_path)
     add_ddp_run(store, "ddp-fp32")

@@ -35,7 +35,7 @@ NOT_YET = {
     ("costmodel/overlap.py", "_bucket"), ("costmodel/points.py", "bench_points"),
     ("costmodel/points.py", "run_config"), ("costmodel/points.py", "_phased_runs"),
     ("costmodel/predict.py", "predict"), ("costmodel/predict.py", "predict_frame"),
-    ("costmodel/profiles.py", "_backward_scheme"), ("costmodel/profiles.py", "_preference"),
+    ("costmodel/profiles.py", "_backward_scheme"),
     ("costmodel/schemes.py", "<module>"), ("costmodel/schemes.py", "per_bucket"),
     ("costmodel/schemes.py", "_split"), ("costmodel/schemes.py", "_spec"),
 }  # fmt: skip

@@ -154,6 +154,12 @@ def compressor_name(r: Any) -> str | None:
     return None if specs is None else specs.compressor.name
 
 
+def scheme_name(r: Any) -> str | None:
+    """The catalog name of a ``run_table`` row's scheme (None: unknown here)."""
+    specs = getattr(r, "specs", None)
+    return None if specs is None else specs.scheme.name
+
+
 def _forward(iterations: pd.DataFrame) -> pd.DataFrame:
     """run_id, t_forward: DDP runs' forward pass (mean over ranks, median over measured
     iterations); NaN for flat runs, whose t_compute holds forward and backward together."""

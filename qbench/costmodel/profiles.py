@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from qbench.catalog.schemes import DEFAULT_BUCKET_CAP_MB
-from qbench.costmodel.inputs import compressor_name
+from qbench.costmodel.inputs import compressor_name, scheme_name
 from qbench.costmodel.model import BucketProfile
 from qbench.costmodel.points import run_host_cores
 from qbench.costmodel.schemes import DDP, FP32, POWERSGD, Scheme
@@ -82,7 +82,7 @@ def _measured_buckets(r: Any) -> pd.DataFrame | None:
 
 def _preference(r: Any) -> tuple[bool, bool, bool]:
     """Runs least disturbed by communication first: fp32 ddp, then fp32, then unshaped."""
-    return str(r.compressor) != FP32, not str(r.scheme).startswith(DDP), r.network != "unshaped"
+    return str(r.compressor) != FP32, scheme_name(r) != DDP, r.network != "unshaped"
 
 
 def _profile(
