@@ -43,7 +43,7 @@ from qbench.costmodel.config import Config, Prediction
 from qbench.costmodel.formulas import CommItem, allreduce_wire, collective_msgs, comm_plan
 from qbench.costmodel.model import BucketProfile, CostModel
 from qbench.costmodel.phases import codec_time, collective_fit, wire_bits
-from qbench.costmodel.schemes import DDP, FP32, POWERSGD, Scheme, is_torch_hook
+from qbench.costmodel.schemes import DDP, FP32, Scheme, is_powersgd, is_torch_hook
 from qbench.ddp.timeline import union_length
 from qbench.errors import UserError
 
@@ -92,7 +92,7 @@ def predict_backward(
         codec += (enc + dec) * cpu
     spans = timeline(handed, busy)
     waited = exposed(handed, spans)
-    if local and cfg.compressor.startswith(POWERSGD):
+    if local and is_powersgd(cfg.compressor):
         extra, why = _local_work(prof, cfg.compressor)
         waited, codec, notes = waited + extra * cpu, codec + extra * cpu, notes + why
     compute = (prof.forward_s + prof.backward_s) * scale
@@ -128,7 +128,7 @@ def _bucket(
     """(encode, collective, decode, wire bytes, notes) of bucket i (``share``: its part of the
     gradient, for the layer policy's fp32 values)."""
     n, k = prof.numel[i], cfg.world_size
-    if cfg.compressor.startswith(POWERSGD):
+    if is_powersgd(cfg.compressor):
         return _powersgd(model, cfg, prof, i)
     groups = [(cfg.compressor, n - cfg.fp32_numel * share)]
     if cfg.fp32_numel > 0 and cfg.compressor != FP32 and not is_torch_hook(cfg.compressor):

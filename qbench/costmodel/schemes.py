@@ -171,6 +171,12 @@ def is_torch_hook(compressor: str) -> bool:
     return spec is not None and spec.name in TORCH_HOOKS
 
 
+def is_powersgd(compressor: str) -> bool:
+    """Whether a label is PowerSGD's (the catalog entry that makes it, not its spelling)."""
+    spec = _spec(compressor)
+    return spec is not None and spec.name == POWERSGD
+
+
 def qsgd_params(compressor: str) -> tuple[int, int] | None:
     """(bits, bucket_size) of a qsgd label like ``qsgd-4b-b512``."""
     spec = _spec(compressor)
