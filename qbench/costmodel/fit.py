@@ -29,6 +29,7 @@ from qbench.costmodel.inputs import (
     bench_key,
     comm_rows,
     held_out,
+    integer_row,
     kernel_rows,
     row_bits,
     run_table,
@@ -138,9 +139,7 @@ def fit(
         overlapped += [(r, source) for r in o]
         model.notes += notes
         model.used += [bench_key(r) for r in rows]
-        model.compressors.update(
-            {r["compressor"]: row_bits(r) for r in rows if not r["scheme"].startswith("integer-")}
-        )
+        model.compressors.update({r["compressor"]: row_bits(r) for r in rows if not integer_row(r)})
         model.sources.append(_source(doc, source, "comm", len(rows)))
     krows: list[tuple[dict[str, Any], str]] = []
     tables: list[pd.DataFrame] = []

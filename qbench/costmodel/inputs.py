@@ -72,12 +72,17 @@ def float_or_nan(v: Any) -> float:
     return math.nan if v is None else float(v)
 
 
+def integer_row(row: dict[str, Any]) -> bool:
+    """A bench comm row of integer-allreduce, whose ``bits_per_value`` is its integer payload
+    (8 bits and more), not the compressor's. Bench JSON names schemes by label only."""
+    return str(row["scheme"]).startswith("integer-")
+
+
 def row_bits(row: dict[str, Any]) -> float:
-    """Wire bits per value of the row's compressor. integer-allreduce rows report their integer
-    payload (8 bits and more), not the compressor's: their label says it."""
+    """Wire bits per value of a bench comm row's compressor (integer rows: its nominal bits)."""
     nominal = nominal_bits_per_value(row["compressor"])
     bpv = row.get("bits_per_value")
-    if bpv is None or (nominal is not None and str(row["scheme"]).startswith("integer-")):
+    if bpv is None or (nominal is not None and integer_row(row)):
         return nominal or 32.0
     return float(bpv)
 
