@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from qbench.compress import build, fixedpoint, qsgd, rng
+from qbench.compress import build, draws, fixedpoint, qsgd, rng
 from qbench.compress.base import Key
 
 
@@ -52,7 +52,7 @@ def test_uniform_draws_are_the_top_24_bits_of_the_mixed_index() -> None:
     want = (mixed >> np.uint32(8)).astype(np.float64) / 2**24
     got = rng.uniform_reference(key, offset, n)
     assert got.dtype == torch.float32 and got.tolist() == want.tolist()
-    assert rng.uniform(key, offset, n).tolist() == want.tolist()  # on the CPU by default
+    assert draws.uniform(key, offset, n).tolist() == want.tolist()  # on the CPU by default
 
 
 @pytest.mark.parametrize(

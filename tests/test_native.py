@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import pytest
 import torch
 
-from qbench.compress import native
+from qbench.compress import kernel_abi, native
 from qbench.compress._buckets import tree_sum
 from qbench.compress.onebit import OneBit
 from qbench.compress.qsgd import QSGD
@@ -270,7 +270,7 @@ def test_forcing_native_without_it_fails_clearly(monkeypatch: pytest.MonkeyPatch
 
 
 def _fresh_build(monkeypatch: pytest.MonkeyPatch, cache: Path) -> None:
-    monkeypatch.setenv(native.ENV_CACHE, str(cache))
+    monkeypatch.setenv(kernel_abi.ENV_CACHE, str(cache))
     monkeypatch.setattr(native, "_lib", None)
     monkeypatch.setattr(native, "_reason", None)
 

@@ -22,7 +22,7 @@ from qbench.catalog.rules import incompatibility
 from qbench.comm import Comm, allreduce_bus_bytes
 from qbench.compress import Key, from_spec
 from qbench.compress._buckets import buckets
-from qbench.compress.rng import uniform
+from qbench.compress.draws import uniform
 from qbench.errors import UserError
 from qbench.timing import PhaseTimer
 from tests.dist_schemes_prog import make_gradient

@@ -41,9 +41,10 @@ from qbench.comm import Comm
 from qbench.comm.base import Pending
 from qbench.compress import Compressor, Key, native
 from qbench.compress._buckets import buckets as _buckets
+from qbench.compress.draws import uniform
 from qbench.compress.none import NoCompression
 from qbench.compress.qsgd import QSGD
-from qbench.compress.rng import MASK32, key_hash, uniform
+from qbench.compress.rng import MASK32, key_hash
 from qbench.timing import PhaseTimer
 
 # Integer dtypes each backend can SUM, narrowest first. Gloo rejects int16 ("Invalid scalar

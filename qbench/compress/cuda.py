@@ -19,7 +19,7 @@ import torch
 
 from qbench.compress import cuda_emulate
 from qbench.compress._buckets import levels_nbytes, num_buckets, tree_width
-from qbench.compress.native import LAYOUTS, NORMS, Kernels, kernel_dir
+from qbench.compress.kernel_abi import LAYOUTS, NORMS, Kernels, kernel_dir
 
 _SOURCES = {
     "qsgd.cu": ("qb_qsgd_encode_fused", "qb_qsgd_scales", "qb_qsgd_quantize", "qb_qsgd_decode"),

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from qbench.compress import cuda, cuda_emulate, native
+from qbench.compress import cuda, cuda_emulate, kernel_abi, native
 from qbench.compress.onebit import OneBit
 from qbench.compress.qsgd import QSGD
 
@@ -129,7 +129,7 @@ def _annotate(gcov: str, build: Path, unit: Path, report: Report, keep: Path) ->
 
 
 def _report(data: dict[str, object]) -> Report:
-    kdir = native.kernel_dir().resolve()
+    kdir = kernel_abi.kernel_dir().resolve()
     files = []
     for entry in data["files"]:  # type: ignore[attr-defined]
         path = Path(entry["file"]).resolve()

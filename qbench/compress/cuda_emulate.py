@@ -8,7 +8,7 @@ size asked for. ``QBENCH_CUDA=racecheck`` also runs every launch under several t
 schedules and requires the same bytes from each (``qbench.compress.cuda_racecheck``).
 
 The library is built with the system C++ compiler (``$CXX``, else c++ / g++ / clang++) on first
-use into the cache of the C kernels (``native.cache_dir()``), keyed by a hash of the sources.
+use into the cache of the C kernels (``kernel_abi.cache_dir()``), keyed by a hash of the sources.
 See docs/cuda-emulation.md.
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from qbench.catalog import toolchain
 from qbench.compress.cuda_args import Marshalled, marshal
-from qbench.compress.native import cache_dir, kernel_dir
+from qbench.compress.kernel_abi import cache_dir, kernel_dir
 from qbench.errors import UserError
 
 ENV_CUDA = "QBENCH_CUDA"

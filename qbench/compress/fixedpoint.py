@@ -26,7 +26,7 @@ import torch
 
 from qbench.compress import bitpack
 from qbench.compress.base import Compressor, Key, Payload, require_finite
-from qbench.compress.rng import uniform
+from qbench.compress.draws import uniform
 
 
 class FixedPoint(Compressor):

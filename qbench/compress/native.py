@@ -34,7 +34,6 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
@@ -42,64 +41,25 @@ from qbench.catalog import toolchain
 from qbench.compress import rng
 from qbench.compress._buckets import levels_nbytes, num_buckets
 from qbench.compress.base import Key
+from qbench.compress.kernel_abi import (
+    LAYOUTS,
+    NORMS,
+    Kernels,
+    cache_dir,
+    kernel_dir,
+)
 from qbench.errors import UserError
 
 BACKENDS = ("auto", "torch", "native")
 ENV_BACKEND = toolchain.BACKEND_ENV
-ENV_CACHE = "QBENCH_CACHE"
-ENV_KERNELS = "QBENCH_KERNELS"
 
 ABI_VERSION = 2  # kernels/cpu/qbench_cpu.c: QB_ABI_VERSION
-LAYOUTS = {"intervals": 0, "sign": 1}  # kernels/qsgd_math.h: QB_LAYOUT_*
-NORMS = {"max": 0, "l2": 1}  # QB_NORM_*
 _SOURCES = ("cpu/qbench_cpu.c", "qsgd_math.h", "qbench_rng.h")
 # -ffp-contract=off: one rounding per operation, as torch does (no fused multiply-add);
 # never -ffast-math, which also flushes denormals process-wide.
 _FLAGS = ("-O3", "-funroll-loops", "-std=c99", "-ffp-contract=off", "-fno-math-errno")
 _SHARED = ("-fPIC", "-shared")
 _ARCH_FLAGS = ("-march=native",)  # built where it runs; dropped if the compiler refuses it
-
-
-class Kernels(Protocol):
-    """What a compiled path offers the compressors; arguments are checked by the caller."""
-
-    def qsgd_encode(
-        self,
-        grad: torch.Tensor,
-        *,
-        bits: int,
-        bucket_size: int,
-        layout: str,
-        norm: str,
-        key_hash: int,
-        offset: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    def qsgd_decode(
-        self,
-        levels: torch.Tensor,
-        scales: torch.Tensor,
-        numel: int,
-        *,
-        bits: int,
-        bucket_size: int,
-        layout: str,
-        out: torch.Tensor | None,
-    ) -> torch.Tensor: ...
-
-    def onebit_encode(
-        self, grad: torch.Tensor, residual: torch.Tensor | None, *, bucket_size: int, ef: bool
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]: ...
-
-    def onebit_decode(
-        self,
-        signs: torch.Tensor,
-        means: torch.Tensor,
-        numel: int,
-        *,
-        bucket_size: int,
-        out: torch.Tensor | None,
-    ) -> torch.Tensor: ...
 
 
 # -- backend switch -------------------------------------------------------------------------------
@@ -191,28 +151,6 @@ def _emulated_cuda() -> Kernels | None:
 
 
 # -- sources and build ----------------------------------------------------------------------------
-def kernel_dir() -> Path:
-    """Where the kernel sources are: $QBENCH_KERNELS, the source tree, or the installed copy."""
-    candidates = [Path(p) for p in [os.environ.get(ENV_KERNELS)] if p]
-    candidates += [
-        Path(__file__).resolve().parents[2] / "kernels",  # source tree / editable install
-        Path(sys.prefix) / "share" / "qbench" / "kernels",  # setup.cfg data_files
-    ]
-    for d in candidates:
-        if (d / "qbench_rng.h").is_file():
-            return d
-    raise FileNotFoundError(
-        "qbench kernel sources not found in " + ", ".join(str(d) for d in candidates)
-    )
-
-
-def cache_dir() -> Path:
-    if os.environ.get(ENV_CACHE):
-        return Path(os.environ[ENV_CACHE])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "qbench"
-
-
 def _compiler() -> str:
     found = toolchain.find_c_compiler()
     if found is None:
@@ -313,7 +251,7 @@ def _open(path: Path) -> ctypes.CDLL:
 
 
 def _check_draws(lib: ctypes.CDLL) -> None:
-    """The C hash must reproduce rng.uniform bit for bit (offsets past 2^32 included)."""
+    """The C hash must reproduce rng.uniform_reference bit for bit (offsets past 2^32 included)."""
     key = Key(seed=3, step=11, rank=2, stream=1)
     for offset in (0, 2**32 - 5):
         want = rng.uniform_reference(key, offset, 64)
@@ -324,7 +262,7 @@ def _check_draws(lib: ctypes.CDLL) -> None:
 
 
 def uniform_fill() -> Callable[[int, int, int, int], None] | None:
-    """The C fill of rng.uniform draws (key_hash, offset mod 2^32, numel, out pointer), or None
+    """The C fill of draws.uniform (key_hash, offset mod 2^32, numel, out pointer), or None
     when the torch backend is forced or the library cannot be built."""
     if get_backend() == "torch":
         return None

@@ -35,7 +35,8 @@ from qbench.compress import bitpack, native
 from qbench.compress._buckets import buckets as _buckets
 from qbench.compress._buckets import tree_sum
 from qbench.compress.base import Compressor, Key, Payload
-from qbench.compress.rng import key_hash, uniform
+from qbench.compress.draws import uniform
+from qbench.compress.rng import key_hash
 
 
 class QSGD(Compressor):

@@ -52,22 +52,6 @@ def _lowbias32_tensor(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def uniform(key: Key, offset: int, numel: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """float32 draws in [0, 1) for element indices offset .. offset+numel-1.
-
-    On CPU the compiled twin (kernels/cpu, checked bit for bit against ``uniform_reference``
-    when it loads) fills the buffer about 50x faster; elsewhere the torch reference runs."""
-    if torch.device(device).type == "cpu":
-        from qbench.compress import native  # lazy: native imports this module
-
-        fill = native.uniform_fill()
-        if fill is not None:
-            out = torch.empty(numel, dtype=torch.float32)
-            fill(key_hash(key), offset & MASK32, numel, out.data_ptr())
-            return out
-    return uniform_reference(key, offset, numel, device)
-
-
 def uniform_reference(
     key: Key, offset: int, numel: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:

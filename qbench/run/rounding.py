@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from qbench.compress import rng
 from qbench.compress.base import Key
+from qbench.compress.draws import uniform
 
 SHARED_RANK = 0
 """The rank every rank keys its draws with under ``rounding: shared``."""
@@ -50,7 +50,7 @@ class Draws:
         order; each call draws with the next step's key."""
         key = Key(seed=self.seed, step=self.calls, rank=self.rank, stream=self.stream)
         self.calls += 1
-        return rng.uniform(key, 0, y.numel(), y.device).reshape(y.shape).to(y.dtype)
+        return uniform(key, 0, y.numel(), y.device).reshape(y.shape).to(y.dtype)
 
 
 def draws(seed: int, rank: int, stream: int, shared: bool) -> Draws:

@@ -1,0 +1,83 @@
+"""What every compiled kernel path shares, below all of them: where the kernel sources and the
+build cache are, the C enums, and the ``Kernels`` interface a path offers the compressors.
+``native`` (C on CPU), ``cuda`` (CuPy) and ``cuda_emulate`` (the CUDA kernels on CPU threads)
+import it; it imports none of them, so the paths do not import each other in a circle.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+ENV_CACHE = "QBENCH_CACHE"
+ENV_KERNELS = "QBENCH_KERNELS"
+LAYOUTS = {"intervals": 0, "sign": 1}  # kernels/qsgd_math.h: QB_LAYOUT_*
+NORMS = {"max": 0, "l2": 1}  # QB_NORM_*
+
+
+class Kernels(Protocol):
+    """What a compiled path offers the compressors; arguments are checked by the caller."""
+
+    def qsgd_encode(
+        self,
+        grad: torch.Tensor,
+        *,
+        bits: int,
+        bucket_size: int,
+        layout: str,
+        norm: str,
+        key_hash: int,
+        offset: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def qsgd_decode(
+        self,
+        levels: torch.Tensor,
+        scales: torch.Tensor,
+        numel: int,
+        *,
+        bits: int,
+        bucket_size: int,
+        layout: str,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor: ...
+
+    def onebit_encode(
+        self, grad: torch.Tensor, residual: torch.Tensor | None, *, bucket_size: int, ef: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]: ...
+
+    def onebit_decode(
+        self,
+        signs: torch.Tensor,
+        means: torch.Tensor,
+        numel: int,
+        *,
+        bucket_size: int,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor: ...
+
+
+def kernel_dir() -> Path:
+    """Where the kernel sources are: $QBENCH_KERNELS, the source tree, or the installed copy."""
+    candidates = [Path(p) for p in [os.environ.get(ENV_KERNELS)] if p]
+    candidates += [
+        Path(__file__).resolve().parents[2] / "kernels",  # source tree / editable install
+        Path(sys.prefix) / "share" / "qbench" / "kernels",  # setup.cfg data_files
+    ]
+    for d in candidates:
+        if (d / "qbench_rng.h").is_file():
+            return d
+    raise FileNotFoundError(
+        "qbench kernel sources not found in " + ", ".join(str(d) for d in candidates)
+    )
+
+
+def cache_dir() -> Path:
+    if os.environ.get(ENV_CACHE):
+        return Path(os.environ[ENV_CACHE])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "qbench"
