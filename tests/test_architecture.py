@@ -129,8 +129,6 @@ NOT_YET_BROKEN = [
     ["qbench.catalog", "qbench.catalog.compressors", "qbench.catalog.plugins",
      "qbench.catalog.schemes"],
     ["qbench.comm", "qbench.comm.torchdist"],
-    ["qbench.run.async_ps", "qbench.run.async_ps.protocol", "qbench.run.async_ps.server",
-     "qbench.run.async_ps.worker"],
     ["qbench.spec.checks", "qbench.spec.scenario"],
 ]  # fmt: skip
 

@@ -517,7 +517,7 @@ def test_the_package_stands_alone_and_its_metric_needs_no_torch() -> None:
     """The server and workers read a rank through AsyncParts, never through the training loops
     or the worker; reports read the metric, so it and the package load no torch."""
     loops = ("qbench.run.worker", "qbench.run.lifecycle", "qbench.run.flat_loop")
-    assert _loaded("qbench.run.async_ps.server, qbench.run.async_ps.worker", loops) == []
+    assert _loaded("qbench.run.async_ps.server, qbench.run.async_ps.client", loops) == []
     assert _loaded("qbench.run.async_ps.metrics", ("torch",)) == []
 
 

@@ -1,6 +1,6 @@
-"""An async-ps worker (ranks 1..K-1): pull the (quantized) model, compute a gradient on the
-next batch, encode it per layer group and push it, until the server says stop. Overview:
-:mod:`qbench.run.async_ps`."""
+"""An async-ps worker rank, the server's client (ranks 1..K-1): pull the (quantized) model,
+compute a gradient on the next batch, encode it per layer group and push it, until the server
+says stop. Overview: :mod:`qbench.run.async_ps`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from qbench.comm import Comm
 from qbench.run import nonfinite, precision
-from qbench.run.async_ps import SERVER, AsyncParts
+from qbench.run.async_ps.parts import SERVER, AsyncParts
 from qbench.run.async_ps.protocol import (
     HEADER,
     PAYLOAD,

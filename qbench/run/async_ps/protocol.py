@@ -25,7 +25,7 @@ import torch
 from qbench.comm import Comm
 from qbench.compress import Compressor, WireField, from_spec
 from qbench.compress.topk import TopK
-from qbench.run.async_ps import AsyncParts
+from qbench.run.async_ps.parts import AsyncParts
 
 HEADER, PAYLOAD = 1, 2
 """Message tags: a header and its payload never match each other's receive."""

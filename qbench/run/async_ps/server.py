@@ -15,7 +15,7 @@ from qbench import models
 from qbench.comm import Comm
 from qbench.data import partition
 from qbench.run import epochs, precision
-from qbench.run.async_ps import SERVER, AsyncParts
+from qbench.run.async_ps.parts import SERVER, AsyncParts
 from qbench.run.async_ps.protocol import (
     HEADER,
     PAYLOAD,
