@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ from qbench.errors import UserError
 from qbench.launch import local
 from qbench.records.store import STDERR_LOG, STDOUT_LOG, strict_json
 from qbench.spec import network
+from qbench.spec.network import Link
 
 SCHEMA = "qbench.bench.comm/1"
 WORKER_MODULE = "qbench.bench.comm_worker"
@@ -136,8 +138,7 @@ class Settings:
                 f"world sizes must be >= 2 (one rank sends nothing), got "
                 f"{min(self.world_sizes)}; e.g. `--world-size 2 4`"
             )
-        if self.bandwidth is not None:
-            network.bits_per_s(self.bandwidth)
+        _ = self.link  # the rate checked here, before anything starts
         if not (math.isfinite(self.gap_ms) and 0 <= self.gap_ms <= MAX_GAP_MS):
             raise UserError(
                 f"--gap-ms {self.gap_ms}: need 0 <= gap <= {MAX_GAP_MS:g} ms; e.g. `--gap-ms 10`"
@@ -147,9 +148,14 @@ class Settings:
                 f"--sync {self.sync!r}: valid: {', '.join(SYNC_MODES)}; e.g. `--sync stream`"
             )
 
+    @cached_property
+    def link(self) -> Link:
+        """The emulated link (its rate parsed once); ``bandwidth`` stays the option as given."""
+        return network.link({} if self.bandwidth is None else {"bandwidth": self.bandwidth})
+
     @property
     def network(self) -> str:
-        return network.label({"bandwidth": self.bandwidth} if self.bandwidth else {})
+        return self.link.label
 
 
 def settings(
@@ -245,7 +251,7 @@ def measure(s: Settings, on_progress: Callable[[str], None] | None = None) -> Co
 
 def _check_machine(s: Settings) -> None:
     local.check_available(s.backends, max(s.world_sizes))
-    if s.bandwidth is not None:
+    if s.link.shaped:
         from qbench.launch import netns, shaped
 
         for b in s.backends:
@@ -280,13 +286,13 @@ def _launch(
     )
     seen = [0]
     report = lambda: _report_new(rows_path, seen, on_progress)  # noqa: E731
-    if s.bandwidth is None:
+    if s.link.bits_per_s is None:
         status, code = _run_local(_local_argv(backend, config_path, k), workdir, report)
     else:
         from qbench.launch import shaped
 
         program = [sys.executable, "-m", WORKER_MODULE, str(config_path)]
-        rate = network.bits_per_s(s.bandwidth)
+        rate = s.link.bits_per_s
         status, code = shaped.run_program(backend, k, rate, program, workdir, LAUNCH_TIMEOUT_S)
     report()
     got = _read_rows(rows_path)

@@ -125,19 +125,17 @@ def compressor_info(spec: str, m: CostModel) -> tuple[str, float | None]:
 
 
 def _network(text: str) -> str:
-    t = text.strip().lower().replace(" ", "")
-    if t == "unshaped":
-        return t
+    """The fit's name of a ``--bandwidth`` link: its label, lower case (``1gbit``, ``unshaped``)."""
     from qbench.spec import network
 
+    t = text.strip().lower().replace(" ", "")
     try:
-        network.bits_per_s(t)
+        return network.option(t).label
     except UserError:
         raise UserError(
             f"--bandwidth must be a rate in kbit/mbit/gbit or `unshaped`, got {text!r}; "
             "e.g. `--bandwidth 1gbit 10gbit`"
         ) from None
-    return t
 
 
 def count(text: str, option: str, minimum: int = 1) -> int:

@@ -45,8 +45,7 @@ class Crossover:
 
 def rate_label(bps: float) -> str:
     """A network label for a rate: ``12.5gbit``, ``300mbit``, ``64kbit``."""
-    unit, div = ("gbit", 1e9) if bps >= 1e9 else ("mbit", 1e6) if bps >= 1e6 else ("kbit", 1e3)
-    return f"{bps / div:.9f}".rstrip("0").rstrip(".") + unit
+    return network.at_rate(bps).label
 
 
 def crossover(
@@ -110,6 +109,8 @@ def _around(roots: list[float], low: float, high: float) -> list[float]:
 def check_rate(text: str, option: str) -> float:
     """bit/s of a rate option like ``10mbit`` (UserError naming the option otherwise)."""
     try:
-        return network.bits_per_s(text)
+        bps = network.link({"bandwidth": text}).bits_per_s
     except UserError:
         raise UserError(f"{option} must be a rate in kbit/mbit/gbit, got {text!r}") from None
+    assert bps is not None  # a bandwidth key always gives a rate
+    return bps

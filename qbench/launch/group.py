@@ -46,7 +46,6 @@ from qbench.records.store import (
     done_marker,
     finished_marker,
 )
-from qbench.spec import network
 from qbench.spec.matrix import RunSpec
 
 POLL_S = 0.05
@@ -55,7 +54,7 @@ Progress = Callable[[RunSpec, RunRecord | None], None] | None
 
 def key(spec: RunSpec) -> tuple[Any, ...]:
     """Runs with the same key start their ranks the same way: one launch can run them all."""
-    return (spec.backend, spec.world_size, spec.nodes, network.label(spec.network),
+    return (spec.backend, spec.world_size, spec.nodes, spec.link.label,
             spec.device_kind)  # fmt: skip
 
 
@@ -194,8 +193,8 @@ def _jobs(spec: RunSpec, plan: Path) -> Iterator[list[procs.Job]]:
     no torchrun interpreter to pay for, a file rendezvous); behind emulated links one process per
     rank in its namespace (which lives as long as the block), or mpirun in the hub's."""
     program = [sys.executable, *local.WORKER, str(plan)]
-    if spec.network:
-        rate = network.bits_per_s(spec.network["bandwidth"])
+    if spec.link.bits_per_s is not None:
+        rate = spec.link.bits_per_s
         with shaped.shaped_jobs(spec.backend, spec.world_size, rate, program) as jobs:
             yield jobs
         return

@@ -21,7 +21,6 @@ from pathlib import Path
 
 from qbench.errors import UserError
 from qbench.launch import local, netns, procs
-from qbench.spec import network
 from qbench.spec.matrix import RunSpec
 
 MASTER_PORT = 29500  # rank 0's own namespace: nothing else listens there
@@ -39,11 +38,12 @@ def unsupported(backend: str) -> str | None:
     )
 
 
-def describe(net: dict[str, object]) -> dict[str, object]:
-    """Provenance of an emulated link: the setting and the tbf parameters applied to it."""
-    tbf = netns.tbf_for(network.bits_per_s(net["bandwidth"]))
+def describe(spec: RunSpec) -> dict[str, object]:
+    """Provenance of a run's emulated link: the setting and the tbf parameters applied to it."""
+    assert spec.link.bits_per_s is not None, "describe() is for shaped runs"
+    tbf = netns.tbf_for(spec.link.bits_per_s)
     return {
-        "shaped": True, "setting": dict(net), "label": network.label(net),
+        "shaped": True, "setting": dict(spec.network), "label": spec.link.label,
         "method": "netns + veth per rank, tc tbf both directions",
         "tbf": {"rate_bits": tbf.rate_bits, "burst_bytes": tbf.burst_bytes,
                 "latency_ms": tbf.latency_ms},
@@ -93,8 +93,9 @@ def run_shaped(
 ) -> tuple[str, int | None]:
     """Same contract as ``sweep._launch``: logs in run_dir, status ok / failed / timeout."""
     program = [sys.executable, *local.WORKER, str(spec_path)]
-    rate = network.bits_per_s(spec.network["bandwidth"])
-    return run_program(spec.backend, spec.world_size, rate, program, run_dir, timeout)
+    assert spec.link.bits_per_s is not None, "run_shaped() is for shaped runs"
+    return run_program(spec.backend, spec.world_size, spec.link.bits_per_s, program, run_dir,
+                       timeout)  # fmt: skip
 
 
 def run_program(

@@ -14,6 +14,7 @@ import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 from qbench import catalog
@@ -21,6 +22,7 @@ from qbench.catalog import rules
 from qbench.errors import UserError
 from qbench.spec import checks, network
 from qbench.spec import workload as user
+from qbench.spec.network import Link
 from qbench.spec.scenario import ROUNDED_COMPUTE, Scenario
 
 # Fields added after results existed: left out of the hash while they hold their default.
@@ -56,7 +58,8 @@ class RunSpec:
     """Resolved LayerPolicy (empty for fp32 runs without overrides: nothing to decide)."""
     scheme_params: dict[str, Any] = field(default_factory=dict)
     network: dict[str, Any] = field(default_factory=dict)
-    """Emulated link settings; empty = unshaped."""
+    """Emulated link settings as written and recorded; empty = unshaped. Read the rate from
+    :attr:`link`."""
     model_params: dict[str, Any] = field(default_factory=dict)
     """Model parameters from the scenario (e.g. the synthetic model's size); empty = defaults."""
     repeat: int = 0
@@ -151,7 +154,7 @@ class RunSpec:
             # seed 002 section 4.4: NCCL "simulated" low precision sends the bytes but does not
             # reduce the gradients; every table and figure must say so.
             "simulated": not catalog.SCHEMES[self.scheme].reduces,
-            "network": network.label(self.network),
+            "network": self.link.label,
             "model_params": dict(self.model_params),
             "seed": self.seed,
             "repeat": self.repeat,
@@ -167,6 +170,11 @@ class RunSpec:
             "optimizer": self.optimizer.get("name", "sgd" if self.momentum == 0 else "momentum"),
             "loss": self.loss.get("name", self.loss.get("factory", "cross-entropy")),
         }
+
+    @cached_property
+    def link(self) -> Link:
+        """The link, its rate parsed once per spec (not a field: run.json keeps ``network``)."""
+        return network.link(self.network)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
