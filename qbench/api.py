@@ -79,7 +79,8 @@ def sweep(
 
         workload.preflight(m.runs)
     if launch.kind == "local":
-        local.check_available(sc.backend, max(sc.world_size), shaped=any(s.network for s in m.runs))
+        shaped = any(s.link.shaped for s in m.runs)
+        local.check_available(sc.backend, max(sc.world_size), shaped=shaped)
     else:
         from qbench.launch.slurm import available
 
