@@ -4,7 +4,8 @@
   (``STAGES``), function-level imports included.
 * The planner (catalog, spec) and the readers of results (report, cost model) never import
   torch; ``qbench sweep --dry-run`` runs without it.
-* No two modules import each other, directly or through others (function-level imports too).
+* No module imports another's private names; no two modules import each other, directly or
+  through others (function-level imports too).
 * No module is over 400 lines without saying why at its top ("Why one module:").
 * README's layout section is the one ``layout()`` generates from the packages' docstrings.
 """
@@ -140,6 +141,19 @@ def test_no_import_cycles() -> None:
     )
 
 
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PKG)))
+def test_no_module_imports_private_names(path: Path) -> None:
+    """What another module needs of a module is public: a private name stays free to change."""
+    private = [
+        f"{node.module}.{a.name}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("qbench")
+        for a in node.names
+        if a.name.startswith("_") and not a.name.startswith("__")
+    ]
+    assert not private, f"{path.relative_to(ROOT)} imports private names {private}"
+
+
 def _loads_torch(code: str) -> bool:
     out = subprocess.run(
         [sys.executable, "-c", f"{code}\nimport sys; print('torch' in sys.modules)"],
@@ -151,7 +165,7 @@ def _loads_torch(code: str) -> bool:
 @pytest.mark.parametrize(
     "modules",
     ["qbench.catalog, qbench.catalog.rules, qbench.spec.matrix, qbench.spec.scenario",
-     "qbench.report.tables, qbench.report.stats, qbench.report.page, qbench.report.compare",
+     "qbench.report.tables, qbench.report.stats, qbench.report.page, qbench.report.ab_stats",
      "qbench.costmodel, qbench.cli.cost", "qbench.launch.sweep, qbench.records.store"],
 )  # fmt: skip
 def test_planners_and_readers_do_not_import_torch(modules: str) -> None:

@@ -12,8 +12,8 @@ import pytest
 
 from qbench.errors import UserError
 from qbench.records.store import ResultStore
-from qbench.report import compare
-from qbench.report import comparison as report
+from qbench.report import ab_report as report
+from qbench.report import ab_stats as compare
 from tests.test_report import add_run, labels, rows_for
 
 

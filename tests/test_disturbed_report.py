@@ -13,8 +13,9 @@ import pytest
 
 from qbench.records.schema import RunRecord, iterations_frame
 from qbench.records.store import INDEX_MD, SUMMARY_MD, ResultStore, atomic_write_json
-from qbench.report import compare, plots_utility, stats
-from qbench.report import comparison as comparison_mod
+from qbench.report import ab_report as comparison_mod
+from qbench.report import ab_stats as compare
+from qbench.report import plots_utility, stats
 from qbench.report import tables as report
 from tests.test_interference import _doc
 

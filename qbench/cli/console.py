@@ -262,8 +262,8 @@ def compare(
     a: Path, b: Path, fmt: str, fail_pct: float | None = None, include_disturbed: bool = False
 ) -> None:
     """``report A B``; with ``fail_pct`` exit 1 when a configuration regressed beyond noise."""
-    from qbench.report import compare as compare_mod
-    from qbench.report import comparison as report_mod
+    from qbench.report import ab_report as report_mod
+    from qbench.report import ab_stats as compare_mod
 
     csv_path, md_path, frame = report_mod.write_comparison(
         a, b, fmt, include_disturbed=include_disturbed

@@ -42,8 +42,8 @@ from qbench.report import page as report_page
 
 FORMATS = ("table", "csv", "md", "json")
 _LABEL_COLUMNS = ("model", "dataset", "backend", "scheme", "network")
-_NA = "-"
-_PIPE_WIDTH = 220
+NA = "-"
+PIPE_WIDTH = 220
 
 
 @dataclass(frozen=True)
@@ -125,30 +125,30 @@ def render(summary: pd.DataFrame, fmt: str = "table", out: TextIO | None = None)
 
 
 # -- formatting ------------------------------------------------------------------------------
-def _missing(value: Any) -> bool:
+def is_missing(value: Any) -> bool:
     return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
 
 
-def _text(value: Any) -> str:
-    return _NA if _missing(value) else str(value)
+def text_cell(value: Any) -> str:
+    return NA if is_missing(value) else str(value)
 
 
-def _num(scale: float, digits: int, suffix: str = "") -> Callable[[Any], str]:
+def number_cell(scale: float, digits: int, suffix: str = "") -> Callable[[Any], str]:
     def fmt(value: Any) -> str:
-        return _NA if _missing(value) else f"{float(value) * scale:,.{digits}f}{suffix}"
+        return NA if is_missing(value) else f"{float(value) * scale:,.{digits}f}{suffix}"
 
     return fmt
 
 
-_MS, _X = _num(1e3, 2), _num(1.0, 2, "x")
+ms_cell, _X = number_cell(1e3, 2), number_cell(1.0, 2, "x")
 
 
 def ratio_text(row: Any, prefix: str) -> str:
     """A ratio with its 95 % interval and samples per side: ``1.21x (1.17-1.24; 5/5 it)``;
     ``~`` marks one whose interval includes 1 (within noise); ``-`` when there is none."""
     value = row.get(prefix)
-    if _missing(value):
-        return _NA
+    if is_missing(value):
+        return NA
     found = intervals.of_row(row, prefix)
     return _X(value) if found is None else page_cells.interval_text(found)
 
@@ -159,7 +159,7 @@ def for_people(summary: pd.DataFrame) -> pd.DataFrame:
     shown = summary.copy()
     for column, name in (("scheme", names.scheme), ("baseline", names.scheme),
                          ("compressor", names.compressor)):  # fmt: skip
-        shown[column] = [v if _missing(v) else name(v) for v in summary[column]]
+        shown[column] = [v if is_missing(v) else name(v) for v in summary[column]]
     records = summary.to_dict("records")
     for prefix in stats.RATIOS:
         shown[prefix] = [ratio_text(r, prefix) for r in records]
@@ -171,38 +171,38 @@ def others_text(row: Any) -> str:
     """Other processes' CPU use while the run was measured: ``0.03``, ``1.31 disturbed``
     (``qbench.records.interference``'s rule), ``-`` when not recorded."""
     value = row.get("other_cores")
-    if _missing(value):
-        return _NA
+    if is_missing(value):
+        return NA
     flag = row.get("disturbed")
-    return f"{value:.2f}" + (" disturbed" if not _missing(flag) and bool(flag) else "")
+    return f"{value:.2f}" + (" disturbed" if not is_missing(flag) and bool(flag) else "")
 
 
 # column -> (header, formatter); the markdown table shows all, the terminal table a subset
 _COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
-    "run_id": ("run", _text),
-    **{c: (c, _text) for c in _LABEL_COLUMNS[:4]},
-    "compressor": ("compressor", _text),
-    "world_size": ("ranks", _text),
-    "network": ("network", _text),
-    "precision": ("compute", _text),
-    "status": ("status", _text),
-    "others": ("other cores", _text),  # what else used the CPUs (docs/reports.md)
-    "iterations": ("iters", _text),
-    "skipped_steps": ("skipped", _num(1.0, 0)),  # nonfinite: skip; shown when a run skipped
-    "samples_per_s": ("samples/s", _num(1.0, 1)),
-    "t_iteration_median": ("iter ms", _MS),
-    "t_iteration_p95": ("p95 ms", _MS),
-    "t_compute": ("compute ms", _MS),
-    "t_encode": ("encode ms", _MS),
-    "t_comm": ("comm ms", _MS),
-    "t_decode": ("decode ms", _MS),
-    "t_step": ("step ms", _MS),
-    "bytes_per_iteration": ("MB/iter", _num(1e-6, 3)),
-    "compression_ratio": ("ratio", _num(1.0, 1, "x")),
-    "speedup_vs_fp32": ("vs fp32 (95% CI; samples)", _text),
-    "baseline": ("fp32 baseline", _text),
-    "speedup_vs_flat_fp32": ("vs flat fp32 (95% CI; samples)", _text),
-    "scalability": ("scale (95% CI; samples)", _text),
+    "run_id": ("run", text_cell),
+    **{c: (c, text_cell) for c in _LABEL_COLUMNS[:4]},
+    "compressor": ("compressor", text_cell),
+    "world_size": ("ranks", text_cell),
+    "network": ("network", text_cell),
+    "precision": ("compute", text_cell),
+    "status": ("status", text_cell),
+    "others": ("other cores", text_cell),  # what else used the CPUs (docs/reports.md)
+    "iterations": ("iters", text_cell),
+    "skipped_steps": ("skipped", number_cell(1.0, 0)),  # nonfinite: skip; shown when a run skipped
+    "samples_per_s": ("samples/s", number_cell(1.0, 1)),
+    "t_iteration_median": ("iter ms", ms_cell),
+    "t_iteration_p95": ("p95 ms", ms_cell),
+    "t_compute": ("compute ms", ms_cell),
+    "t_encode": ("encode ms", ms_cell),
+    "t_comm": ("comm ms", ms_cell),
+    "t_decode": ("decode ms", ms_cell),
+    "t_step": ("step ms", ms_cell),
+    "bytes_per_iteration": ("MB/iter", number_cell(1e-6, 3)),
+    "compression_ratio": ("ratio", number_cell(1.0, 1, "x")),
+    "speedup_vs_fp32": ("vs fp32 (95% CI; samples)", text_cell),
+    "baseline": ("fp32 baseline", text_cell),
+    "speedup_vs_flat_fp32": ("vs flat fp32 (95% CI; samples)", text_cell),
+    "scalability": ("scale (95% CI; samples)", text_cell),
     **{c: report_page.DISPLAY[c] for c in stats.MONEY_COLUMNS},  # shown when a price is set
 }
 _MD_COLUMNS = tuple(c for c in _COLUMNS if c not in (*stats.MONEY_COLUMNS, "skipped_steps"))
@@ -228,17 +228,17 @@ def _markdown_table(frame: pd.DataFrame, columns: tuple[str, ...]) -> str:
     return report_page.markdown_table(header, _cells(frame, columns))
 
 
-def _failed_rows(summary: pd.DataFrame) -> list[list[str]]:
+def failed_rows(summary: pd.DataFrame) -> list[list[str]]:
     """run, status, exit code and first line of the error of every run that is not ok."""
     rows = []
     for row in summary[~summary["status"].isin(_FINE)].itertuples(index=False):
-        error = _text(row.error).strip().splitlines() or [_NA]
-        rows.append([str(row.run_id), str(row.status), _text(row.exit_code), error[0]])
+        error = text_cell(row.error).strip().splitlines() or [NA]
+        rows.append([str(row.run_id), str(row.status), text_cell(row.exit_code), error[0]])
     return rows
 
 
-def _failed_runs(summary: pd.DataFrame) -> str:
-    rows = _failed_rows(summary)
+def failed_runs(summary: pd.DataFrame) -> str:
+    rows = failed_rows(summary)
     if not rows:
         return "None."
     return report_page.markdown_table(["run", "status", "exit code", "error"], rows)
@@ -271,7 +271,7 @@ def markdown_report(summary: pd.DataFrame, title: str, acc: pd.DataFrame | None 
     parts += ["## Summary", _markdown_table(summary, columns)]
     if acc is not None and not acc.empty:
         parts += ["## Accuracy", _ACC_NOTE, _plain_markdown(_acc_display(acc), _ACC_COLUMNS)]
-    parts += ["## Failed runs", _failed_runs(summary)]
+    parts += ["## Failed runs", failed_runs(summary)]
     return "\n\n".join(parts) + "\n"
 
 
@@ -300,7 +300,7 @@ def _print_table(summary: pd.DataFrame, out: TextIO) -> None:
     if _skipped_any(summary):  # likewise: only when a run skipped steps
         columns = _after(columns, "status", "skipped_steps")
     people = for_people(summary.iloc[:1])
-    caption = " · ".join(f"{c}={_text(people[c].iloc[0])}" for c in constant)
+    caption = " · ".join(f"{c}={text_cell(people[c].iloc[0])}" for c in constant)
     table = Table(title="qbench summary", caption=caption or None, header_style="bold")
     for column in columns:
         textual = column in _TEXTUAL  # text may fold; numbers never wrap
@@ -309,12 +309,12 @@ def _print_table(summary: pd.DataFrame, out: TextIO) -> None:
     rows = zip(_cells(summary, columns), summary["status"], flagged, strict=True)
     for cells, status, shaken in rows:
         table.add_row(*cells, style="red" if status not in _FINE else "yellow" if shaken else None)
-    width = None if out.isatty() else _PIPE_WIDTH  # a file or pipe has no reason to squeeze
+    width = None if out.isatty() else PIPE_WIDTH  # a file or pipe has no reason to squeeze
     console = Console(file=out, width=width)
     console.print(table)
     for warning in disturbed.warnings(summary):
         console.print(f"[yellow]warning:[/] {escape(warning)}")
-    failed = _failed_rows(summary)
+    failed = failed_rows(summary)
     if failed:
         errors = Table("run", "status", "exit code", "error", title="Failed runs", style="red")
         for row in failed:
@@ -340,10 +340,10 @@ def _acc_display(acc: pd.DataFrame) -> pd.DataFrame:
     out["top-1 %"] = [f"{100 * m:.2f} +/- {100 * s:.2f}" for m, s in zip(
         out["top1_mean"], out["top1_std"], strict=True)]  # fmt: skip
     out["diff vs fp32 (pt)"] = out["diff_vs_fp32"].map(
-        lambda v: _NA if pd.isna(v) else f"{100 * v:+.2f}"
+        lambda v: NA if pd.isna(v) else f"{100 * v:+.2f}"
     )
     out["time to target (s)"] = out["time_to_target_s"].map(
-        lambda v: _NA if pd.isna(v) else f"{v:.2f}"
+        lambda v: NA if pd.isna(v) else f"{v:.2f}"
     )
     out["skew"] = out["skew"].map(lambda v: f"{v:g}")
     return out

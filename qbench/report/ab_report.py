@@ -1,4 +1,4 @@
-"""``qbench report A B``: the A/B comparison (:mod:`qbench.report.compare`) as people read it:
+"""``qbench report A B``: the A/B comparison (:mod:`qbench.report.ab_stats`) as people read it:
 ``B/report/compare.{csv,md}``, a terminal table, failed runs of both sides, the warning when
 configurations rest on fewer than 3 runs per side.
 
@@ -18,18 +18,18 @@ from rich.table import Table
 
 from qbench.errors import choice_error
 from qbench.records.store import COMPARE_CSV, COMPARE_MD, ResultStore, atomic_write_bytes
-from qbench.report import compare, disturbed, names
+from qbench.report import ab_stats, disturbed, names
 from qbench.report.tables import (
-    _MS,
-    _NA,
-    _PIPE_WIDTH,
     FORMATS,
-    _failed_rows,
-    _failed_runs,
-    _missing,
-    _num,
-    _text,
+    NA,
+    PIPE_WIDTH,
+    failed_rows,
+    failed_runs,
+    is_missing,
     load_summary,
+    ms_cell,
+    number_cell,
+    text_cell,
 )
 
 _COMPARE_SHOW = (
@@ -46,14 +46,14 @@ def write_comparison(
     a: Path | str, b: Path | str, fmt: str | None = "table", out: TextIO | None = None,
     include_disturbed: bool = False,
 ) -> tuple[Path, Path, pd.DataFrame]:  # fmt: skip
-    """Compare ``b`` against baseline ``a`` (:mod:`qbench.report.compare`); write
+    """Compare ``b`` against baseline ``a`` (:mod:`qbench.report.ab_stats`); write
     ``b/report/compare.{csv,md}`` and print the table in ``fmt``; failed runs of both listed,
     and the disturbed runs left out (compared with ``include_disturbed``)."""
     if fmt is not None and fmt not in FORMATS:
         raise choice_error("report format", fmt, FORMATS)
     # one-line errors for missing / empty dirs
     sa, sb = load_summary(a, include_disturbed), load_summary(b, include_disturbed)
-    frame = compare.compare(a, b, include_disturbed)
+    frame = ab_stats.compare(a, b, include_disturbed)
     report_dir = ResultStore(b).report_dir()
     csv_path, md_path = report_dir / COMPARE_CSV, report_dir / COMPARE_MD
     atomic_write_bytes(csv_path, frame.to_csv(index=False).encode())
@@ -76,14 +76,14 @@ def write_comparison(
 def _compare_cells(frame: pd.DataFrame) -> list[list[str]]:
     rows = []
     for r in frame.to_dict("records"):
-        ci = _NA if _missing(r["ci_low"]) else f"{r['ci_low']:.3f}-{r['ci_high']:.3f}"
+        ci = NA if is_missing(r["ci_low"]) else f"{r['ci_low']:.3f}-{r['ci_high']:.3f}"
         unit = "runs" if r["noise"] == "runs" else "iterations"
-        n = _NA if _missing(r["a_n"]) else f"{int(r['a_n'])} vs {int(r['b_n'])} {unit}"
+        n = NA if is_missing(r["a_n"]) else f"{int(r['a_n'])} vs {int(r['b_n'])} {unit}"
         cells = {**r, "ci": ci, "n": n, "scheme": names.scheme(r["scheme"]),
                  "compressor": names.compressor(r["compressor"])}  # fmt: skip
         rows.append([
-            _MS(cells[c]) if c in ("a_median_s", "b_median_s")
-            else _num(1.0, 3)(cells[c]) if c == "ratio" else _text(cells[c])
+            ms_cell(cells[c]) if c in ("a_median_s", "b_median_s")
+            else number_cell(1.0, 3)(cells[c]) if c == "ratio" else text_cell(cells[c])
             for c in _COMPARE_SHOW
         ])  # fmt: skip
     return rows
@@ -112,7 +112,7 @@ def _compare_markdown(frame: pd.DataFrame, failed: pd.DataFrame, a: str, b: str)
     parts += [f"**Warning:** {w}" for w in disturbed_warnings(failed)]
     parts += ["## Configurations", "\n".join(lines)]
     bad = failed[~failed["status"].isin(["ok", "profiled"])]
-    parts += ["## Failed runs", _failed_runs(bad.assign(run_id=bad["side"] + ": " + bad["run_id"]))]
+    parts += ["## Failed runs", failed_runs(bad.assign(run_id=bad["side"] + ": " + bad["run_id"]))]
     return "\n\n".join(parts) + "\n"
 
 
@@ -128,11 +128,11 @@ def disturbed_warnings(both: pd.DataFrame) -> list[str]:
 def compare_few_runs(frame: pd.DataFrame) -> str:
     """The warning when compared configurations rest on fewer than 3 runs per side ("" if
     none do)."""
-    few = compare.few_runs(frame)
+    few = ab_stats.few_runs(frame)
     if not few:
         return ""
     matched = int(frame["ratio"].notna().sum())
-    return f"{few} of {matched} compared configurations {compare.FEW_RUNS_NOTE}."
+    return f"{few} of {matched} compared configurations {ab_stats.FEW_RUNS_NOTE}."
 
 
 def _print_comparison(
@@ -146,7 +146,7 @@ def _print_comparison(
     for cells, verdict in zip(_compare_cells(frame), frame["verdict"], strict=True):
         style = {"slower": "red", "faster": "green"}.get(str(verdict))
         table.add_row(*cells, style=style)
-    console = Console(file=out, width=None if out.isatty() else _PIPE_WIDTH)
+    console = Console(file=out, width=None if out.isatty() else PIPE_WIDTH)
     console.print(table)
     few = compare_few_runs(frame)
     if few:
@@ -156,6 +156,6 @@ def _print_comparison(
     bad = failed[~failed["status"].isin(["ok", "profiled"])]
     if not bad.empty:
         errors = Table("run", "status", "exit code", "error", title="Failed runs", style="red")
-        for row in _failed_rows(bad.assign(run_id=bad["side"] + ": " + bad["run_id"])):
+        for row in failed_rows(bad.assign(run_id=bad["side"] + ": " + bad["run_id"])):
             errors.add_row(*row)
         console.print(errors)
