@@ -53,8 +53,9 @@ class Section:
 
 
 @dataclass(frozen=True)
-class Provenance:
-    """Where the results came from, as the results directory records it."""
+class ProvenanceSection:
+    """The page's provenance section: where the results came from, as the results directory
+    records it (the sweep's own machine facts are ``qbench.launch.runfiles.Provenance``)."""
 
     facts: list[tuple[str, str]]
     """(what, value) rows: commit, versions, machine, scenario name, when."""
@@ -95,7 +96,7 @@ def slug(title: str) -> str:
 
 
 def to_html(
-    title: str, intro: str, sections: list[Section], report_dir: Path, prov: Provenance
+    title: str, intro: str, sections: list[Section], report_dir: Path, prov: ProvenanceSection
 ) -> str:
     """The whole page; figures are read from ``report_dir`` and embedded."""
     toc = [(slug(s.title), s.title) for s in sections]
@@ -143,7 +144,7 @@ def _figure(report_dir: Path, name: str) -> str:
     )
 
 
-def _provenance(prov: Provenance) -> list[str]:
+def _provenance(prov: ProvenanceSection) -> list[str]:
     rows = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in prov.facts)
     out = ['<h2 id="provenance">Provenance</h2>', f'<dl class="prov">{rows}</dl>']
     if prov.scenario:

@@ -17,12 +17,12 @@ import yaml
 
 from qbench.records import store as paths
 from qbench.records.store import ResultStore
-from qbench.report.page_render import Provenance
+from qbench.report.page_render import ProvenanceSection
 
 _VERSION_ORDER = ("python", "torch", "numpy", "pandas", "nccl", "mpi4py", "mpi", "cupy")
 
 
-def read(root: Path, summary: pd.DataFrame, figures: list[Path]) -> Provenance:
+def read(root: Path, summary: pd.DataFrame, figures: list[Path]) -> ProvenanceSection:
     """The provenance block and the links of the page in ``root/report/``."""
     store = ResultStore(root)
     sweep = _json(store.sweep_path())
@@ -38,7 +38,7 @@ def read(root: Path, summary: pd.DataFrame, figures: list[Path]) -> Provenance:
     facts.append(("scenario", _scenario_name(scenario)))
     if sweep.get("written"):
         facts.append(("swept", str(sweep["written"])))
-    return Provenance(facts, scenario, _links(store, figures), _runs(summary))
+    return ProvenanceSection(facts, scenario, _links(store, figures), _runs(summary))
 
 
 def _json(path: Path) -> dict[str, Any]:
