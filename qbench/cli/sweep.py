@@ -19,7 +19,7 @@ import click
     help="How runs start [the scenario's `launcher:`, else local].",
 )  # fmt: skip
 @click.option(
-    "--isolation", default=None,  # checked with the scenario's `isolation:` (launch.decision)
+    "--isolation", default=None, metavar="auto|group|process",  # checked as `isolation:` is
     help="group: one launch per rank group runs its runs in turn; process: one launch per "
     "run; auto: group here, process under Slurm [the scenario's `isolation:`, else auto].",
 )  # fmt: skip
