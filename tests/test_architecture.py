@@ -6,6 +6,7 @@
   torch; ``qbench sweep --dry-run`` runs without it.
 * No module imports another's private names; no two modules import each other, directly or
   through others (function-level imports too).
+* docs/architecture.md's import table lists what each package imports.
 * No module is over 400 lines without saying why at its top ("Why one module:").
 * README's layout section is the one ``layout()`` generates from the packages' docstrings.
 """
@@ -152,6 +153,39 @@ def test_no_module_imports_private_names(path: Path) -> None:
         if a.name.startswith("_") and not a.name.startswith("__")
     ]
     assert not private, f"{path.relative_to(ROOT)} imports private names {private}"
+
+
+def package_imports() -> dict[str, list[str]]:
+    """Each top-level entry's imports of other entries, in stage order; ``errors`` (which every
+    stage may raise) left out. qbench/__init__.py, the public API's re-exports, is not a stage."""
+    found: dict[str, set[str]] = {name: set() for name in STAGES}
+    for path in _modules():
+        if path.relative_to(PKG) != Path("__init__.py"):
+            found[_stage(path)] |= _qbench_imports(path) & set(STAGES)
+    return {
+        name: sorted(imports - {name, "errors"}, key=lambda n: (STAGES[n], n))
+        for name, imports in found.items()
+    }
+
+
+def _import_table() -> dict[str, list[str]]:
+    """docs/architecture.md's "Who owns what": package -> its "imports" cell, split."""
+    rows = {}
+    for line in (ROOT / "docs" / "architecture.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`") and cells[0] != "package":
+            name = cells[0].strip("`").removesuffix("/").removesuffix(".py")
+            rows[name] = [] if cells[2] == "nothing" else [
+                c.strip().strip("`") for c in cells[2].split(",")]  # fmt: skip
+    return rows
+
+
+def test_architecture_import_table_matches_the_code() -> None:
+    want = {n: i for n, i in package_imports().items() if n not in ("errors", "timing")}
+    cells = {n: ", ".join(f"`{m}`" for m in i) or "nothing" for n, i in want.items()}
+    assert _import_table() == want, "docs/architecture.md's imports column should read:\n" + (
+        "\n".join(f"{n}: {c}" for n, c in cells.items())
+    )
 
 
 def _loads_torch(code: str) -> bool:
