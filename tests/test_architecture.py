@@ -130,7 +130,6 @@ NOT_YET_BROKEN = [
     ["qbench.bench.comm", "qbench.bench.render_comm"],
     ["qbench.catalog", "qbench.catalog.compressors", "qbench.catalog.plugins",
      "qbench.catalog.schemes"],
-    ["qbench.comm", "qbench.comm.torchdist"],
     ["qbench.spec.checks", "qbench.spec.scenario"],
 ]  # fmt: skip
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from qbench.comm.env import INIT_METHOD_ENV, MPI_RANK_VARS
 from qbench.comm.formulas import allreduce_bus_bytes, busbw_factor
 
 if TYPE_CHECKING:
@@ -21,13 +22,6 @@ __all__ = [
     "busbw_factor",
     "connect",
 ]
-
-# A torch.distributed init_method (``file:///tmp/...``) for ranks a launcher started itself;
-# unset, a rank joins by env:// (MASTER_ADDR / MASTER_PORT, as torchrun and srun set them).
-INIT_METHOD_ENV = "QBENCH_INIT_METHOD"
-
-# Where mpirun (Open MPI 5: OMPI_*, PRRTE's PMIx) tells a process its rank before MPI starts.
-MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
 
 def __getattr__(name: str) -> Any:

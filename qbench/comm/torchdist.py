@@ -10,8 +10,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from qbench.comm import INIT_METHOD_ENV
 from qbench.comm.base import Comm, Pending, allreduce_bus_bytes
+from qbench.comm.env import INIT_METHOD_ENV
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
