@@ -384,17 +384,3 @@ def to_document(result: CommResult) -> dict[str, Any]:
         ],
     }
     return strict_json(doc)  # NaN: phases of overlapped schemes
-
-
-def command(s: Settings, json_path: Path | None) -> None:
-    """``qbench bench comm``: measure, print the tables, optionally write the JSON."""
-    from qbench.bench import render_comm
-    from qbench.records.store import atomic_write_json
-
-    result = measure(s, lambda what: render_comm.err.print(what, highlight=False, markup=False))
-    render_comm.show(result)
-    if json_path is not None:
-        atomic_write_json(json_path, to_document(result))
-        render_comm.err.print(f"wrote {json_path}", highlight=False)
-    if result.failures:
-        raise UserError(f"{len(result.failures)} launch(es) failed: {'; '.join(result.failures)}")

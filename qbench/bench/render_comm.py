@@ -1,14 +1,17 @@
 """Collective benchmark results for people: per backend x world size x network, an nccl-tests
 style table (one section per scheme + compressor, one line per size), a speedup table over fp32
-allreduce with the crossover size, then the targets."""
+allreduce with the crossover size, then the targets; and ``qbench bench comm`` itself (measure,
+show, write the JSON), so the measuring module never imports the one that shows it."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.table import Table
 
+from qbench.bench import comm
 from qbench.bench.comm import (
     CommResult,
     CommRow,
@@ -19,6 +22,8 @@ from qbench.bench.comm import (
     targets,
 )
 from qbench.bench.render import err, nbytes, out, seconds
+from qbench.errors import UserError
+from qbench.records.store import atomic_write_json
 
 Group = tuple[str, int, str]  # backend, world size, network
 
@@ -138,3 +143,14 @@ def show(result: CommResult) -> None:
         )
     for f in result.failures:
         err.print(f"failed: {f}", markup=False, highlight=False)
+
+
+def command(s: comm.Settings, json_path: Path | None) -> None:
+    """``qbench bench comm``: measure, print the tables, optionally write the JSON."""
+    result = comm.measure(s, lambda what: err.print(what, highlight=False, markup=False))
+    show(result)
+    if json_path is not None:
+        atomic_write_json(json_path, comm.to_document(result))
+        err.print(f"wrote {json_path}", highlight=False)
+    if result.failures:
+        raise UserError(f"{len(result.failures)} launch(es) failed: {'; '.join(result.failures)}")

@@ -12,13 +12,13 @@ codecs, ``bench``, the cost model and the reports read these; none re-derives th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
-from qbench.catalog import plugins, specs
+from qbench.catalog import plugins, registry, specs
 from qbench.catalog.compressors import COMPRESSORS, GRANULARITIES, CompressorEntry
 from qbench.catalog.params import validate
 from qbench.catalog.schemes import SCHEMES, SchemeEntry
@@ -95,18 +95,12 @@ class SchemeSpec:
 def register_compressor(entry: CompressorEntry) -> None:
     """Add a compressor to the catalog (a plug-in's or a test's); its codec registers with
     ``qbench.compress.register``. A name already taken is refused."""
-    _register(COMPRESSORS, entry, "compressor")
+    registry.add(COMPRESSORS, entry, "compressor")
 
 
 def register_scheme(entry: SchemeEntry) -> None:
     """Add a scheme to the catalog; its aggregator registers with ``qbench.aggregate.register``."""
-    _register(SCHEMES, entry, "scheme")
-
-
-def _register(table: MutableMapping[str, Any], entry: Any, what: str) -> None:
-    if entry.name in table:
-        raise UserError(f"{what} {entry.name!r} is already registered; pick another name")
-    table[entry.name] = entry
+    registry.add(SCHEMES, entry, "scheme")
 
 
 def compressor(raw: Any) -> CompressorSpec:

@@ -27,7 +27,7 @@ from fractions import Fraction
 from typing import Any
 
 from qbench.catalog.params import Param, at_least, between, fraction, positive_finite
-from qbench.catalog.plugins import Registry
+from qbench.catalog.registry import Registry
 
 Params = dict[str, Any]
 WireBuffer = tuple[str, str, int]

@@ -28,15 +28,16 @@ it with the error, and looking up one of its names says why it is missing.
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from qbench.catalog import importpath
+from qbench.catalog import importpath, registry
+from qbench.catalog.compressors import COMPRESSORS, CompressorEntry
+from qbench.catalog.schemes import SCHEMES, SchemeEntry
 from qbench.errors import UserError
 
 GROUPS = ("qbench.compressors", "qbench.schemes")
-E = TypeVar("E")
 
 
 @dataclass(frozen=True)
@@ -56,39 +57,6 @@ class Loaded:
 LOADED: list[Loaded] = []
 """Every entry point seen, in load order (``qbench info`` lists them)."""
 _state = {"loaded": False}
-
-
-class Registry(MutableMapping[str, E]):
-    """A table of catalog entries by name that loads the installed plug-ins the first time it is
-    read, so a name a plug-in registers is found wherever names are looked up."""
-
-    def __init__(self, entries: dict[str, E]) -> None:
-        self._items = dict(entries)
-
-    def __getitem__(self, name: str) -> E:
-        load()
-        return self._items[name]
-
-    def __contains__(self, name: object) -> bool:
-        load()
-        return name in self._items
-
-    def __iter__(self) -> Iterator[str]:
-        load()
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        load()
-        return len(self._items)
-
-    def __setitem__(self, name: str, entry: E) -> None:
-        self._items[name] = entry
-
-    def __delitem__(self, name: str) -> None:
-        del self._items[name]
-
-    def __repr__(self) -> str:
-        return f"Registry({list(self._items)})"
 
 
 def load() -> None:
@@ -115,24 +83,20 @@ def _load_one(group: str, ep: importlib.metadata.EntryPoint) -> Loaded:
 def register(obj: Any) -> tuple[str, ...]:
     """Register a plug-in's object: an entry, a list of entries, or a registering function.
     Returns the names it added."""
-    from qbench import catalog
-    from qbench.catalog.compressors import CompressorEntry
-    from qbench.catalog.schemes import SchemeEntry
-
     if isinstance(obj, CompressorEntry):
         importpath.check(obj.codec, f"compressor {obj.name}: codec")
-        catalog.register_compressor(obj)
+        registry.add(COMPRESSORS, obj, "compressor")
         return (obj.name,)
     if isinstance(obj, SchemeEntry):
         importpath.check(obj.aggregator, f"scheme {obj.name}: aggregator")
-        catalog.register_scheme(obj)
+        registry.add(SCHEMES, obj, "scheme")
         return (obj.name,)
     if isinstance(obj, list | tuple):
         return tuple(name for item in obj for name in register(item))
     if callable(obj):
-        before = {*catalog.COMPRESSORS, *catalog.SCHEMES}
+        before = {*COMPRESSORS, *SCHEMES}
         obj()
-        return tuple(sorted({*catalog.COMPRESSORS, *catalog.SCHEMES} - before))
+        return tuple(sorted({*COMPRESSORS, *SCHEMES} - before))
     raise UserError(
         f"a qbench plug-in must be a CompressorEntry, a SchemeEntry, a list of them or a "
         f"function that registers them, got {type(obj).__name__}"
@@ -149,11 +113,9 @@ def failures(names: Callable[[Loaded], bool] = lambda p: True) -> str:
 def info_rows() -> list[tuple[str, str]]:
     """(what, status) rows for ``qbench info``: the compressors and schemes by name, and each
     plug-in with what it registered or why it failed."""
-    from qbench import catalog
-
     rows = [
-        ("compressors", ", ".join(catalog.COMPRESSORS)),
-        ("schemes", ", ".join(catalog.SCHEMES)),
+        ("compressors", ", ".join(COMPRESSORS)),
+        ("schemes", ", ".join(SCHEMES)),
     ]
     for p in LOADED:
         what = p.group.removeprefix("qbench.").rstrip("s")
@@ -165,3 +127,8 @@ def info_rows() -> list[tuple[str, str]]:
     if not LOADED:
         rows.append(("plug-ins", f"none installed (entry points {', '.join(GROUPS)})"))
     return rows
+
+
+# the tables (catalog.registry) load the plug-ins on first read; qbench.catalog imports this module,
+# so the hook is in place before any table can be read
+registry.before_first_read(load)

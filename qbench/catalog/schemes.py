@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qbench.catalog.params import Param, at_least, fraction
-from qbench.catalog.plugins import Registry
+from qbench.catalog.registry import Registry
 
 Params = dict[str, Any]
 Check = Callable[[Params, Params], str | None]

@@ -129,10 +129,11 @@ def comm(
     """nccl-tests style size sweep of gradient aggregation: time, algbw/busbw, wire bytes,
     relative error, speedup over fp32 allreduce."""
     from qbench.bench import comm as bench_comm
+    from qbench.bench import render_comm
 
     s = bench_comm.settings(
         backends=backends, world_sizes=world_sizes, schemes=schemes, compressors=compressors,
         min_bytes=min_bytes, max_bytes=max_bytes, step_factor=step_factor, repeats=repeats,
         warmup=warmup, bandwidth=bandwidth, sync=sync, gap_ms=gap_ms,
     )  # fmt: skip
-    bench_comm.command(s, Path(json_path) if json_path else None)
+    render_comm.command(s, Path(json_path) if json_path else None)

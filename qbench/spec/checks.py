@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 from qbench.errors import UserError, did_you_mean
-
-if TYPE_CHECKING:
-    from qbench.spec.scenario import Scenario
 
 # Keys an include / exclude entry may match on (values: one value or a list of values).
 FILTER_KEYS = (
@@ -67,17 +65,26 @@ def check_range(key: str, v: float, lo: float, hi: float, example: str = "") -> 
         raise UserError(f"{key} must be in [{lo:g}, {hi:g}], got {show(v)}{fix}")
 
 
-def check_accuracy_mode(sc: Scenario) -> None:
-    for skew in sc.skew:
-        check_range("skew", skew, 0.0, 1.0, example="skew: [0, 0.8]")
-    check_range("weight_decay", sc.weight_decay, 0.0, 1e3, example="weight_decay: 0.0001")
-    if sc.target_accuracy is not None:
-        check_range("target_accuracy", sc.target_accuracy, 0.0, 1.0, example="target_accuracy: 0.8")
-    check_lr_schedule(sc.lr_schedule)
-    if sc.epochs is None:
+def check_accuracy_mode(
+    *,
+    skew: Sequence[float],
+    weight_decay: float,
+    target_accuracy: float | None,
+    lr_schedule: dict[str, Any],
+    epochs: int | None,
+    dataset: Sequence[object],
+) -> None:
+    """The scenario's accuracy-mode keys (keyword arguments, so this module needs no Scenario)."""
+    for s in skew:
+        check_range("skew", s, 0.0, 1.0, example="skew: [0, 0.8]")
+    check_range("weight_decay", weight_decay, 0.0, 1e3, example="weight_decay: 0.0001")
+    if target_accuracy is not None:
+        check_range("target_accuracy", target_accuracy, 0.0, 1.0, example="target_accuracy: 0.8")
+    check_lr_schedule(lr_schedule)
+    if epochs is None:
         return
-    check_range("epochs", sc.epochs, 1, 10**5, example="epochs: 10")
-    if "synthetic" in sc.dataset:
+    check_range("epochs", epochs, 1, 10**5, example="epochs: 10")
+    if "synthetic" in dataset:
         raise UserError(
             "epochs needs a dataset with a train/test split, got dataset synthetic; e.g. "
             "`dataset: digits` (bundled) or `dataset: fashion-mnist` (make data)"

@@ -191,7 +191,10 @@ class Scenario:
             checks.check_range("seed", seed, 0, 2**32 - 1, example="seed: [0, 1, 2]")
         checks.check_range("warmup", self.warmup, 0, 10**6)
         checks.check_range("iterations", self.iterations, 1, 10**7)
-        checks.check_accuracy_mode(self)
+        checks.check_accuracy_mode(
+            skew=self.skew, weight_decay=self.weight_decay, target_accuracy=self.target_accuracy,
+            lr_schedule=self.lr_schedule, epochs=self.epochs, dataset=self.dataset,
+        )  # fmt: skip
         if self.steps_per_epoch is not None:
             checks.check_range("steps_per_epoch", self.steps_per_epoch, 1, 10**7)
             if not self.epochs:
