@@ -237,8 +237,13 @@ def test_device_recorded_only_when_not_the_backends_own(
         ("world_size: 4\nbackend: nccl\ngpus_per_node: 2\n",
          "4 ranks per node but gpus_per_node is 2; each CUDA rank needs its own GPU"),
         ("world_size: 2\nbackend: nccl\nnetwork: {bandwidth: 1gbit}\n",
-         "network.bandwidth emulates links between CPU processes (gloo, mpi); nccl would talk "
+         "network emulates hosts and links between CPU processes (gloo, mpi); nccl would talk "
          "GPU to GPU inside one host and bypass them; use gloo or remove `network:`"),
+        ("world_size: 2\nbackend: nccl\nnetwork: {nodes: 2}\n",
+         "network emulates hosts and links between CPU processes (gloo, mpi); nccl would talk "
+         "GPU to GPU inside one host and bypass them; use gloo or remove `network:`"),
+        ("world_size: 3\nnetwork: {nodes: 2, inter: 1gbit}\n",
+         "world_size 3 does not split evenly over nodes 2"),
     ],
 )  # fmt: skip
 def test_placement_and_link_reasons_word_for_word(extra: str, why: str) -> None:

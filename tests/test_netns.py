@@ -19,6 +19,7 @@ import pytest
 from qbench.errors import UserError
 from qbench.launch import local, netns, nsexec, shaped
 from qbench.launch import procs as run
+from qbench.spec import network
 from qbench.spec.matrix import RunSpec
 from tests.distributed import here, launch
 
@@ -27,7 +28,12 @@ PROG = here("netns_prog.py")
 
 
 def _net(world_size: int = 2, rate: float = 1e9) -> netns.ShapedNetwork:
-    return netns.ShapedNetwork(stem="qb-42-0", world_size=world_size, tbf=netns.tbf_for(rate))
+    """A flat star: a node per rank."""
+    return netns.ShapedNetwork(stem="qb-42-0", nodes=world_size, tbf=netns.tbf_for(rate))
+
+
+def _star(world_size: int, rate: float) -> network.Topology:
+    return network.Topology(world_size, 1, network.at_rate(rate))
 
 
 # ---- pure ----------------------------------------------------------------------------------
@@ -41,7 +47,7 @@ def test_tbf_burst_is_2ms_of_traffic_with_a_16k_floor() -> None:
 
 def test_names_and_addresses() -> None:
     net = _net(3)
-    assert net.namespaces == ["qb-42-0-hub", "qb-42-0-r0", "qb-42-0-r1", "qb-42-0-r2"]
+    assert net.namespaces == ["qb-42-0-hub", "qb-42-0-n0", "qb-42-0-n1", "qb-42-0-n2"]
     assert [net.rank_addr(r) for r in range(3)] == ["10.213.1.1", "10.213.1.2", "10.213.1.3"]
     assert (net.hub_addr, net.subnet) == ("10.213.1.254", "10.213.1.0/24")
 
@@ -73,17 +79,47 @@ def test_setup_stays_inside_its_namespaces_and_shapes_both_directions() -> None:
         if c[:3] != ["ip", "netns", "add"]:
             assert c[1] == "-n" and c[2] in net.namespaces, c  # never the host's namespace
     shaped_devs = {(c[2], c[6]) for c in cmds if c[0] == "tc"}
-    assert shaped_devs == {("qb-42-0-r0", "eth0"), ("qb-42-0-r1", "eth0"),
+    assert shaped_devs == {("qb-42-0-n0", "eth0"), ("qb-42-0-n1", "eth0"),
                            ("qb-42-0-hub", "p0"), ("qb-42-0-hub", "p1")}  # fmt: skip
     addrs = [c[5] for c in cmds if c[3:5] == ["addr", "add"]]
     assert addrs == ["10.213.1.254/24", "10.213.1.1/24", "10.213.1.2/24"]
 
 
+def test_nodes_hold_consecutive_ranks_and_only_links_between_them_are_shaped() -> None:
+    tbf = netns.tbf_for(1e8)
+    net = netns.ShapedNetwork(stem="qb-42-0", nodes=2, ranks_per_node=2, tbf=tbf)
+    assert net.world_size == 4 and net.namespaces == ["qb-42-0-hub", "qb-42-0-n0", "qb-42-0-n1"]
+    assert [net.rank_ns(r)[-2:] for r in range(4)] == ["n0", "n0", "n1", "n1"]
+    assert [net.rank_addr(r) for r in range(4)] == ["10.213.1.1"] * 2 + ["10.213.1.2"] * 2
+    shaped_devs = {(c[2], c[6]) for c in netns.setup_commands(net) if c[0] == "tc"}
+    assert shaped_devs == {("qb-42-0-n0", "eth0"), ("qb-42-0-n1", "eth0"),
+                           ("qb-42-0-hub", "p0"), ("qb-42-0-hub", "p1")}  # fmt: skip
+    env = shaped.gloo_rank_env(net, 3, {})
+    assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["MASTER_ADDR"]) == (
+        "1",
+        "2",
+        "10.213.1.1",
+    )
+    assert "nsexec qb-42-0-n{node} 2 p" in " ".join(shaped.mpirun_argv(net, ["p"], "m", "py"))
+
+
+def test_an_intra_rate_shapes_each_loopback_and_no_inter_rate_leaves_veths_free() -> None:
+    intra = netns.tbf_for(2e9)
+    net = netns.ShapedNetwork(stem="qb-42-0", nodes=2, ranks_per_node=2, tbf=None, intra_tbf=intra)
+    tc = [c for c in netns.setup_commands(net) if c[0] == "tc"]
+    assert {(c[2], c[6]) for c in tc} == {("qb-42-0-n0", "lo"), ("qb-42-0-n1", "lo")}
+    assert all("2000000000bit" in c for c in tc)
+    # tbf drops packets larger than its bucket: the loopback gets an Ethernet MTU first
+    assert netns.set_mtu("qb-42-0-n0", "lo", 1500) in netns.setup_commands(net)
+
+
 def test_stale_namespaces_only_of_this_prefix_and_dead_processes() -> None:
-    names = ["qb-10-0-hub", "qb-10-0-r0", "qb-11-2-r1", "qbx-10-0-hub", "qb-10-hub", "other"]
+    names = ["qb-10-0-hub", "qb-10-0-r0", "qb-10-0-n1", "qb-11-2-r1", "qbx-10-0-hub",
+             "qb-10-hub", "qb-10-0-x1", "other"]  # fmt: skip
     assert netns.stale_namespaces(names, "qb", alive=lambda pid: pid == 11) == [
         "qb-10-0-hub",
         "qb-10-0-r0",
+        "qb-10-0-n1",
     ]
 
 
@@ -99,9 +135,10 @@ def test_not_root_or_missing_tools_is_one_clear_line(monkeypatch: pytest.MonkeyP
 
 def test_gloo_rank_env_points_at_rank0_over_the_shaped_interface() -> None:
     env = shaped.gloo_rank_env(_net(2), 1, {"PATH": "/bin"})
-    assert env["RANK"] == "1" and env["WORLD_SIZE"] == "2" and env["LOCAL_RANK"] == "1"
+    assert env["RANK"] == "1" and env["WORLD_SIZE"] == "2" and env["LOCAL_RANK"] == "0"
     assert env["MASTER_ADDR"] == "10.213.1.1" and env["GLOO_SOCKET_IFNAME"] == "eth0"
-    assert shaped.gloo_rank_argv(_net(2), 1, ["py"]) == ["ip", "netns", "exec", "qb-42-0-r1", "py"]
+    assert shaped.gloo_rank_argv(_net(2), 1, ["py"]) == ["ip", "netns", "exec", "qb-42-0-n1", "py"]
+    assert env["LOCAL_WORLD_SIZE"] == "1"  # a host per rank
 
 
 def test_mpirun_argv_forces_tcp_over_the_links() -> None:
@@ -109,14 +146,14 @@ def test_mpirun_argv_forces_tcp_over_the_links() -> None:
     assert argv[:5] == ["ip", "netns", "exec", "qb-42-0-hub", "/x/mpirun"]
     joined = " ".join(argv)
     assert "--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include 10.213.1.0/24" in joined
-    assert joined.endswith("py -m qbench.launch.nsexec qb-42-0-r{rank} py prog")
+    assert joined.endswith("py -m qbench.launch.nsexec qb-42-0-n{node} 1 py prog")
     assert shaped.mpirun_env({})["PMIX_MCA_ptl_tcp_if_include"] == "br0"
 
 
 def test_nsexec_enters_the_rank_namespace() -> None:
     assert nsexec.rank_from({"OMPI_COMM_WORLD_RANK": "3"}) == 3
-    assert nsexec.argv_for("qb-1-0-r{rank}", 3, ["py"]) == [
-        "ip", "netns", "exec", "qb-1-0-r3", "py",
+    assert nsexec.argv_for("qb-1-0-n{node}", 3, ["py"]) == [
+        "ip", "netns", "exec", "qb-1-0-n3", "py",
     ]  # fmt: skip
     with pytest.raises(SystemExit, match="run under mpirun"):
         nsexec.rank_from({})
@@ -125,7 +162,7 @@ def test_nsexec_enters_the_rank_namespace() -> None:
 def test_nccl_is_refused_with_a_reason(tmp_path: Path) -> None:
     assert shaped.unsupported("gloo") is None and shaped.unsupported("mpi") is None
     with pytest.raises(UserError, match="backend nccl"):
-        shaped.run_program("nccl", 2, 1e9, ["true"], tmp_path, 10)
+        shaped.run_program("nccl", _star(2, 1e9), ["true"], tmp_path, 10)
 
 
 def test_a_dead_rank_kills_the_others(tmp_path: Path) -> None:
@@ -166,7 +203,7 @@ def _leftovers() -> list[str]:
 def _allreduce(backend: str, rate: float, mib: float, tmp: Path, *extra: str) -> tuple:
     out = tmp / f"{backend}-{rate:g}.json"
     program = [sys.executable, PROG, backend, str(mib), "2", str(out), *extra]
-    status = shaped.run_program(backend, 2, rate, program, tmp, timeout=120, prefix=PREFIX)
+    status = shaped.run_program(backend, _star(2, rate), program, tmp, timeout=120, prefix=PREFIX)
     result = json.loads(out.read_text()) if out.exists() else None
     return status, result
 
@@ -211,9 +248,12 @@ def test_a_failing_rank_fails_the_run_fast_and_cleans_up(
 @needs_root
 def test_timeout_and_interrupt_clean_up(tmp_path: Path, no_leftovers: None) -> None:
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
-    status = shaped.run_program("gloo", 2, 1e9, sleeper, tmp_path, timeout=1, prefix=PREFIX)
+    status = shaped.run_program("gloo", _star(2, 1e9), sleeper, tmp_path, timeout=1, prefix=PREFIX)
     assert status == ("timeout", None)
-    with pytest.raises(KeyboardInterrupt), netns.shaped_network(2, 1e9, prefix=PREFIX) as net:
+    with (
+        pytest.raises(KeyboardInterrupt),
+        netns.shaped_network(_star(2, 1e9), prefix=PREFIX) as net,
+    ):
         assert set(net.namespaces) <= set(netns.list_namespaces())
         raise KeyboardInterrupt
 
@@ -249,3 +289,29 @@ def test_run_shaped_runs_the_worker(tmp_path: Path, no_leftovers: None) -> None:
         "rank-0.parquet",
         "rank-1.parquet",
     ]
+
+
+def _p2p(topo: network.Topology, tmp: Path) -> dict[str, float]:
+    out = tmp / "p2p.json"
+    program = [sys.executable, here("netns_p2p_prog.py"), "gloo", "4", "3", str(out)]
+    status = shaped.run_program("gloo", topo, program, tmp, timeout=120, prefix=PREFIX)
+    assert status == ("ok", 0), (tmp / "stderr.log").read_text()[-3000:]
+    rates: dict[str, float] = json.loads(out.read_text())["gbit_s"]
+    print(f"{topo}: Gbit/s from rank 0 to rank {rates}")  # docs/network.md quotes these (-s)
+    return rates
+
+
+@pytest.mark.slow
+@needs_root
+def test_traffic_inside_a_node_never_crosses_the_link_between_nodes(
+    tmp_path: Path, no_leftovers: None
+) -> None:
+    """2 nodes x 2 ranks at 100 Mbit/s between them: rank 0 -> 1 stays on node 0's loopback,
+    rank 0 -> 2 and 0 -> 3 cross the link. Then the loopback shaped at 100 Mbit/s and the link
+    left free: the other way round."""
+    between = _p2p(network.Topology(2, 2, inter=network.at_rate(100e6)), tmp_path)
+    assert 0.02 < between["2"] < 0.105 and 0.02 < between["3"] < 0.105, between
+    assert between["1"] > 10 * max(between["2"], between["3"]), between
+    inside = _p2p(network.Topology(2, 2, intra=network.at_rate(100e6)), tmp_path)
+    assert 0.02 < inside["1"] < 0.105, inside
+    assert min(inside["2"], inside["3"]) > 10 * inside["1"], inside

@@ -292,8 +292,8 @@ def _launch(
         from qbench.launch import shaped
 
         program = [sys.executable, "-m", WORKER_MODULE, str(config_path)]
-        rate = s.link.bits_per_s
-        status, code = shaped.run_program(backend, k, rate, program, workdir, LAUNCH_TIMEOUT_S)
+        star = network.Topology(nodes=k, ranks_per_node=1, inter=s.link)  # a host per rank
+        status, code = shaped.run_program(backend, star, program, workdir, LAUNCH_TIMEOUT_S)
     report()
     got = _read_rows(rows_path)
     if status == "ok":

@@ -27,13 +27,20 @@ def launch_for(
         scenario_mod.check_isolation(isolation)
     kind, iso = launcher or sc.launcher, isolation or sc.isolation
     if kind == "local":
-        multi = next((s for s in m.runs if s.nodes > 1), None)
+        multi = next((s for s in m.runs if s.nodes > 1 and not s.emulated_hosts), None)
         if multi is not None:
             raise UserError(
-                f"nodes: {multi.nodes} needs a multi-node launcher; use --launcher slurm "
-                "(or see docs/launchers.md for torchrun rendezvous and mpirun hostfiles)"
+                f"nodes: {multi.nodes} needs a multi-node launcher; use --launcher slurm, or "
+                f"emulate the nodes on this machine with `network: {{nodes: {multi.nodes}}}`"
             )
         return Launch("local", isolation="process" if iso == "process" else "group")
+    shaped = next((s for s in m.runs if s.topology.inter.shaped or s.topology.intra.shaped), None)
+    if shaped is not None:
+        raise UserError(
+            f"network {shaped.link.label} shapes emulated links on this machine; under Slurm the "
+            "links are the cluster's own: use `network: {nodes: N}` (recorded, not shaped) or "
+            "--launcher local"
+        )
     if iso == "group":
         raise UserError(
             "isolation group runs rank groups with the local launcher; under Slurm every run "

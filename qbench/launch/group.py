@@ -191,11 +191,10 @@ def _jobs(spec: RunSpec, plan: Path) -> Iterator[list[procs.Job]]:
     """The group's launch, every rank given the plan: mpirun for mpi; for the
     torch.distributed backends one process per rank started here (``local.direct_rank_env``,
     no torchrun interpreter to pay for, a file rendezvous); behind emulated links one process per
-    rank in its namespace (which lives as long as the block), or mpirun in the hub's."""
+    rank in its node's namespace (which lives as long as the block), or mpirun in the hub's."""
     program = [sys.executable, *local.WORKER, str(plan)]
-    if spec.link.bits_per_s is not None:
-        rate = spec.link.bits_per_s
-        with shaped.shaped_jobs(spec.backend, spec.world_size, rate, program) as jobs:
+    if spec.emulated_hosts:
+        with shaped.shaped_jobs(spec.backend, spec.topology, program) as jobs:
             yield jobs
         return
     if spec.backend == "mpi":

@@ -1,15 +1,21 @@
-"""Emulated links: one network namespace per rank, joined by a bridge, every link shaped by tbf.
+"""Emulated hosts and links: one network namespace per node, joined by a bridge; the links
+between nodes (and, optionally, each node's loopback) shaped by tbf.
 
-For world size K and a namespace stem ``<prefix>-<pid>-<seq>`` (the pid of the process that made
-it, so a stale-namespace sweep can tell leftovers of dead processes from a live sweep's)::
+For N nodes of G ranks each (``spec.network.Topology``; the flat star of ``bandwidth`` is N
+nodes of one rank) and a namespace stem ``<prefix>-<pid>-<seq>`` (the pid of the process that
+made it, so a stale-namespace sweep can tell leftovers of dead processes from a live sweep's)::
 
-    <stem>-hub   bridge br0, 10.213.1.254/24, ports p0 .. p<K-1>
-    <stem>-r<r>  eth0 = 10.213.1.<r+1>/24, the veth peer of hub port p<r>
+    <stem>-hub   bridge br0, 10.213.1.254/24, ports p0 .. p<N-1>
+    <stem>-n<n>  eth0 = 10.213.1.<n+1>/24, the veth peer of hub port p<n>; ranks nG .. nG+G-1
 
-tbf sits on eth0 (rank r's upload) and on hub port p<r> (its download): every rank has a
-full-duplex link of the given rate to an ideal switch, like one NIC per node. No namespace has a
-route out, so traffic can reach the addresses above and nothing else. Interface names only need
-to be unique inside their namespace, so concurrent networks never collide.
+tbf sits on eth0 (node n's upload) and on hub port p<n> (its download): every node has a
+full-duplex link of the inter-node rate to an ideal switch, like one NIC per node. The ranks of
+a node share its namespace: traffic between them goes to the node's own address, which Linux
+routes over loopback, so it never crosses eth0's shaper; an ``intra`` rate puts a tbf on lo,
+which then carries all of the node's internal traffic at that rate together (a shared bus, not
+a link per pair). No namespace has a route out, so traffic can reach the addresses above and
+nothing else. Interface names only need to be unique inside their namespace, so concurrent
+networks never collide.
 
 Every ``ip``/``tc`` command comes from a pure argv builder below; :func:`run` executes one.
 """
@@ -38,6 +44,7 @@ MAX_RANKS = HUB_HOST - 1
 BRIDGE = "br0"
 RANK_IF = "eth0"
 CMD_TIMEOUT_S = 30.0
+LO_SHAPED_MTU = 1500
 _SBIN = ("/usr/sbin", "/sbin", "/usr/local/sbin")
 _seq = itertools.count()
 
@@ -75,18 +82,32 @@ class ShapedNetwork:
 
     stem: str
     """``<prefix>-<pid>-<seq>``; every namespace name starts with it."""
-    world_size: int
-    tbf: Tbf
+    nodes: int
+    ranks_per_node: int = 1
+    tbf: Tbf | None
+    """Between nodes (None: unshaped veth)."""
+    intra_tbf: Tbf | None = None
+    """On each node's loopback (None: unshaped)."""
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
 
     @property
     def hub(self) -> str:
         return f"{self.stem}-hub"
 
+    def node_ns(self, node: int) -> str:
+        return f"{self.stem}-n{node}"
+
+    def node_addr(self, node: int) -> str:
+        return f"{SUBNET}.{node + 1}"
+
     def rank_ns(self, rank: int) -> str:
-        return f"{self.stem}-r{rank}"
+        return self.node_ns(rank // self.ranks_per_node)
 
     def rank_addr(self, rank: int) -> str:
-        return f"{SUBNET}.{rank + 1}"
+        return self.node_addr(rank // self.ranks_per_node)
 
     @property
     def hub_addr(self) -> str:
@@ -98,7 +119,7 @@ class ShapedNetwork:
 
     @property
     def namespaces(self) -> list[str]:
-        return [self.hub, *(self.rank_ns(r) for r in range(self.world_size))]
+        return [self.hub, *(self.node_ns(n) for n in range(self.nodes))]
 
 
 # ---- argv builders (pure) ------------------------------------------------------------------
@@ -146,6 +167,10 @@ def link_up(ns: str, dev: str) -> list[str]:
     return ["ip", "-n", ns, "link", "set", dev, "up"]
 
 
+def set_mtu(ns: str, dev: str, mtu: int) -> list[str]:
+    return ["ip", "-n", ns, "link", "set", dev, "mtu", str(mtu)]
+
+
 def tbf_add(ns: str, dev: str, tbf: Tbf) -> list[str]:
     return ["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
             "rate", f"{tbf.rate_bits}bit", "burst", str(tbf.burst_bytes),
@@ -157,20 +182,26 @@ def setup_commands(net: ShapedNetwork) -> list[list[str]]:
     hub = net.hub
     cmds = [netns_add(hub), link_up(hub, "lo"), bridge_add(hub, BRIDGE),
             addr_add(hub, BRIDGE, f"{net.hub_addr}/24"), link_up(hub, BRIDGE)]  # fmt: skip
-    for r in range(net.world_size):
-        ns, port = net.rank_ns(r), f"p{r}"
+    for n in range(net.nodes):
+        ns, port = net.node_ns(n), f"p{n}"
         cmds += [
             netns_add(ns), link_up(ns, "lo"), veth_add(hub, port, RANK_IF, ns),
-            set_master(hub, port, BRIDGE), addr_add(ns, RANK_IF, f"{net.rank_addr(r)}/24"),
-            tbf_add(ns, RANK_IF, net.tbf), tbf_add(hub, port, net.tbf),
-            link_up(hub, port), link_up(ns, RANK_IF),
+            set_master(hub, port, BRIDGE), addr_add(ns, RANK_IF, f"{net.node_addr(n)}/24"),
         ]  # fmt: skip
+        if net.tbf is not None:
+            cmds += [tbf_add(ns, RANK_IF, net.tbf), tbf_add(hub, port, net.tbf)]
+        if net.intra_tbf is not None:
+            # loopback's 64 KiB MTU is larger than the bucket at low rates, and tbf drops a
+            # packet larger than its bucket forever (TCP stalls): an Ethernet MTU, as on a NIC
+            cmds += [set_mtu(ns, "lo", LO_SHAPED_MTU), tbf_add(ns, "lo", net.intra_tbf)]
+        cmds += [link_up(hub, port), link_up(ns, RANK_IF)]
     return cmds
 
 
 def stale_namespaces(names: list[str], prefix: str, alive: Callable[[int], bool]) -> list[str]:
     """Names made by ``prefix`` networks whose creating process is gone."""
-    pattern = re.compile(rf"^{re.escape(prefix)}-(\d+)-\d+-(?:hub|r\d+)$")
+    # r<k>: a rank's namespace, as networks were named before nodes held several ranks
+    pattern = re.compile(rf"^{re.escape(prefix)}-(\d+)-\d+-(?:hub|[nr]\d+)$")
     return [n for n in names if (m := pattern.match(n)) and not alive(int(m.group(1)))]
 
 
@@ -263,28 +294,33 @@ def teardown(net: ShapedNetwork) -> None:
 
 
 @contextlib.contextmanager
-def shaped_network(
-    world_size: int, bandwidth_bits_per_s: float, prefix: str = "qb"
-) -> Iterator[ShapedNetwork]:
-    """Build the emulated network, yield its names, and always delete it again.
+def shaped_network(topo: network.Topology, prefix: str = "qb") -> Iterator[ShapedNetwork]:
+    """Build the emulated nodes of ``topo``, yield their names, and always delete them again.
 
     Also deleted on exceptions, Ctrl-C and SIGTERM (turned into KeyboardInterrupt here when no
     other handler is set); after a SIGKILL, the next call's stale sweep removes the leftovers.
     """
     check_available()
-    if not 1 <= world_size <= MAX_RANKS:
+    if not 1 <= topo.nodes <= MAX_RANKS:
         raise UserError(
-            f"network.bandwidth supports 1..{MAX_RANKS} ranks, got world_size {world_size}"
+            f"emulated networks hold 1..{MAX_RANKS} hosts, got {topo.nodes}; use fewer nodes "
+            "(network.nodes) or, with network.bandwidth, fewer ranks"
         )
     cleanup_stale(prefix)
-    stem = f"{prefix}-{os.getpid()}-{next(_seq)}"
-    net = ShapedNetwork(stem=stem, world_size=world_size, tbf=tbf_for(bandwidth_bits_per_s))
+    net = ShapedNetwork(
+        stem=f"{prefix}-{os.getpid()}-{next(_seq)}", nodes=topo.nodes,
+        ranks_per_node=topo.ranks_per_node, tbf=_tbf(topo.inter), intra_tbf=_tbf(topo.intra),
+    )  # fmt: skip
     with procs.sigterm_as_interrupt():
         try:
             _build(net)
             yield net
         finally:
             teardown(net)
+
+
+def _tbf(link: network.Link) -> Tbf | None:
+    return None if link.bits_per_s is None else tbf_for(link.bits_per_s)
 
 
 def _build(net: ShapedNetwork) -> None:

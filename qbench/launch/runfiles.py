@@ -55,7 +55,7 @@ def machine_doc(prov: Provenance, spec: RunSpec | None = None) -> dict[str, Any]
         **prov.machine, "versions": prov.versions, "git_commit": prov.git_commit,
     }  # fmt: skip
     if spec is not None:
-        doc["network"] = shaped.describe(spec) if spec.link.shaped else {"shaped": False}
+        doc["network"] = shaped.describe(spec) if spec.emulated_hosts else {"shaped": False}
         doc["driver_host"] = prov.machine.get("hostname")
     return doc
 

@@ -1,8 +1,9 @@
-"""Launch one run's ranks over emulated links (see :mod:`qbench.launch.netns`).
+"""Launch one run's ranks on emulated hosts and links (see :mod:`qbench.launch.netns`).
 
-gloo: every rank is ``ip netns exec <rank ns> python -m qbench.run.worker SPEC`` with the env://
-variables torchrun would set, rank 0's address as MASTER_ADDR, and GLOO_SOCKET_IFNAME naming the
-shaped interface, all in one process group: the first rank to fail (or the timeout) kills them all.
+gloo: every rank is ``ip netns exec <its node's ns> python -m qbench.run.worker SPEC`` with the
+env:// variables torchrun would set (LOCAL_RANK / LOCAL_WORLD_SIZE: its place in its node),
+rank 0's node address as MASTER_ADDR, and GLOO_SOCKET_IFNAME naming the node's interface, all in
+one process group: the first rank to fail (or the timeout) kills them all.
 
 mpi: mpirun runs in the hub namespace and starts ``python -m qbench.launch.nsexec`` per rank, which
 enters that rank's namespace. Open MPI 5's PMIx server listens on TCP 127.0.0.1 by default, which
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from qbench.errors import UserError
 from qbench.launch import local, netns, procs
+from qbench.spec import network
 from qbench.spec.matrix import RunSpec
 
 MASTER_PORT = 29500  # rank 0's own namespace: nothing else listens there
@@ -39,15 +41,22 @@ def unsupported(backend: str) -> str | None:
 
 
 def describe(spec: RunSpec) -> dict[str, object]:
-    """Provenance of a run's emulated link: the setting and the tbf parameters applied to it."""
-    assert spec.link.bits_per_s is not None, "describe() is for shaped runs"
-    tbf = netns.tbf_for(spec.link.bits_per_s)
-    return {
-        "shaped": True, "setting": dict(spec.network), "label": spec.link.label,
-        "method": "netns + veth per rank, tc tbf both directions",
-        "tbf": {"rate_bits": tbf.rate_bits, "burst_bytes": tbf.burst_bytes,
-                "latency_ms": tbf.latency_ms},
+    """Provenance of a run's emulated hosts and links: the setting, the placement and the tbf
+    parameters applied (None: that level is not shaped)."""
+    topo = spec.topology
+    doc: dict[str, object] = {
+        "shaped": topo.inter.shaped or topo.intra.shaped, "setting": dict(spec.network),
+        "label": spec.link.label, "nodes": topo.nodes, "ranks_per_node": topo.ranks_per_node,
+        "method": "netns + veth per node, tc tbf both directions between nodes"
+        + (", tc tbf on each node's loopback" if topo.intra.shaped else ""),
     }  # fmt: skip
+    for level, link in (("tbf", topo.inter), ("intra_tbf", topo.intra)):
+        tbf = None if link.bits_per_s is None else netns.tbf_for(link.bits_per_s)
+        doc[level] = None if tbf is None else {
+            "rate_bits": tbf.rate_bits, "burst_bytes": tbf.burst_bytes,
+            "latency_ms": tbf.latency_ms,
+        }  # fmt: skip
+    return doc
 
 
 def gloo_rank_argv(net: netns.ShapedNetwork, rank: int, program: list[str]) -> list[str]:
@@ -57,8 +66,9 @@ def gloo_rank_argv(net: netns.ShapedNetwork, rank: int, program: list[str]) -> l
 def gloo_rank_env(net: netns.ShapedNetwork, rank: int, base: Mapping[str, str]) -> dict[str, str]:
     env = dict(base)
     env.update({
-        "RANK": str(rank), "WORLD_SIZE": str(net.world_size), "LOCAL_RANK": str(rank),
-        "LOCAL_WORLD_SIZE": str(net.world_size), "MASTER_ADDR": net.rank_addr(0),
+        "RANK": str(rank), "WORLD_SIZE": str(net.world_size),
+        "LOCAL_RANK": str(rank % net.ranks_per_node),
+        "LOCAL_WORLD_SIZE": str(net.ranks_per_node), "MASTER_ADDR": net.rank_addr(0),
         "MASTER_PORT": str(MASTER_PORT),
         "GLOO_SOCKET_IFNAME": netns.RANK_IF,  # gloo would pick the host name's address otherwise
     })  # fmt: skip
@@ -68,7 +78,7 @@ def gloo_rank_env(net: netns.ShapedNetwork, rank: int, base: Mapping[str, str]) 
 def mpirun_argv(
     net: netns.ShapedNetwork, program: list[str], mpirun: str, python: str = sys.executable
 ) -> list[str]:
-    template = f"{net.stem}-r{{rank}}"
+    template = f"{net.stem}-n{{node}}"
     return netns.netns_exec(net.hub, [
         mpirun, "-np", str(net.world_size), "--oversubscribe", "--bind-to", "none",
         "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
@@ -77,7 +87,7 @@ def mpirun_argv(
         # as an intra-node reduce + bcast (half the link used at a time) and coll sm would share
         # memory past the links; without them tuned picks what it would pick across nodes.
         "--mca", "coll", "^han,sm",
-        python, "-m", "qbench.launch.nsexec", template, *program,
+        python, "-m", "qbench.launch.nsexec", template, str(net.ranks_per_node), *program,
     ])  # fmt: skip
 
 
@@ -93,42 +103,38 @@ def run_shaped(
 ) -> tuple[str, int | None]:
     """Same contract as ``sweep._launch``: logs in run_dir, status ok / failed / timeout."""
     program = [sys.executable, *local.WORKER, str(spec_path)]
-    assert spec.link.bits_per_s is not None, "run_shaped() is for shaped runs"
-    return run_program(spec.backend, spec.world_size, spec.link.bits_per_s, program, run_dir,
-                       timeout)  # fmt: skip
+    return run_program(spec.backend, spec.topology, program, run_dir, timeout)
 
 
 def run_program(
     backend: str,
-    world_size: int,
-    bandwidth_bits_per_s: float,
+    topo: network.Topology,
     program: list[str],
     run_dir: Path,
     timeout: float,
     prefix: str = "qb",
 ) -> tuple[str, int | None]:
-    """Run ``program`` on ``world_size`` ranks over links of the given rate; wait for all."""
-    with shaped_jobs(backend, world_size, bandwidth_bits_per_s, program, prefix) as jobs:
+    """Run ``program`` on the ranks of ``topo``, each in its node's namespace; wait for all."""
+    with shaped_jobs(backend, topo, program, prefix) as jobs:
         return procs.run_jobs(jobs, run_dir, timeout)
 
 
 @contextmanager
 def shaped_jobs(
-    backend: str, world_size: int, bandwidth_bits_per_s: float, program: list[str],
-    prefix: str = "qb",
-) -> Iterator[list[procs.Job]]:  # fmt: skip
-    """The jobs that run ``program`` on ``world_size`` ranks over links of the given rate,
-    valid while the block runs (the namespaces are removed when it ends)."""
+    backend: str, topo: network.Topology, program: list[str], prefix: str = "qb"
+) -> Iterator[list[procs.Job]]:
+    """The jobs that run ``program`` on the ranks of ``topo`` on emulated hosts, valid while
+    the block runs (the namespaces are removed when it ends)."""
     why = unsupported(backend)
     if why:
         raise UserError(why)
     mpirun = local.find_mpirun() if backend == "mpi" else ""
     base = local.worker_env()
-    with netns.shaped_network(world_size, bandwidth_bits_per_s, prefix) as net:
+    with netns.shaped_network(topo, prefix) as net:
         if backend == "mpi":
             jobs = [(mpirun_argv(net, program, mpirun), mpirun_env(base))]
         else:
             jobs = [(gloo_rank_argv(net, r, program), gloo_rank_env(net, r, base))
-                    for r in range(world_size)]  # fmt: skip
+                    for r in range(net.world_size)]  # fmt: skip
         # `ip` (and mpirun) by absolute path: sbin may be missing from PATH
         yield [([netns.tool(argv[0]), *argv[1:]], env) for argv, env in jobs]

@@ -266,7 +266,7 @@ def _launch(spec: RunSpec, store: ResultStore, launch: Launch) -> tuple[str, int
         from qbench.launch.slurm import runs
 
         return runs.run(spec, spec_path, run_dir, spec.timeout, launch.slurm)
-    if spec.link.shaped:  # emulated link: every rank in its own shaped network namespace
+    if spec.emulated_hosts:  # each node (flat star: each rank) a network namespace
         return shaped.run_shaped(spec, spec_path, run_dir, spec.timeout)
     argv = local.argv_for(spec.backend, spec_path, spec.world_size)
     return procs.run_jobs([(argv, local.worker_env())], run_dir, spec.timeout)

@@ -22,7 +22,7 @@ from qbench.catalog import rules
 from qbench.errors import UserError
 from qbench.spec import checks, network
 from qbench.spec import workload as user
-from qbench.spec.network import Link
+from qbench.spec.network import Link, Topology
 from qbench.spec.scenario import ROUNDED_COMPUTE, Scenario
 
 # Fields added after results existed: left out of the hash while they hold their default.
@@ -176,6 +176,16 @@ class RunSpec:
         """The link, its rate parsed once per spec (not a field: run.json keeps ``network``)."""
         return network.link(self.network)
 
+    @property
+    def topology(self) -> Topology:
+        """Nodes, ranks per node and the links between and inside them."""
+        return network.topology(self.network, self.world_size, self.nodes)
+
+    @property
+    def emulated_hosts(self) -> bool:
+        """Whether the ranks run on emulated hosts (network namespaces) of this machine."""
+        return network.emulates_hosts(self.network)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -311,6 +321,7 @@ def _points(sc: Scenario, model_entries: list[user.Model]) -> Iterator[_Point]:
     for (written, (model, mparams, factory)), (dataset, data), net, place, variant, draw in axes:
         comp, scheme_spec = variant
         ws, nodes, backend, dev = place
+        nodes = int(net.get("nodes", nodes))  # a cluster setting names its nodes
         seed, rep, skew, compute, weights = draw
         spec = catalog.compressor(comp)
         name = rules.resolve_auto(spec) if scheme_spec["name"] == "auto" else scheme_spec["name"]
@@ -335,17 +346,19 @@ def _why_not(sc: Scenario, p: _Point) -> str | None:
     kind = device or natural_device(p.backend)
     return (
         rules.why_not(combo)
-        or _network_problem(p)
+        or _network_problem(p, sc.launcher)
         or device_problem
         or _placement_problem(p.world_size, p.nodes, kind, sc.gpus_per_node)
         or _filtered(_filter_values(p, kind), sc.include, sc.exclude)
     )
 
 
-def _network_problem(p: _Point) -> str | None:
-    if p.network and p.backend == "nccl":
+def _network_problem(p: _Point, launcher: str) -> str | None:
+    topo = network.topology(p.network, p.world_size, p.nodes)
+    emulated = network.emulates_hosts(p.network) and launcher == "local"
+    if p.backend == "nccl" and (topo.inter.shaped or topo.intra.shaped or emulated):
         return (
-            "network.bandwidth emulates links between CPU processes (gloo, mpi); nccl would "
+            "network emulates hosts and links between CPU processes (gloo, mpi); nccl would "
             "talk GPU to GPU inside one host and bypass them; use gloo or remove `network:`"
         )
     return None

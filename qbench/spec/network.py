@@ -1,4 +1,7 @@
-"""Network settings of a run: unshaped (the default) or an emulated link (``bandwidth``).
+"""Network settings of a run: unshaped (the default), a flat star of emulated links
+(``bandwidth``: every rank its own host), or a cluster of nodes (``nodes``, ``inter``, ``intra``:
+``world_size / nodes`` consecutive ranks per node, sharing its loopback; nodes joined by links of
+rate ``inter``; ``intra`` shapes each node's loopback, all of the node's internal traffic at once).
 
 Pure validation and labelling, and the emulated link's token bucket size (which the cost model
 reads too); the namespaces and ``tc`` shaping live in ``qbench.launch``. A rate is parsed here
@@ -17,11 +20,14 @@ from typing import Any
 
 from qbench.errors import UserError
 
-KEYS = ("bandwidth",)
+KEYS = ("bandwidth", "nodes", "inter", "intra")
+TOPOLOGY_KEYS = ("nodes", "inter", "intra")
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)\s*(kbit|mbit|gbit)$")
 _UNIT = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 TBF_MIN_BURST_BYTES = 16 * 1024
 """The smallest tbf bucket (> 10 full frames), so that low rates do not stall on single frames."""
+MAX_NODES = 64
+"""Emulated hosts of one run (each a network namespace; the subnet has 253 addresses)."""
 UNSHAPED = "unshaped"
 """The label of a link that is not emulated (loopback between processes of one host)."""
 
@@ -39,12 +45,64 @@ class Link:
         return self.bits_per_s is not None
 
 
+@dataclass(frozen=True)
+class Topology:
+    """Where a run's ranks are and what joins them: ``nodes`` hosts of ``ranks_per_node``
+    consecutive ranks each, ``inter`` between hosts and ``intra`` inside one."""
+
+    nodes: int
+    ranks_per_node: int
+    inter: Link = Link()
+    intra: Link = Link()
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.ranks_per_node
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+
 def link(net: Mapping[str, Any]) -> Link:
-    """The link of a network setting (``{}`` or ``{bandwidth: 1gbit}``; UserError if bad)."""
+    """The link between hosts of a network setting (``{}``, ``{bandwidth: 1gbit}`` or
+    ``{nodes: 2, inter: 1gbit}``; UserError if bad). Its label names the whole setting in run
+    ids: the rate, and ``-intra<rate>`` when the nodes' loopback is shaped too."""
     _check_keys(net)
-    if "bandwidth" not in net:
+    if "bandwidth" in net:
+        return Link(bits_per_s(net["bandwidth"]), label(net))
+    intra_link(net)  # checked here too: a setting link() accepts is whole
+    return Link(inter_link(net).bits_per_s, label(net))
+
+
+def inter_link(net: Mapping[str, Any]) -> Link:
+    """The link between nodes of a cluster setting (unshaped without ``inter``)."""
+    return _cluster_link(net, "inter")
+
+
+def intra_link(net: Mapping[str, Any]) -> Link:
+    """The link inside a node, its shaped loopback (unshaped without ``intra``)."""
+    return _cluster_link(net, "intra")
+
+
+def _cluster_link(net: Mapping[str, Any], key: str) -> Link:
+    raw = net.get(key, UNSHAPED)
+    if str(raw).strip().lower() == UNSHAPED:
         return Link()
-    return Link(bits_per_s(net["bandwidth"]), label(net))
+    return Link(bits_per_s(raw, f"network.{key}"), _rate_label(raw))
+
+
+def topology(net: Mapping[str, Any], world_size: int, nodes: int = 1) -> Topology:
+    """The topology of a run of ``world_size`` ranks: ``bandwidth`` makes every rank its own
+    host; ``nodes`` in the setting wins over the run's ``nodes`` (a Slurm allocation's hosts)."""
+    if "bandwidth" in net:
+        return Topology(world_size, 1, link(net))
+    n = int(net.get("nodes", nodes))
+    return Topology(n, world_size // n, inter_link(net), intra_link(net))
+
+
+def emulates_hosts(net: Mapping[str, Any]) -> bool:
+    """Whether the setting asks for emulated hosts (network namespaces), shaped or not."""
+    return "bandwidth" in net or "nodes" in net
 
 
 def option(text: str | None) -> Link:
@@ -82,23 +140,49 @@ def _check_keys(net: Mapping[str, Any]) -> None:
         if k not in KEYS:
             shown = k if isinstance(k, str) and k.isprintable() else repr(k)  # one line
             raise UserError(f"unknown key network.{shown}; valid: {', '.join(KEYS)}")
+    cluster = [k for k in TOPOLOGY_KEYS if k in net]
+    if "bandwidth" in net and cluster:
+        raise UserError(
+            f"network.bandwidth (a flat star: every rank its own host) does not go with "
+            f"network.{cluster[0]}; e.g. `{{nodes: 2, inter: 1gbit}}` for nodes of several ranks"
+        )
+    if cluster and "nodes" not in net:
+        raise UserError(
+            f"network.{cluster[0]} needs network.nodes (how many hosts); e.g. "
+            "`{nodes: 2, inter: 1gbit, intra: unshaped}`"
+        )
+    if "nodes" in net:
+        n = net["nodes"]
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_NODES:
+            raise UserError(
+                f"network.nodes must be a whole number in [1, {MAX_NODES}], got {n!r}; "
+                "e.g. `{nodes: 2, inter: 1gbit}`"
+            )
 
 
-def bits_per_s(rate: Any) -> float:
+def bits_per_s(rate: Any, key: str = "network.bandwidth") -> float:
     """The rate parser (``1gbit`` -> 1e9). Call :func:`link` / :func:`option` instead: a test
     (tests/test_network_link.py) lists the modules that still parse a rate themselves."""
     m = _RATE.match(str(rate).strip().lower())
     bits = float(m.group(1)) * _UNIT[m.group(2)] if m else math.nan
     if not 1 <= bits < math.inf:  # nan: no match; inf: hundreds of digits; tc needs >= 1 bit/s
         raise UserError(
-            f"network.bandwidth must be a positive rate in kbit/mbit/gbit, got {rate!r}; "
-            "e.g. `bandwidth: 1gbit`"
+            f"{key} must be a positive rate in kbit/mbit/gbit, got {rate!r}; "
+            f"e.g. `{key.rsplit('.', 1)[-1]}: 1gbit`"
         )
     return bits
 
 
 def label(net: Mapping[str, Any]) -> str:
-    return str(net["bandwidth"]).replace(" ", "") if net.get("bandwidth") else UNSHAPED
+    """``1gbit`` (flat star or between nodes), ``unshaped``, ``1gbit-intra10gbit``."""
+    if net.get("bandwidth"):
+        return _rate_label(net["bandwidth"])
+    inter, intra = inter_link(net).label, intra_link(net)
+    return f"{inter}-intra{intra.label}" if intra.shaped else inter
+
+
+def _rate_label(rate: Any) -> str:
+    return str(rate).replace(" ", "")
 
 
 def tbf_burst_bytes(rate_bits_per_s: float) -> int:

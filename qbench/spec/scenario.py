@@ -54,8 +54,8 @@ class Scenario:
     world_size: tuple[int, ...] = (1, 2)
     """Numbers of ranks (processes) in all; CPU ranks get one thread each."""
     nodes: tuple[int, ...] = (1,)
-    """Hosts the ranks are spread over (world_size / nodes each); > 1 needs ``launcher: slurm``
-    or a multi-node set-up (see docs/launchers.md)."""
+    """Hosts the ranks are spread over (world_size / nodes each) under ``launcher: slurm``;
+    on one machine, emulated hosts are a network entry's ``nodes`` (``network: {nodes: 2}``)."""
     gpus_per_node: int | None = None
     """GPUs each host offers (nccl: ranks per node must not exceed it); none = not checked."""
     backend: tuple[str, ...] = ("gloo",)
@@ -170,6 +170,11 @@ class Scenario:
                 raise UserError(f"scheme {s!r} has no name; e.g. `- {{name: reduce-broadcast}}`")
         for net in self.network:
             network.check(net)
+        if any("nodes" in net for net in self.network) and self.nodes != (1,):
+            raise UserError(
+                f"nodes: {list(self.nodes)} and network entries with nodes say the same thing "
+                "twice; keep one, e.g. `network: [{nodes: 2, inter: 1gbit}]` without `nodes:`"
+            )
         checks.check_positive("world_size", self.world_size, example="world_size: [1, 2, 4]")
         checks.check_positive("nodes", self.nodes, example="nodes: [1, 2]")
         if self.gpus_per_node is not None:
