@@ -62,3 +62,20 @@ def test_an_unknown_compressor_is_a_user_error() -> None:
     record = {**RECORD, "spec": {**RECORD["spec"], "compressor": {"name": "nosuch"}}}
     with pytest.raises(UserError, match="nosuch"):
         run_specs(record)
+
+
+@pytest.mark.parametrize(
+    ("spec", "label", "bits"),
+    [({"bandwidth": "100mbit"}, "100mbit", 1e8), ({}, "unshaped", None),
+     (None, "2.5mbit", 2.5e6), (None, "unshaped", None), (None, None, None)],
+    ids=["shaped", "unshaped", "no spec, label", "no spec, unshaped", "neither"],
+)  # fmt: skip
+def test_the_link_comes_from_the_spec_or_else_the_label(
+    spec: dict[str, str] | None, label: str | None, bits: float | None
+) -> None:
+    record: dict = {"labels": {**RECORD["labels"]}, "spec": {**RECORD["spec"]}}
+    if spec is not None:
+        record["spec"]["network"] = spec
+    if label is not None:
+        record["labels"]["network"] = label
+    assert run_specs(record).link.bits_per_s == bits

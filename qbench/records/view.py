@@ -1,4 +1,4 @@
-"""A run's compressor and scheme as the catalog's typed values, read from its run.json.
+"""A run's compressor, scheme and link as typed values, read from its run.json.
 
 Reports and the cost model read parameters (bits, bucket size, overlap, ...) from here, never
 from labels. ``run.json``'s ``spec`` holds what the run was given (``compressor``: a mapping,
@@ -8,6 +8,8 @@ of record fall back to their labels, through :func:`_from_labels`, the only plac
 are parsed back: one without a spec (a hand-written or truncated file), and one whose spec no
 longer makes the label it recorded, because a default changed since it ran (``fixedpoint``'s
 ``scope`` became ``layer``; its older runs were ``global``, and their label says so).
+The link is ``spec``'s ``network`` setting, read by ``qbench.spec.network.link``; a record
+without one reads its ``network`` label through ``network.option`` (none: unshaped).
 """
 
 from __future__ import annotations
@@ -17,34 +19,49 @@ from dataclasses import dataclass
 from typing import Any
 
 from qbench import catalog
+from qbench.spec import network
+from qbench.spec.network import Link
 
 
 @dataclass(frozen=True)
 class RunSpecs:
-    """What a run compressed with and how it exchanged gradients."""
+    """What a run compressed with, how it exchanged gradients and over which link."""
 
     compressor: catalog.CompressorSpec
     scheme: catalog.SchemeSpec
+    link: Link
+    """The emulated link (``bits_per_s``), or an unshaped one (loopback) when none was set."""
 
 
 def run_specs(record: Mapping[str, Any]) -> RunSpecs:
     """The typed specs of a run.json (its dict, or ``RunRecord.to_dict()``); UserError when the
     record names a compressor or scheme this qbench does not know (a plug-in not loaded)."""
     spec, labels = record.get("spec") or {}, record.get("labels") or {}
+    link = _link(spec, labels)
     if "compressor" not in spec or "scheme" not in spec:
-        return _from_labels(labels)
+        return _from_labels(labels, link)
     params = spec.get("scheme_params") or {}
     made = RunSpecs(catalog.compressor(spec["compressor"]),
-                    catalog.scheme({"name": spec["scheme"], **params}))  # fmt: skip
+                    catalog.scheme({"name": spec["scheme"], **params}), link)  # fmt: skip
     made_labels = (made.compressor.label, catalog.scheme_label(made.scheme.name, params))
     recorded = (labels.get("compressor", made_labels[0]), labels.get("scheme", made_labels[1]))
-    return made if recorded == made_labels else _from_labels(labels)
+    return made if recorded == made_labels else _from_labels(labels, link)
 
 
-def _from_labels(labels: Mapping[str, Any]) -> RunSpecs:
+def _from_labels(labels: Mapping[str, Any], link: Link) -> RunSpecs:
     """A record without a spec, or whose spec no longer makes its labels: the labels say what
     ran."""
     return RunSpecs(
         catalog.from_label(str(labels["compressor"])),
         catalog.scheme_from_label(str(labels["scheme"])),
+        link,
     )
+
+
+def _link(spec: Mapping[str, Any], labels: Mapping[str, Any]) -> Link:
+    """The recorded network setting (``{}``: unshaped); a record without one (schema 1, a
+    hand-written file): its label, ``1gbit`` or ``unshaped`` (none: unshaped)."""
+    if isinstance(spec.get("network"), Mapping):
+        return network.link(spec["network"])
+    shown = labels.get("network")
+    return network.option(shown if isinstance(shown, str) else None)
