@@ -1,13 +1,36 @@
 """Names for people (qbench.report.names, from the catalog entries' ``display``): every label a
-results directory stores reads as words, and scheme labels turn back into their parameters."""
+results directory stores reads as words, from the spec its run recorded (``names.learn``, which
+``stats.load`` calls), never from the label itself; and scheme labels turn back into their
+parameters (the fallback of records without a spec)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from qbench import catalog
 from qbench.errors import UserError
-from qbench.report import names
+from qbench.records.schema import RunRecord
+from qbench.records.store import ResultStore
+from qbench.records.view import RunSpecs
+from qbench.report import names, stats
+from qbench.spec.network import Link
+
+
+@pytest.fixture(autouse=True)
+def _nothing_learned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts from what it learns itself (loads elsewhere fill the same tables)."""
+    for table in ("_COMPRESSORS", "_SCHEMES", "_LINKS"):
+        monkeypatch.setattr(names, table, {})
+
+
+def _learn(scheme: str = "allreduce", compressor: str = "fp32") -> None:
+    """What ``stats.load`` does for a run without a spec: its labels, read back by the catalog
+    (``records.view``'s fallback), stand for its specs."""
+    specs = RunSpecs(catalog.from_label(compressor), catalog.scheme_from_label(scheme), Link())
+    names.learn({"scheme": scheme, "compressor": compressor}, specs)
+
 
 COMPRESSORS = {  # label -> (full name, brief name)
     "fp32": ("fp32", "fp32"),
@@ -65,6 +88,7 @@ METHODS = [  # (scheme label, compressor label, name)
 
 @pytest.mark.parametrize("label", COMPRESSORS)
 def test_compressor_names(label: str) -> None:
+    _learn(compressor=label)
     full, brief = COMPRESSORS[label]
     assert names.compressor(label) == full
     assert names.compressor(label, brief=True) == brief
@@ -72,6 +96,7 @@ def test_compressor_names(label: str) -> None:
 
 @pytest.mark.parametrize("label", SCHEMES)
 def test_scheme_names_and_labels_round_trip(label: str) -> None:
+    _learn(scheme=label)
     assert names.scheme(label) == SCHEMES[label]
     spec = catalog.scheme_from_label(label)
     given = {k: v for k, v in spec.given.items() if k != "name"}
@@ -80,11 +105,15 @@ def test_scheme_names_and_labels_round_trip(label: str) -> None:
 
 @pytest.mark.parametrize(("scheme", "compressor", "name"), METHODS)
 def test_method_names(scheme: str, compressor: str, name: str) -> None:
+    _learn(scheme, compressor.removesuffix(" (simulated)"))
     assert names.method(scheme, compressor) == name
 
 
 def test_unknown_labels_are_shown_as_they_are() -> None:
-    """A plug-in's label, or one from a newer qbench, must not break a report."""
+    """A plug-in's label, or one from a newer qbench, must not break a report; nor is a label
+    no loaded run recorded parsed back, even one the catalog could read."""
+    assert names.compressor("qsgd-4b-b512") == "qsgd-4b-b512"
+    assert names.method("ddp", "fp32") == "ddp · fp32"
     assert names.compressor("mycodec-3") == "mycodec-3"
     assert names.scheme("ring-allreduce+foo1") == "ring-allreduce+foo1"
     assert names.method("ring-allreduce", "mycodec-3") == "ring-allreduce · mycodec-3"
@@ -104,3 +133,32 @@ def test_every_built_in_entry_has_a_display_name() -> None:
         assert catalog.COMPRESSORS[name].display is not None, name
     for name in BUILT_IN[1]:
         assert catalog.SCHEMES[name].display is not None, name
+
+
+def test_names_come_from_the_recorded_spec_not_the_label() -> None:
+    """A label that says 4 bits, learned with a 2-bit spec, is named by the spec."""
+    two = catalog.compressor({"name": "qsgd", "bits": 2, "bucket_size": 128})
+    ring = catalog.scheme({"name": "gossip", "algorithm": "choco", "topology": "ring"})
+    names.learn({"compressor": "qsgd-4b-b512", "scheme": "allreduce", "network": "1gbit"},
+                RunSpecs(two, ring, Link(1e8, "100mbit")))  # fmt: skip
+    assert names.compressor("qsgd-4b-b512") == "QSGD 2-bit, bucket 128"
+    assert names.scheme("allreduce") == "Choco-SGD, ring"
+    assert names.link("1gbit") == Link(1e8, "100mbit")
+
+
+def _record(run_id: str, compressor: dict, labels: dict) -> RunRecord:
+    spec = {"compressor": compressor, "scheme": "ddp", "network": {"bandwidth": "1gbit"}}
+    return RunRecord(run_id=run_id, status="failed", labels=labels, spec=spec)  # no parquet
+
+
+def test_loading_a_results_directory_learns_its_runs_specs(tmp_path: Path) -> None:
+    store = ResultStore(tmp_path)
+    labels = {"compressor": "qsgd-8b-b256", "scheme": "ddp", "network": "1gbit"}
+    store.write_record(_record("q", {"name": "qsgd", "bits": 8, "bucket_size": 256}, labels))
+    plugin = {"compressor": "mycodec-3", "scheme": "ddp", "network": "1gbit"}
+    store.write_record(_record("p", {"name": "mycodec", "level": 3}, plugin))  # not installed
+    runs = stats.load(tmp_path).runs.set_index("run_id")
+    assert names.method("ddp", "qsgd-8b-b256") == "DDP QSGD 8-bit, bucket 256"  # not 512: kept
+    assert names.link("1gbit") == Link(1e9, "1gbit")
+    assert names.compressor("mycodec-3") == "mycodec-3"
+    assert runs.loc["p", "status"] == "failed"  # read all the same, not "unreadable"

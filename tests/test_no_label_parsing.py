@@ -26,9 +26,6 @@ ALLOWED = {
     ("report/page_render.py", "_inline"): "page text",
 }
 NOT_YET = {
-    ("report/names.py", "_compressor"), ("report/names.py", "_scheme"),
-    ("report/plots.py", "_scalability_panel"), ("report/plots_study.py", "_is_simulated"),
-    ("report/stats.py", "_async_runs"),
     ("costmodel/crossover.py", "crossover"),
     ("costmodel/fit.py", "_overlap_points"), ("costmodel/formulas.py", "comm_plan"),
     ("costmodel/formulas.py", "payload_bits"),

@@ -18,7 +18,7 @@ import pytest
 from qbench.errors import UserError
 from qbench.records.schema import RunRecord, iterations_frame
 from qbench.records.store import ResultStore
-from qbench.report import stats
+from qbench.report import plots, stats
 from qbench.report import tables as report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -190,6 +190,17 @@ def test_simulated_runs_are_labelled(summary: pd.DataFrame) -> None:
     row = summary.loc["mlp-sim-w2"]
     assert row["compressor"] == "qsgd-4b-b512 (simulated)"
     assert bool(row["simulated"]) and math.isnan(row["scalability"])  # no simulated 1-GPU run
+
+
+def test_simulated_lines_are_dashed_and_hollow(summary: pd.DataFrame) -> None:
+    """Read from the ``simulated`` column: a simulated speedup must never pass for a real one."""
+    fig = plots.scalability_figure(summary.reset_index(drop=True))
+    assert fig is not None
+    lines = [ln for ax in fig.axes for ln in ax.get_lines() if "linear" not in ln.get_label()]
+    sim = [ln for ln in lines if ln.get_label().endswith("(simulated)")]
+    assert len(sim) == 1 and sim[0].get_linestyle() == "--"
+    assert sim[0].get_markerfacecolor() == "white"
+    assert len(lines) > 1 and all(ln.get_linestyle() == "-" for ln in lines if ln not in sim)
 
 
 def test_broken_runs_are_reported_not_fatal(summary: pd.DataFrame) -> None:

@@ -1,23 +1,59 @@
 """Names for people: scheme, compressor and their parameters as figures, tables and pages show
 them ("Choco-SGD, ring", "QSGD 4-bit, bucket 512", "DDP fp32", "QSGD 4-bit per DDP bucket").
 
-The facts (what each parameter is called) are the catalog entries' ``display`` functions; this
-module reads the labels a results directory stores (``run.json``: ``scheme``, ``compressor``),
-turns them back into parameters (``catalog.from_label``, ``catalog.scheme_from_label``) and
-composes the two. A label no entry makes (a plug-in's, or a file from a newer qbench) is shown
-as it is. CSV files keep the machine labels; only what people read is renamed.
+The facts (what each parameter is called) are the catalog entries' ``display`` functions; the
+parameters are the typed specs each run recorded, never parsed from its labels. ``stats.load``
+reads every run's specs (``qbench.records.view.run_specs``) and hands them here with the labels
+the run stored (:func:`learn`); tables and figures, which only see the labels, look the specs
+up by label (:func:`compressor_spec`, :func:`scheme_spec`, :func:`link`). What is learned stays
+for the process (a report may load two directories, ``qbench compare``); a label stands for one
+spec, since the catalog makes labels from specs, so a later load only adds. A label no loaded
+run recorded (a plug-in that is not installed, a file from a newer qbench) is shown as it is.
+CSV files keep the machine labels; only what people read is renamed.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+from collections.abc import Mapping
+from typing import Any
 
 from qbench import catalog
 from qbench.catalog import rules
-from qbench.errors import UserError
+from qbench.records.view import RunSpecs
+from qbench.spec.network import Link
 
 SIMULATED = " (simulated)"
 """The suffix ``stats`` puts on speed-only simulations' compressor labels; names keep it."""
+
+_COMPRESSORS: dict[str, catalog.CompressorSpec] = {}
+_SCHEMES: dict[str, catalog.SchemeSpec] = {}
+_LINKS: dict[str, Link] = {}
+
+
+def learn(labels: Mapping[str, Any], specs: RunSpecs) -> None:
+    """Remember what a run's ``compressor``, ``scheme`` and ``network`` labels stand for."""
+    compressor, scheme, network = (labels.get(k) for k in ("compressor", "scheme", "network"))
+    if isinstance(compressor, str):
+        _COMPRESSORS[compressor] = specs.compressor
+    if isinstance(scheme, str):
+        _SCHEMES[scheme] = specs.scheme
+    if isinstance(network, str):
+        _LINKS[network] = specs.link
+
+
+def compressor_spec(label: object) -> catalog.CompressorSpec | None:
+    """The spec a loaded run recorded under this compressor label, or None."""
+    return _COMPRESSORS.get(str(label))
+
+
+def scheme_spec(label: object) -> catalog.SchemeSpec | None:
+    """The spec a loaded run recorded under this scheme label, or None."""
+    return _SCHEMES.get(str(label))
+
+
+def link(label: object) -> Link | None:
+    """The link a loaded run recorded under this network label, or None."""
+    return _LINKS.get(str(label))
 
 
 def _split(label: object) -> tuple[str, str]:
@@ -25,32 +61,16 @@ def _split(label: object) -> tuple[str, str]:
     return (text.removesuffix(SIMULATED), SIMULATED) if text.endswith(SIMULATED) else (text, "")
 
 
-@lru_cache(maxsize=4096)
-def _compressor(label: str) -> catalog.CompressorSpec | None:
-    try:
-        return catalog.from_label(label)
-    except UserError:
-        return None
-
-
-@lru_cache(maxsize=4096)
-def _scheme(label: str) -> catalog.SchemeSpec | None:
-    try:
-        return catalog.scheme_from_label(label)
-    except UserError:
-        return None
-
-
 def compressor(label: object, brief: bool = False) -> str:
     """``qsgd-4b-b512`` -> "QSGD 4-bit, bucket 512" (brief: "QSGD 4-bit")."""
     text, suffix = _split(label)
-    spec = _compressor(text)
+    spec = compressor_spec(text)
     return (text if spec is None else spec.display(brief)) + suffix
 
 
 def scheme(label: object) -> str:
     """``gossip+algorithmchoco+topologyring`` -> "Choco-SGD, ring"."""
-    spec = _scheme(str(label))
+    spec = scheme_spec(label)
     return str(label) if spec is None else spec.display()
 
 
@@ -59,7 +79,7 @@ def method(scheme_label: object, compressor_label: object) -> str:
     "Choco-SGD, ring · QSGD 4-bit", "allreduce · fp32"."""
     text, suffix = _split(compressor_label)
     what = compressor(text, brief=True)
-    spec = _scheme(str(scheme_label))
+    spec = scheme_spec(scheme_label)
     if spec is None:
         return f"{scheme_label} · {what}{suffix}"
     if spec.name == "ddp":

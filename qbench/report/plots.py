@@ -22,7 +22,6 @@ from matplotlib.ticker import NullLocator
 
 from qbench.records.store import atomic_write_bytes
 from qbench.report import names, styles
-from qbench.report.stats import SIMULATED_SUFFIX
 
 DPI = 150
 # stacking order bottom-up: communication first, as in the seed paper's breakdown figures
@@ -91,7 +90,8 @@ def _measured(summary: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     named = {c: rows[c].astype(object).fillna("?") for c in ("model", "dataset", "backend")}
     rows = rows.assign(series=_series_labels(rows), network=rows["network"].fillna("?"), **named)
     values = ["samples_per_s", "t_iteration_median", *PARTS]
-    by = [*keys, "series", "compressor_name", "precision", *_ORDER]
+    # simulated: constant per series (names keep "(simulated)"); the lines' dashes read it
+    by = [*keys, "series", "compressor_name", "precision", "simulated", *_ORDER]
     merged = rows.groupby(by, as_index=False, dropna=False)[values]
     order = [True, False, True, True]  # fp32 (32 bits) before fewer bits
     return merged.median().sort_values(_ORDER, ascending=order, na_position="last")
@@ -244,7 +244,7 @@ def scalability_figure(summary: pd.DataFrame) -> Figure | None:
 def _scalability_panel(ax: Axes, rows: pd.DataFrame, looks: dict[str, styles.Style]) -> None:
     for series, line in rows.groupby("series", sort=False):
         line = line.sort_values("world_size")
-        simulated = str(line["compressor"].iloc[0]).endswith(SIMULATED_SUFFIX)  # dashed, hollow
+        simulated = bool(line["simulated"].iloc[0])  # dashed, hollow
         color, marker = looks[str(series)]
         ax.plot(line["world_size"], line["samples_per_s"], "--" if simulated else "-",
                 color=color, lw=1.6, marker=marker, ms=6, label=series,

@@ -24,7 +24,6 @@ from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
 
 from qbench.report import names, plots, styles
 from qbench.report.accuracy import CONFIG_KEYS
-from qbench.report.stats import SIMULATED_SUFFIX
 
 MAX_PANELS = 6
 # Forward + backward of a dense network costs about 3 forward passes (backward computes the
@@ -60,13 +59,12 @@ def write_study_figures(summary: pd.DataFrame, out_dir: Path) -> tuple[list[Path
 def legend_label(parts: list[str], simulated: bool) -> str:
     """Joined label parts, ending in "(simulated)" for speed-only simulations (seed 002
     section 4.4): a simulated speedup must never pass for a real one."""
-    text = " · ".join(p.removesuffix(SIMULATED_SUFFIX) for p in parts)
-    return text + SIMULATED_SUFFIX if simulated else text
+    text = " · ".join(p.removesuffix(names.SIMULATED) for p in parts)
+    return text + names.SIMULATED if simulated else text
 
 
 def _is_simulated(rows: pd.DataFrame) -> bool:
-    named = rows["compressor"].astype(str).str.endswith(SIMULATED_SUFFIX).any()
-    return bool(named or rows["simulated"].astype(bool).any())
+    return bool(rows["simulated"].astype(bool).any())
 
 
 # -- speedup vs communication / computation ratio ------------------------------------------
@@ -162,9 +160,9 @@ def _speedup_line(ax: Axes, line: pd.DataFrame, label: str, look: styles.Style) 
 def _bounds(rows: pd.DataFrame) -> dict[str, float]:
     """Per compressor the bits per value actually sent (measured, so bucket scales count),
     else the nominal bits; compressors with neither get no bound."""
-    names = rows["compressor"].astype(str).str.removesuffix(SIMULATED_SUFFIX)
+    labels = rows["compressor"].astype(str).str.removesuffix(names.SIMULATED)  # one per codec
     bits = rows["bits_per_value"].fillna(rows["bits"]).astype(float)
-    per = bits.groupby(names).median()
+    per = bits.groupby(labels).median()
     return {str(name): float(b) for name, b in per.items() if b > 0 and math.isfinite(b)}
 
 

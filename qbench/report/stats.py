@@ -12,6 +12,7 @@ Reads files only: never torch, the worker or a launcher. Conventions:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,13 +30,13 @@ from qbench.records.schema import (
     iterations_frame,
 )
 from qbench.records.store import ResultStore
-from qbench.report import accuracy, intervals, speedups
+from qbench.records.view import run_specs
+from qbench.report import accuracy, intervals, names, speedups
 
 UNREADABLE = "unreadable"
 PROFILED = "profiled"
 """Status of an ok run traced by the profiler: its times are real but slowed, so it is
 measured and shown, never compared (no speedups, no baseline, no speed figure)."""
-SIMULATED_SUFFIX = " (simulated)"
 PARTS = ("t_compute", "t_encode", "t_comm", "t_decode", "t_step")
 LABELS = (
     *("model", "dataset", "backend", "scheme", "compressor", "compressor_name", "bits"),
@@ -57,6 +58,7 @@ _METRICS = (
     *("_grad_bytes", "_payload_bytes"),
 )
 ASYNC_SCHEME = "async-ps"
+"""The catalog name of the asynchronous parameter server (seed 003), whose rows are events."""
 RATIOS = speedups.RATIOS
 # seed 002 section 5.4: dollars, from the scenario's price of one machine hour (NaN without one)
 MONEY_COLUMNS = ("cost_per_iteration", "cost_per_epoch", "cost_to_target")
@@ -130,9 +132,14 @@ def _read_epochs(path: Path, run_id: str) -> pd.DataFrame | None:
 
 def _load_run(store: ResultStore, run_id: str) -> tuple[dict[str, Any], pd.DataFrame | None]:
     try:
-        row = _record_row(run_id, _read_record(store, run_id))
+        record = _read_record(store, run_id)
+        row = _record_row(run_id, record)
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
         return _unreadable(run_id, f"run.json: {_reason(exc)}"), None
+    # names: what the labels stand for; specs this qbench cannot read (a plug-in that is not
+    # installed, UserError) leave the labels shown as they are, never fail the run's row
+    with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+        names.learn(record.labels, run_specs({"spec": record.spec, "labels": record.labels}))
     path = store.iterations_path(run_id)
     if not path.exists():
         if row["status"] == "ok":
@@ -319,8 +326,10 @@ def _skipped_steps(iterations: pd.DataFrame, is_async: pd.Series) -> pd.Series:
 
 
 def _async_runs(runs: pd.DataFrame) -> pd.Series:
-    """run_ids of asynchronous parameter-server runs (seed 003), whose rows are not iterations."""
-    return runs.loc[runs["scheme"].astype(str).str.startswith(ASYNC_SCHEME), "run_id"]
+    """run_ids of asynchronous parameter-server runs (seed 003), whose rows are not iterations:
+    the scheme each recorded (``names.scheme_spec``), not its label."""
+    specs = runs["scheme"].map(names.scheme_spec)
+    return runs.loc[specs.map(lambda s: s is not None and s.name == ASYNC_SCHEME), "run_id"]
 
 
 def _async_metrics(iterations: pd.DataFrame) -> pd.DataFrame:
@@ -359,7 +368,7 @@ def _async_metrics(iterations: pd.DataFrame) -> pd.DataFrame:
 def _display_compressor(table: pd.DataFrame) -> pd.Series:
     label = table["compressor"].fillna(table["compressor_name"]).astype(object)
     simulated = table["simulated"] & label.notna()
-    return label.where(~simulated, label.astype(str) + SIMULATED_SUFFIX)
+    return label.where(~simulated, label.astype(str) + names.SIMULATED)
 
 
 def _global_batch(table: pd.DataFrame) -> pd.Series:
