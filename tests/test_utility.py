@@ -8,7 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from qbench.report import plots_utility
+from qbench import catalog
+from qbench.records.view import RunSpecs
+from qbench.report import names, plots_utility
+from qbench.spec import network
 
 # samples/s per (network, scheme, compressor): DDP fp32 is 100 everywhere; QSGD flat is 50 on
 # loopback, 100 at 1 Gbit/s and 200 at 100 Mbit/s, so it crosses 1x at exactly 1 Gbit/s.
@@ -26,6 +29,11 @@ SPS = {
 
 
 def _summary() -> pd.DataFrame:
+    """The summary, its labels learned as ``stats.load`` learns a run's recorded specs."""
+    for net, scheme, comp, _ in SPS:
+        specs = RunSpecs(catalog.from_label(comp), catalog.scheme_from_label(scheme),
+                         network.option(net))  # fmt: skip
+        names.learn({"network": net, "scheme": scheme, "compressor": comp}, specs)
     rows = [
         {"model": "vgg16-cifar", "dataset": "synthetic", "backend": "gloo", "world_size": 2,
          "precision": "fp32", "network": net, "scheme": scheme, "compressor": comp,
@@ -62,3 +70,13 @@ def test_the_figure_is_written(tmp_path: Path) -> None:
 def test_no_figure_without_two_link_rates() -> None:
     one_link = _summary()[lambda s: s["network"] != "100mbit"]
     assert plots_utility.utility_figure(one_link) is None
+
+
+def test_lines_the_baseline_and_their_styles_come_from_the_specs() -> None:
+    """DDP fp32 is the dashed 1x line, not a series; DDP fp16 is sent per bucket (solid), flat
+    QSGD after backward (dashed)."""
+    fig = plots_utility.utility_figure(_summary())
+    assert fig is not None
+    lines = [ln for ln in fig.axes[0].get_lines() if not ln.get_label().startswith("_")]
+    styles = {ln.get_label(): ln.get_linestyle() for ln in lines}  # "_child": 1x, crossovers
+    assert styles == {"DDP fp16": "-", "reduce-broadcast · QSGD 4-bit": "--"}

@@ -6,6 +6,8 @@ backward), compression pays only where communication is exposed, i.e. on slow li
 models whose gradient is large next to their compute. One panel per model (and ranks); the x
 axis is the emulated link rate (log), with unshaped links (loopback) at the right edge; where a
 method's line crosses 1x the crossover bandwidth is marked (interpolated in log bandwidth).
+Rates, the baseline and the line styles come from the specs the runs recorded
+(``qbench.report.names``: links, schemes, compressors by label), never from the labels.
 
 ``matplotlib.figure.Figure`` only, style from ``qbench.report.plots``, each method's colour and
 marker from ``qbench.report.styles`` (dashed: sent after backward, not per DDP bucket).
@@ -14,17 +16,19 @@ marker from ``qbench.report.styles`` (dashed: sent after backward, not per DDP b
 from __future__ import annotations
 
 import math
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from qbench import catalog
+from qbench.catalog import rules
 from qbench.report import names, plots, styles
-from qbench.spec import network
 
-UNSHAPED = "unshaped"
 PANEL_KEYS = ["model", "backend", "world_size", "precision"]
 METHOD = ["scheme", "compressor"]
 MAX_PANELS = 8
@@ -39,7 +43,7 @@ def utility_rows(summary: pd.DataFrame) -> pd.DataFrame:
     if ok.empty or "network" not in ok:
         return ok.iloc[0:0]
     keys = [*PANEL_KEYS, "network", "dataset"]
-    base = ok[(ok["scheme"] == "ddp") & (ok["compressor_name"] == "none")]
+    base = ok[[_is_ddp_fp32(s, c) for s, c in zip(ok["scheme"], ok["compressor"], strict=True)]]
     ref = base.groupby(keys, dropna=False)["samples_per_s"].median().rename("_ddp")
     ok = ok.merge(ref, how="inner", left_on=keys, right_index=True)
     ok["vs_ddp"] = ok["samples_per_s"] / ok["_ddp"]
@@ -49,9 +53,28 @@ def utility_rows(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def _bps(label: object) -> float:
-    if not isinstance(label, str) or label == UNSHAPED:
-        return math.nan
-    return float(network.bits_per_s(label))
+    """The recorded link's rate; NaN unshaped (loopback) or not recorded."""
+    link = names.link(label)
+    return math.nan if link is None or link.bits_per_s is None else link.bits_per_s
+
+
+def _is_ddp_fp32(scheme: object, compressor: object) -> bool:
+    """The baseline: PyTorch DDP with its default buckets, sending fp32 (compressor ``none``)."""
+    spec, comp = names.scheme_spec(scheme), names.compressor_spec(compressor)
+    if spec is None or comp is None:
+        return False
+    return (spec.name, spec.params, comp.name) == (rules.DDP, _ddp_defaults(), "none")
+
+
+@cache
+def _ddp_defaults() -> dict[str, Any]:
+    return catalog.scheme({"name": rules.DDP}).params
+
+
+def _per_bucket(scheme: object) -> bool:
+    """Sent per DDP bucket during backward (a solid line), not after it (dashed)."""
+    spec = names.scheme_spec(scheme)
+    return spec is not None and rules.overlap(spec.name, spec.params) == "backward"
 
 
 def crossover(points: pd.DataFrame) -> float | None:
@@ -100,14 +123,14 @@ def _panel(
     shaped = panel["bps"].dropna()
     right = shaped.max() * 4  # unshaped links (loopback) drawn at the right edge
     for (scheme, comp), line in panel.groupby(METHOD, sort=True):
-        if scheme == "ddp" and "fp32" in str(comp):
+        if _is_ddp_fp32(scheme, comp):
             continue  # the baseline itself: the dashed 1x line
         x = line["bps"].fillna(right)
         order = x.argsort()
         label = names.method(scheme, comp)
         color, marker = looks[label]
         ax.plot(x.iloc[order], line["vs_ddp"].iloc[order], marker=marker, color=color,
-                linestyle="-" if "backward" in str(scheme) or scheme == "ddp" else "--",
+                linestyle="-" if _per_bucket(scheme) else "--",
                 label=label)  # fmt: skip
         cross = crossover(line)
         if cross is not None:
