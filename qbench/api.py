@@ -79,7 +79,7 @@ def sweep(
 
         workload.preflight(m.runs)
     if launch.kind == "local":
-        shaped = any(s.link.shaped for s in m.runs)
+        shaped = any(s.emulated_hosts for s in m.runs)  # namespaces need root, ip and tc
         local.check_available(sc.backend, max(sc.world_size), shaped=shaped)
     else:
         from qbench.launch.slurm import available

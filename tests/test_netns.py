@@ -103,6 +103,23 @@ def test_nodes_hold_consecutive_ranks_and_only_links_between_them_are_shaped() -
     assert "nsexec qb-42-0-n{node} 2 p" in " ".join(shaped.mpirun_argv(net, ["p"], "m", "py"))
 
 
+def test_torchrun_per_node_as_on_a_cluster() -> None:
+    net = netns.ShapedNetwork(stem="qb-42-0", nodes=2, ranks_per_node=2, tbf=None)
+    argv = shaped.node_torchrun_argv(net, 1, ["py", "-m", "qbench.run.worker", "s.json"], "py")
+    assert argv[:5] == ["ip", "netns", "exec", "qb-42-0-n1", "py"]
+    joined = " ".join(argv)
+    for part in (
+        "--nnodes 2 --node-rank 1 --nproc-per-node 2",
+        "--rdzv-backend c10d",
+        "--rdzv-endpoint 10.213.1.1:29500",
+        "--rdzv-conf is_host=0",
+        "--local-addr 10.213.1.2",
+        "--max-restarts 0 -m qbench.run.worker s.json",
+    ):
+        assert part in joined, part  # fmt: skip
+    assert "is_host=1" in " ".join(shaped.node_torchrun_argv(net, 0, ["py", "x.py"], "py"))
+
+
 def test_an_intra_rate_shapes_each_loopback_and_no_inter_rate_leaves_veths_free() -> None:
     intra = netns.tbf_for(2e9)
     net = netns.ShapedNetwork(stem="qb-42-0", nodes=2, ranks_per_node=2, tbf=None, intra_tbf=intra)
@@ -291,10 +308,12 @@ def test_run_shaped_runs_the_worker(tmp_path: Path, no_leftovers: None) -> None:
     ]
 
 
-def _p2p(topo: network.Topology, tmp: Path) -> dict[str, float]:
+def _p2p(topo: network.Topology, tmp: Path, torchrun: bool = False) -> dict[str, float]:
     out = tmp / "p2p.json"
     program = [sys.executable, here("netns_p2p_prog.py"), "gloo", "4", "3", str(out)]
-    status = shaped.run_program("gloo", topo, program, tmp, timeout=120, prefix=PREFIX)
+    status = shaped.run_program(
+        "gloo", topo, program, tmp, timeout=120, prefix=PREFIX, torchrun=torchrun
+    )
     assert status == ("ok", 0), (tmp / "stderr.log").read_text()[-3000:]
     rates: dict[str, float] = json.loads(out.read_text())["gbit_s"]
     print(f"{topo}: Gbit/s from rank 0 to rank {rates}")  # docs/network.md quotes these (-s)
@@ -315,3 +334,13 @@ def test_traffic_inside_a_node_never_crosses_the_link_between_nodes(
     inside = _p2p(network.Topology(2, 2, intra=network.at_rate(100e6)), tmp_path)
     assert 0.02 < inside["1"] < 0.105, inside
     assert min(inside["2"], inside["3"]) > 10 * inside["1"], inside
+
+
+@pytest.mark.slow
+@needs_root
+def test_torchrun_per_node_keeps_a_nodes_ranks_together(tmp_path: Path, no_leftovers: None) -> None:
+    """One torchrun per node, c10d rendezvous at node 0: rank 0's node-mate (rank 1) is on its
+    loopback, ranks 2 and 3 behind the 100 Mbit/s link, whatever order the nodes joined in."""
+    rates = _p2p(network.Topology(2, 2, inter=network.at_rate(100e6)), tmp_path, torchrun=True)
+    assert 0.02 < rates["2"] < 0.105 and 0.02 < rates["3"] < 0.105, rates
+    assert rates["1"] > 10 * max(rates["2"], rates["3"]), rates

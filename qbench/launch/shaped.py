@@ -75,6 +75,29 @@ def gloo_rank_env(net: netns.ShapedNetwork, rank: int, base: Mapping[str, str]) 
     return env
 
 
+def node_torchrun_argv(
+    net: netns.ShapedNetwork, node: int, program: list[str], python: str = sys.executable
+) -> list[str]:
+    """torchrun as on a cluster node: ``--nnodes N --node-rank i`` with a c10d rendezvous at node
+    0's address, inside node i's namespace. The host name, which every namespace shares,
+    resolves to no emulated node, so each agent is given its node's address (``--local-addr``)
+    and whether it hosts the rendezvous store (``is_host``; torch would guess from the name).
+    c10d orders nodes as they join, so the ranks of a node stay consecutive but node i may
+    get ranks other than iG..iG+G-1 (``--node-rank`` is for static rendezvous; torchrun says so)."""
+    return netns.netns_exec(net.node_ns(node), [
+        python, "-m", "torch.distributed.run", "--nnodes", str(net.nodes),
+        "--node-rank", str(node), "--nproc-per-node", str(net.ranks_per_node),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{net.node_addr(0)}:{MASTER_PORT}",
+        "--rdzv-id", net.stem, "--rdzv-conf", f"is_host={int(node == 0)}",
+        "--local-addr", net.node_addr(node), "--max-restarts", "0",
+        *program[1:],  # torchrun runs the program's script or module with this Python
+    ])  # fmt: skip
+
+
+def node_torchrun_env(base: Mapping[str, str]) -> dict[str, str]:
+    return {**base, "GLOO_SOCKET_IFNAME": netns.RANK_IF}
+
+
 def mpirun_argv(
     net: netns.ShapedNetwork, program: list[str], mpirun: str, python: str = sys.executable
 ) -> list[str]:
@@ -103,7 +126,8 @@ def run_shaped(
 ) -> tuple[str, int | None]:
     """Same contract as ``sweep._launch``: logs in run_dir, status ok / failed / timeout."""
     program = [sys.executable, *local.WORKER, str(spec_path)]
-    return run_program(spec.backend, spec.topology, program, run_dir, timeout)
+    nodes = "nodes" in spec.network  # a cluster: torchrun per node; a flat star: the ranks
+    return run_program(spec.backend, spec.topology, program, run_dir, timeout, torchrun=nodes)
 
 
 def run_program(
@@ -113,18 +137,22 @@ def run_program(
     run_dir: Path,
     timeout: float,
     prefix: str = "qb",
+    torchrun: bool = False,
 ) -> tuple[str, int | None]:
     """Run ``program`` on the ranks of ``topo``, each in its node's namespace; wait for all."""
-    with shaped_jobs(backend, topo, program, prefix) as jobs:
+    with shaped_jobs(backend, topo, program, prefix, torchrun) as jobs:
         return procs.run_jobs(jobs, run_dir, timeout)
 
 
 @contextmanager
 def shaped_jobs(
-    backend: str, topo: network.Topology, program: list[str], prefix: str = "qb"
-) -> Iterator[list[procs.Job]]:
+    backend: str, topo: network.Topology, program: list[str], prefix: str = "qb",
+    torchrun: bool = False,
+) -> Iterator[list[procs.Job]]:  # fmt: skip
     """The jobs that run ``program`` on the ranks of ``topo`` on emulated hosts, valid while
-    the block runs (the namespaces are removed when it ends)."""
+    the block runs (the namespaces are removed when it ends). gloo: with ``torchrun``, one
+    torchrun per node as on a cluster; without, the ranks themselves (a warm rank group, the
+    flat star)."""
     why = unsupported(backend)
     if why:
         raise UserError(why)
@@ -133,6 +161,9 @@ def shaped_jobs(
     with netns.shaped_network(topo, prefix) as net:
         if backend == "mpi":
             jobs = [(mpirun_argv(net, program, mpirun), mpirun_env(base))]
+        elif torchrun:
+            jobs = [(node_torchrun_argv(net, n, program), node_torchrun_env(base))
+                    for n in range(net.nodes)]  # fmt: skip
         else:
             jobs = [(gloo_rank_argv(net, r, program), gloo_rank_env(net, r, base))
                     for r in range(net.world_size)]  # fmt: skip
