@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from qbench.errors import UserError
-from qbench.launch import local, netns, nsexec, shaped
+from qbench.launch import local, netns, nsagent, nsexec, shaped
 from qbench.launch import procs as run
 from qbench.spec import network
 from qbench.spec.matrix import RunSpec
@@ -101,6 +101,24 @@ def test_nodes_hold_consecutive_ranks_and_only_links_between_them_are_shaped() -
         "10.213.1.1",
     )
     assert "nsexec qb-42-0-n{node} 2 p" in " ".join(shaped.mpirun_argv(net, ["p"], "m", "py"))
+
+
+def test_mpirun_across_nodes_with_a_hostfile_and_the_namespace_agent(tmp_path: Path) -> None:
+    net = netns.ShapedNetwork(stem="qb-42-0", nodes=2, ranks_per_node=2, tbf=None)
+    assert shaped.hostfile_text(net) == "10.213.1.1 slots=2\n10.213.1.2 slots=2\n"
+    argv = shaped.mpirun_cluster_argv(net, ["py", "w.py"], "/x/mpirun", tmp_path / "h", "py")
+    joined = " ".join(argv)
+    assert argv[:5] == ["ip", "netns", "exec", "qb-42-0-hub", "/x/mpirun"]
+    assert f"-np 4 --hostfile {tmp_path / 'h'}" in joined and joined.endswith(" py w.py")
+    assert "plm_ssh_agent py -m qbench.launch.nsagent qb-42-0 " in joined
+    assert nsagent.node_of("10.213.1.2") == 1
+    assert nsagent.argv_for("qb-42-0", "10.213.1.2", ["prted", "--x"], "unshare") == [
+        "ip", "netns", "exec", "qb-42-0-n1", "unshare", "--uts", "sh", "-c",
+        "hostname qb-42-0-n1 && prted --x",
+    ]  # fmt: skip
+    for bad in ("10.0.0.2", "10.213.1.x", "10.213.1.0"):
+        with pytest.raises(SystemExit, match="no emulated node's address"):
+            nsagent.node_of(bad)
 
 
 def test_torchrun_per_node_as_on_a_cluster() -> None:
@@ -308,11 +326,13 @@ def test_run_shaped_runs_the_worker(tmp_path: Path, no_leftovers: None) -> None:
     ]
 
 
-def _p2p(topo: network.Topology, tmp: Path, torchrun: bool = False) -> dict[str, float]:
+def _p2p(
+    topo: network.Topology, tmp: Path, cluster: bool = False, backend: str = "gloo"
+) -> dict[str, float]:
     out = tmp / "p2p.json"
-    program = [sys.executable, here("netns_p2p_prog.py"), "gloo", "4", "3", str(out)]
+    program = [sys.executable, here("netns_p2p_prog.py"), backend, "4", "3", str(out)]
     status = shaped.run_program(
-        "gloo", topo, program, tmp, timeout=120, prefix=PREFIX, torchrun=torchrun
+        backend, topo, program, tmp, timeout=120, prefix=PREFIX, cluster=cluster
     )
     assert status == ("ok", 0), (tmp / "stderr.log").read_text()[-3000:]
     rates: dict[str, float] = json.loads(out.read_text())["gbit_s"]
@@ -338,9 +358,14 @@ def test_traffic_inside_a_node_never_crosses_the_link_between_nodes(
 
 @pytest.mark.slow
 @needs_root
-def test_torchrun_per_node_keeps_a_nodes_ranks_together(tmp_path: Path, no_leftovers: None) -> None:
-    """One torchrun per node, c10d rendezvous at node 0: rank 0's node-mate (rank 1) is on its
-    loopback, ranks 2 and 3 behind the 100 Mbit/s link, whatever order the nodes joined in."""
-    rates = _p2p(network.Topology(2, 2, inter=network.at_rate(100e6)), tmp_path, torchrun=True)
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("mpi", marks=pytest.mark.mpi)])
+def test_a_cluster_launch_keeps_a_nodes_ranks_together(
+    backend: str, tmp_path: Path, no_leftovers: None
+) -> None:
+    """gloo: one torchrun per node, c10d rendezvous at node 0; mpi: mpirun with a hostfile and
+    the namespace agent. Rank 0's node-mate (rank 1) is on its loopback or shared memory, ranks
+    2 and 3 behind the 100 Mbit/s link, whatever order the nodes joined in."""
+    topo = network.Topology(2, 2, inter=network.at_rate(100e6))
+    rates = _p2p(topo, tmp_path, cluster=True, backend=backend)
     assert 0.02 < rates["2"] < 0.105 and 0.02 < rates["3"] < 0.105, rates
     assert rates["1"] > 10 * max(rates["2"], rates["3"]), rates

@@ -16,6 +16,7 @@ and collectives chosen as across nodes (no han / coll sm, which assume one share
 from __future__ import annotations
 
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -114,10 +115,30 @@ def mpirun_argv(
     ])  # fmt: skip
 
 
+def mpirun_cluster_argv(
+    net: netns.ShapedNetwork, program: list[str], mpirun: str, hostfile: Path,
+    python: str = sys.executable,
+) -> list[str]:  # fmt: skip
+    """mpirun across the emulated nodes as across a cluster's: a hostfile of their addresses and
+    a remote-shell agent (:mod:`qbench.launch.nsagent`) that starts each node's daemon in its
+    namespace. Open MPI's own choices then hold: TCP between nodes, shared memory inside one."""
+    return netns.netns_exec(net.hub, [
+        mpirun, "-np", str(net.world_size), "--hostfile", str(hostfile), "--bind-to", "none",
+        "--mca", "plm_ssh_agent", f"{python} -m qbench.launch.nsagent {net.stem}",
+        "--prtemca", "prte_if_include", net.subnet, "--mca", "btl_tcp_if_include", net.subnet,
+        *program,
+    ])  # fmt: skip
+
+
+def hostfile_text(net: netns.ShapedNetwork) -> str:
+    return "".join(f"{net.node_addr(n)} slots={net.ranks_per_node}\n" for n in range(net.nodes))
+
+
 def mpirun_env(base: Mapping[str, str]) -> dict[str, str]:
     env = dict(base)
-    # The PMIx server inside mpirun: listen on the bridge (reachable from every rank namespace).
-    env["PMIX_MCA_ptl_tcp_if_include"] = netns.BRIDGE
+    # PMIx servers (mpirun's, and each node daemon's, which inherit this) listen on the emulated
+    # subnet: the bridge in the hub, eth0 in a node; both reachable from every node.
+    env["PMIX_MCA_ptl_tcp_if_include"] = netns.SUBNET + ".0/24"
     return env
 
 
@@ -126,8 +147,8 @@ def run_shaped(
 ) -> tuple[str, int | None]:
     """Same contract as ``sweep._launch``: logs in run_dir, status ok / failed / timeout."""
     program = [sys.executable, *local.WORKER, str(spec_path)]
-    nodes = "nodes" in spec.network  # a cluster: torchrun per node; a flat star: the ranks
-    return run_program(spec.backend, spec.topology, program, run_dir, timeout, torchrun=nodes)
+    nodes = "nodes" in spec.network  # a cluster starts as clusters do; a flat star: the ranks
+    return run_program(spec.backend, spec.topology, program, run_dir, timeout, cluster=nodes)
 
 
 def run_program(
@@ -137,31 +158,36 @@ def run_program(
     run_dir: Path,
     timeout: float,
     prefix: str = "qb",
-    torchrun: bool = False,
+    cluster: bool = False,
 ) -> tuple[str, int | None]:
     """Run ``program`` on the ranks of ``topo``, each in its node's namespace; wait for all."""
-    with shaped_jobs(backend, topo, program, prefix, torchrun) as jobs:
+    with shaped_jobs(backend, topo, program, prefix, cluster) as jobs:
         return procs.run_jobs(jobs, run_dir, timeout)
 
 
 @contextmanager
 def shaped_jobs(
     backend: str, topo: network.Topology, program: list[str], prefix: str = "qb",
-    torchrun: bool = False,
+    cluster: bool = False,
 ) -> Iterator[list[procs.Job]]:  # fmt: skip
     """The jobs that run ``program`` on the ranks of ``topo`` on emulated hosts, valid while
-    the block runs (the namespaces are removed when it ends). gloo: with ``torchrun``, one
-    torchrun per node as on a cluster; without, the ranks themselves (a warm rank group, the
-    flat star)."""
+    the block runs (the namespaces are removed when it ends). With ``cluster``, started as on a
+    cluster: gloo by one torchrun per node, mpi by mpirun with a hostfile and a remote-shell
+    agent; without, gloo's ranks themselves (a warm rank group, the flat star) and mpi by
+    mpirun in the hub, which sees one host."""
     why = unsupported(backend)
     if why:
         raise UserError(why)
     mpirun = local.find_mpirun() if backend == "mpi" else ""
     base = local.worker_env()
-    with netns.shaped_network(topo, prefix) as net:
-        if backend == "mpi":
+    with netns.shaped_network(topo, prefix) as net, tempfile.TemporaryDirectory() as tmp:
+        if backend == "mpi" and cluster:  # mpirun's own multi-node start
+            hostfile = Path(tmp) / "hostfile"
+            hostfile.write_text(hostfile_text(net))
+            jobs = [(mpirun_cluster_argv(net, program, mpirun, hostfile), mpirun_env(base))]
+        elif backend == "mpi":
             jobs = [(mpirun_argv(net, program, mpirun), mpirun_env(base))]
-        elif torchrun:
+        elif cluster:
             jobs = [(node_torchrun_argv(net, n, program), node_torchrun_env(base))
                     for n in range(net.nodes)]  # fmt: skip
         else:
