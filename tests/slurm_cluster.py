@@ -46,9 +46,15 @@ class Cluster:
     conf: Path
     cpus: int
 
+    @property
+    def env(self) -> dict[str, str]:
+        """This process's environment with this cluster's SLURM_CONF."""
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
     def log_tails(self, lines: int = 8) -> str:
         out = []
-        for name in ("munged.log", "slurmctld.log", "slurmd.log", "supervisor.log"):
+        logs = ("munged.log", "slurmctld.log", "slurmd.log", "supervisor.log", "slurmd.out")
+        for name in (*logs, *sorted(p.name for p in self.root.glob("slurmd-*.log"))):
             path = self.root / name
             with contextlib.suppress(OSError):
                 tail = path.read_text(errors="replace").strip().splitlines()[-lines:]
@@ -76,11 +82,18 @@ def memory_mb() -> int:
     return 1024
 
 
-def slurm_conf(root: Path, user: str, cpus: int, memory: int) -> str:
-    """A minimal single-node configuration: everything in ``root``, no accounting, no cgroups."""
+def slurm_conf(
+    root: Path, user: str, cpus: int, memory: int, nodes: dict[str, str] | None = None,
+    controller: str = NODE,
+) -> str:  # fmt: skip
+    """A minimal configuration: everything in ``root``, no accounting, no cgroups; one node
+    (localhost) or ``nodes`` (name -> address), whose slurmds keep per-node files (``%n``)."""
+    nodes = nodes or {NODE: "127.0.0.1"}
+    names = ",".join(nodes)
+    per_node = "" if list(nodes) == [NODE] else "-%n"
     return "\n".join([
         "ClusterName=qbench-test",
-        f"SlurmctldHost={NODE}",
+        f"SlurmctldHost={controller}",
         f"SlurmctldPort={free_port()}",
         f"SlurmdPort={free_port()}",
         "AuthType=auth/munge",
@@ -89,11 +102,11 @@ def slurm_conf(root: Path, user: str, cpus: int, memory: int) -> str:
         f"SlurmUser={user}",
         f"SlurmdUser={user}",
         f"StateSaveLocation={root / 'state'}",
-        f"SlurmdSpoolDir={root / 'spool'}",
+        f"SlurmdSpoolDir={root / ('spool' + per_node)}",
         f"SlurmctldPidFile={root / 'slurmctld.pid'}",
-        f"SlurmdPidFile={root / 'slurmd.pid'}",
+        f"SlurmdPidFile={root / f'slurmd{per_node}.pid'}",
         f"SlurmctldLogFile={root / 'slurmctld.log'}",
-        f"SlurmdLogFile={root / 'slurmd.log'}",
+        f"SlurmdLogFile={root / f'slurmd{per_node}.log'}",
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
         "SelectType=select/cons_tres",
@@ -109,21 +122,23 @@ def slurm_conf(root: Path, user: str, cpus: int, memory: int) -> str:
         "InactiveLimit=0",
         "KillWait=5",
         "MinJobAge=300",
-        f"NodeName={NODE} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory} State=UNKNOWN",
-        f"PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP",
+        *(f"NodeName={name} NodeAddr={addr} CPUs={cpus} RealMemory={memory} State=UNKNOWN"
+          for name, addr in nodes.items()),
+        f"PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP",
         "",
     ])  # fmt: skip
 
 
-def daemon_commands(root: Path) -> list[list[str]]:
-    """Each in the foreground, so that the supervisor is their parent."""
+def daemon_commands(root: Path, slurmds: list[list[str]] | None = None) -> list[list[str]]:
+    """Each in the foreground, so that the supervisor is their parent; ``slurmds``: the slurmd
+    commands of emulated nodes (default: one on localhost)."""
     munged, slurmctld, slurmd = (binary(d) or d for d in DAEMONS)
     return [
         [munged, "--foreground", f"--key-file={root / 'munge.key'}",
          f"--socket={root / 'munge.sock'}", f"--log-file={root / 'munged.log'}",
          f"--pid-file={root / 'munged.pid'}", f"--seed-file={root / 'munged.seed'}"],
         [slurmctld, "-D", "-i"],
-        [slurmd, "-D", "-N", NODE],
+        *(slurmds or [[slurmd, "-D", "-N", NODE]]),
     ]  # fmt: skip
 
 
@@ -141,10 +156,103 @@ def _sinfo_state(env: dict[str, str]) -> str:
 @contextlib.contextmanager
 def running_cluster() -> Iterator[Cluster]:
     """Start the daemons; yield once the node is idle; always stop them. pytest.skip (with the
-    reason) when they are not installed or do not come up."""
+    reason) when they are not installed or do not come up. Exports SLURM_CONF while it runs."""
+    _check_installed()
+    root = _new_root()
+    cluster = Cluster(root, root / "slurm.conf", os.cpu_count() or 1)
+    cluster.conf.write_text(
+        slurm_conf(root, getpass.getuser(), cluster.cpus, max(memory_mb() // 2, 256))
+    )
+    (root / "daemons.json").write_text(json.dumps(daemon_commands(root)))
+    previous = os.environ.get("SLURM_CONF")
+    try:
+        with _supervised(cluster, [NODE]):
+            os.environ["SLURM_CONF"] = str(cluster.conf)
+            yield cluster
+    finally:
+        if previous is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = previous
+
+
+@contextlib.contextmanager
+def running_nodes_cluster(nodes: int) -> Iterator[Cluster]:
+    """A Slurm cluster of ``nodes`` emulated hosts (qbench.launch.netns): one slurmd per node in
+    its network namespace with a hostname of its own (``qbnode<k>``, a UTS namespace; NodeAddr its
+    address; per-node spool, pid and log files) and slurmctld on this host, which a veth into the
+    emulated bridge (10.213.1.253) joins to the nodes. Each node's /etc/hosts (a bind mount in a
+    mount namespace of its own) names every node, as a cluster's DNS would. SLURM_CONF is not
+    exported (a single-node cluster may run beside it): pass ``cluster.env``. Needs root."""
+    from qbench.launch import netns
+    from qbench.spec import network
+
+    _check_installed()
+    try:
+        netns.check_available()
+    except Exception as e:  # UserError: not root, no ip / tc
+        pytest.skip(f"emulated Slurm nodes need network namespaces: {e}")
+    root = _new_root()
+    names = {f"qbnode{k}": f"{netns.SUBNET}.{k + 1}" for k in range(nodes)}
+    cluster = Cluster(root, root / "slurm.conf", 2)
+    cluster.conf.write_text(slurm_conf(
+        root, getpass.getuser(), cluster.cpus, max(memory_mb() // (2 * nodes), 256), names,
+        controller=f"{NODE}({HOST_ADDR})",
+    ))  # fmt: skip
+    for name in names:
+        (root / f"spool-{name}").mkdir()
+    hosts = root / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for n, a in names.items()))
+    slurmd = binary("slurmd") or "slurmd"
+    with (
+        netns.shaped_network(network.Topology(nodes, 1), prefix="qbslurm") as net,
+        _host_link(net),
+    ):
+        # nsenter, not `ip netns exec`: that remounts /sys without the cgroup mounts slurmd needs
+        slurmds = [
+            [binary("nsenter") or "nsenter", f"--net=/run/netns/{net.node_ns(k)}", "--",
+             binary("unshare") or "unshare", "--uts", "--mount", "sh", "-c",
+             f"mount --bind {hosts} /etc/hosts && hostname {name} && exec {slurmd} -D -N {name}"]
+            for k, name in enumerate(names)
+        ]  # fmt: skip
+        (root / "daemons.json").write_text(json.dumps(daemon_commands(root, slurmds)))
+        with _supervised(cluster, list(names)):
+            yield cluster
+
+
+HOST_ADDR = "10.213.1.253"
+
+
+@contextlib.contextmanager
+def _host_link(net: object) -> Iterator[None]:
+    """A veth from this host into the emulated bridge, so that slurmctld and the clients here
+    reach the nodes' slurmds and they reach it (deleting the hub namespace removes it)."""
+    from qbench.launch import netns
+
+    hub = net.hub  # type: ignore[attr-defined]
+    name = f"qbh{os.getpid() % 100000}"
+    for argv in (
+        ["ip", "link", "add", name, "type", "veth", "peer", "name", "ph", "netns", hub],
+        netns.set_master(hub, "ph", netns.BRIDGE),
+        netns.link_up(hub, "ph"),
+        ["ip", "addr", "add", f"{HOST_ADDR}/24", "dev", name],
+        ["ip", "link", "set", name, "up"],
+    ):
+        netns.run(argv)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(RuntimeError):
+            netns.run(["ip", "link", "delete", name])
+
+
+def _check_installed() -> None:
     missing = [d for d in (*DAEMONS, *CLIENTS) if binary(d) is None]
     if missing:
         pytest.skip(f"slurm-wlm not installed: run `make slurm` (missing {', '.join(missing)})")
+
+
+def _new_root() -> Path:
     root = Path(tempfile.mkdtemp(prefix="qbench-slurm-"))
     root.chmod(0o755)  # munged wants its socket directory searchable by all
     for d in ("state", "spool"):
@@ -152,31 +260,27 @@ def running_cluster() -> Iterator[Cluster]:
     key = root / "munge.key"
     key.write_bytes(os.urandom(128))
     key.chmod(0o600)
-    cluster = Cluster(root, root / "slurm.conf", os.cpu_count() or 1)
-    cluster.conf.write_text(
-        slurm_conf(root, getpass.getuser(), cluster.cpus, max(memory_mb() // 2, 256))
-    )
-    (root / "daemons.json").write_text(json.dumps(daemon_commands(root)))
-    env = {**os.environ, "SLURM_CONF": str(cluster.conf)}
+    return root
+
+
+@contextlib.contextmanager
+def _supervised(cluster: Cluster, nodes: list[str]) -> Iterator[None]:
+    """Run the daemons of ``cluster.root``/daemons.json under the supervisor until every node
+    is idle; always stop them and remove the directory."""
+    root, env = cluster.root, cluster.env
     log = open(root / "supervisor.log", "wb")  # noqa: SIM115 (closed below)
     supervisor = subprocess.Popen(
         [sys.executable, __file__, "supervise", str(root)], env=env, stdout=log, stderr=log,
         stdin=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
-    previous = os.environ.get("SLURM_CONF")
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
-        while f"{NODE} idle" not in _sinfo_state(env):
+        while not all(f"{n} idle" in _sinfo_state(env) for n in nodes):
             if supervisor.poll() is not None or time.monotonic() > deadline:
                 pytest.skip(f"slurm daemons did not start: {cluster.log_tails()}")
             time.sleep(0.5)
-        os.environ["SLURM_CONF"] = str(cluster.conf)
-        yield cluster
+        yield
     finally:
-        if previous is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = previous
         _cancel_jobs(env)
         supervisor.send_signal(signal.SIGTERM)
         try:

@@ -50,23 +50,36 @@ class Provenance:
         return cls(machine.collect(), machine.versions(), machine.git_commit())
 
 
-def machine_doc(prov: Provenance, spec: RunSpec | None = None) -> dict[str, Any]:
+def machine_doc(
+    prov: Provenance, spec: RunSpec | None = None, launcher: str = "local"
+) -> dict[str, Any]:
     doc: dict[str, Any] = {
         **prov.machine, "versions": prov.versions, "git_commit": prov.git_commit,
     }  # fmt: skip
     if spec is not None:
-        doc["network"] = shaped.describe(spec) if spec.emulated_hosts else {"shaped": False}
+        doc["network"] = _network_doc(spec, launcher)
         doc["driver_host"] = prov.machine.get("hostname")
     return doc
 
 
+def _network_doc(spec: RunSpec, launcher: str) -> dict[str, Any]:
+    """Emulated hosts and links as built here, or (Slurm) the allocation's own; each rank's
+    host is in its ``parts/host-<rank>.json``."""
+    if spec.emulated_hosts and launcher == "local":
+        return shaped.describe(spec)
+    if launcher == "slurm" and spec.nodes > 1:
+        return {"shaped": False, "setting": dict(spec.network), "nodes": spec.nodes,
+                "method": "the Slurm allocation's hosts and links, not emulated"}  # fmt: skip
+    return {"shaped": False}
+
+
 def start_record(
     spec: RunSpec, store: ResultStore, prov: Provenance, isolation: str = "process",
-    group: dict[str, Any] | None = None,
+    group: dict[str, Any] | None = None, launcher: str = "local",
 ) -> RunRecord:  # fmt: skip
     """A clean run directory (spec.json, machine.json) and run.json saying ``running``."""
     reset_run_dir(store, spec)
-    atomic_write_json(store.machine_path(spec.run_id), machine_doc(prov, spec))
+    atomic_write_json(store.machine_path(spec.run_id), machine_doc(prov, spec, launcher))
     record = RunRecord(
         run_id=spec.run_id, status="running", labels=spec.labels(), spec=spec.to_dict(),
         started=now(), machine=prov.machine, versions=prov.versions, git_commit=prov.git_commit,

@@ -253,7 +253,7 @@ def execute(
     spec: RunSpec, store: ResultStore, prov: Provenance, launch: Launch = Launch()
 ) -> RunRecord:
     """Launch one run, wait for it (with its timeout) and write run.json + iterations.parquet."""
-    record = runfiles.start_record(spec, store, prov)
+    record = runfiles.start_record(spec, store, prov, launcher=launch.kind)
     t0 = time.monotonic()
     with runfiles.interrupt_marks(store, [record]):
         status, code = _launch(spec, store, launch)
@@ -279,7 +279,7 @@ def _run_array(
     """All pending runs as one Slurm job array; the records are finished when it ends."""
     from qbench.launch.slurm import runs
 
-    records = [runfiles.start_record(spec, store, prov) for spec in specs]
+    records = [runfiles.start_record(spec, store, prov, launcher="slurm") for spec in specs]
     items = [(s, store.spec_path(s.run_id), store.run_dir(s.run_id)) for s in specs]
     t0 = time.monotonic()
     for spec in specs:
