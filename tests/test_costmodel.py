@@ -20,7 +20,10 @@ from qbench.costmodel import Config, CostModel
 from qbench.errors import UserError
 from qbench.records.schema import RunRecord, iterations_frame
 from qbench.records.store import ResultStore
+from qbench.spec.network import Link, option
 from tests import costmodel_reference as ref
+
+UNSHAPED, R500M = Link(), option("500mbit")
 
 QSGD = "qsgd-4b-b512"
 QSGD_BITS = 4 + 32 / 512
@@ -163,20 +166,21 @@ def test_bandwidth_scaling_keeps_alpha_and_scales_beta() -> None:
                          rel_err_median=0.0, rel_err_max=0.0)  # fmt: skip
     w = 4e6
     assert cm.scale_beta(8e-9, 1e9, 500e6) == pytest.approx(16e-9)
-    assert c.time(2, (w,), "500mbit", tbf=False) == pytest.approx(2e-4 + w * 16e-9)
-    assert c.time(2, (w,), "10gbit", tbf=False) == pytest.approx(2e-4 + w * 0.8e-9)
+    assert c.time(2, (w,), option("500mbit"), tbf=False) == pytest.approx(2e-4 + w * 16e-9)
+    assert c.time(2, (w,), option("10gbit"), tbf=False) == pytest.approx(2e-4 + w * 0.8e-9)
     assert c.time(2, (w,)) == pytest.approx(2e-4 + w * 8e-9 - 1e-3)  # the credit, once a call
     assert c.time(2, (1e3,)) == pytest.approx(2e-4)  # within the burst: latency only
-    assert cm.burst_s("1gbit") == pytest.approx(2e-3)
-    assert cm.burst_s("unshaped") == 0.0
+    assert cm.burst_s(option("1gbit")) == pytest.approx(2e-3)
+    assert cm.burst_s(option("unshaped")) == 0.0
     with pytest.raises(UserError, match="cannot scale"):
-        c.time(2, (w,), "unshaped")
+        c.time(2, (w,), option("unshaped"))
 
 
 def test_predicts_other_world_sizes_and_links_from_k2_at_1gbit() -> None:
     m = cm.fit(comm_docs=[(comm_doc(synthetic_rows("1gbit", (2,))), "s")])
     for k, net in ((8, "1gbit"), (4, "500mbit"), (16, "10gbit")):
-        p = cm.predict(m, Config(scheme="allreduce", network=net, world_size=k, numel=2**24))
+        cfg = Config(scheme="allreduce", network=option(net), world_size=k, numel=2**24)
+        p = cm.predict(m, cfg)
         beta = BETA_1GBIT["allreduce"] * 1e9 / ref.RATE_BPS[net]
         wire = 2 * (k - 1) / k * 2**26
         want = 2 * (k - 1) * ALPHA["allreduce"] + wire * beta
@@ -215,7 +219,7 @@ def free_model(beta: float = 1e-9) -> CostModel:
 def test_ideal_speedups_when_compute_and_codec_are_free(
     scheme: str, comp: str, k: int, ideal: float
 ) -> None:
-    cfg = Config(scheme=scheme, compressor=comp, network="unshaped", world_size=k, numel=2**24)
+    cfg = Config(scheme=scheme, compressor=comp, network=UNSHAPED, world_size=k, numel=2**24)
     frame = cm.predict_frame(free_model(), [cfg])
     assert frame["speedup_vs_fp32"].iloc[0] == pytest.approx(ideal, rel=1e-3)
     assert frame["mode"].iloc[0] == ("projected" if scheme == cm.PROJECTED else "breakdown")
@@ -226,12 +230,12 @@ def test_scalability_and_grown_model() -> None:
     fit = cm.ComputeFit(workload="toy", batch_size=32, device="cpu", compute_s=1.0, step_s=0.1,
                         numel=2**24, runs=1, world_sizes=[1, 2])  # fmt: skip
     m.compute.append(fit)
-    frame = cm.predict_frame(m, [Config(network="unshaped", world_size=2, workload="toy")])
+    frame = cm.predict_frame(m, [Config(network=UNSHAPED, world_size=2, workload="toy")])
     row = frame.iloc[0]
     assert row["numel"] == 2**24 and row["total_s"] == pytest.approx(2.1)
     assert row["scalability"] == pytest.approx(2 * 1.1 / 2.1)  # K t(1) / t(K)
     assert row["samples_per_s"] == pytest.approx(64 / 2.1)
-    grown = cm.predict(m, Config(network="unshaped", workload="toy", numel=2**25))
+    grown = cm.predict(m, Config(network=UNSHAPED, workload="toy", numel=2**25))
     assert grown.compute_s == 1.0  # compute fixed, gradient doubled
     assert grown.step_s == pytest.approx(0.2) and grown.comm_s == pytest.approx(2.0)
 
@@ -246,7 +250,7 @@ def test_overlap_is_max_of_codec_and_comm_plus_fill() -> None:
         for op, c1 in (("encode", 1e-9), ("decode", 2e-9))
     ]  # fmt: skip
     n, k = 2**24, 2
-    base = Config(scheme="reduce-broadcast", compressor=QSGD, network="unshaped", numel=n)
+    base = Config(scheme="reduce-broadcast", compressor=QSGD, network=UNSHAPED, numel=n)
     sync = cm.predict(m, base)
     piped = cm.predict(m, Config(**{**base.__dict__, "scheme": "reduce-broadcast+overlap8"}))
     codec = sync.encode_s + sync.decode_s
@@ -263,7 +267,7 @@ def replace_alpha(c: cm.CollectiveFit, alpha: float) -> cm.CollectiveFit:
 def test_incompatible_and_unknown_schemes_are_user_errors() -> None:
     m = free_model()
     with pytest.raises(UserError, match="lowprec-allreduce"):
-        cm.predict(m, Config(scheme="allreduce", compressor=QSGD, network="unshaped", numel=8))
+        cm.predict(m, Config(scheme="allreduce", compressor=QSGD, network=UNSHAPED, numel=8))
     with pytest.raises(UserError, match="valid"):
         cm.Scheme.parse("gossip")
     assert cm.Scheme.parse("reduce-broadcast:overlap=4") == cm.Scheme("reduce-broadcast", 4)
@@ -271,7 +275,7 @@ def test_incompatible_and_unknown_schemes_are_user_errors() -> None:
     with pytest.raises(UserError, match="overlap"):
         cm.Scheme.parse("allgather:overlap=2")
     with pytest.raises(UserError, match="no fit"):
-        cm.predict(m, Config(scheme="allreduce", network="1gbit", numel=8))
+        cm.predict(m, Config(scheme="allreduce", network=option("1gbit"), numel=8))
 
 
 # -- model file and validation -------------------------------------------------------------------
@@ -332,7 +336,7 @@ def test_model_json_round_trips(tmp_path: Path, runs_dir: Path) -> None:
     assert doc["schema"] == cm.SCHEMA and doc["collectives"][0]["data"]  # the points are kept
     back = CostModel.load(path)
     assert back.to_dict() == m.to_dict()
-    cfg = Config(scheme="reduce-broadcast", compressor=QSGD, network="500mbit", world_size=4,
+    cfg = Config(scheme="reduce-broadcast", compressor=QSGD, network=R500M, world_size=4,
                  workload="toy")  # fmt: skip
     assert cm.predict(back, cfg) == cm.predict(m, cfg)
     path.write_text(json.dumps({"schema": "something/1"}))
@@ -397,7 +401,7 @@ def test_runs_on_fewer_cores_than_ranks_are_normalized(tmp_path: Path) -> None:
     m = cm.fit(run_dirs=[tmp_path], comm_docs=[(comm_doc(synthetic_rows("unshaped", (2,))), "c")])
     (c,) = m.compute
     assert c.compute_s == pytest.approx(0.05) and c.step_s == pytest.approx(0.004)
-    cfg = Config(scheme="allreduce", network="unshaped", world_size=4, workload="toy",
+    cfg = Config(scheme="allreduce", network=UNSHAPED, world_size=4, workload="toy",
                  batch_size=16, host_cores=2)  # fmt: skip
     p = cm.predict(m, cfg)
     assert (p.compute_s, p.step_s) == (pytest.approx(0.1), pytest.approx(0.008))
@@ -419,7 +423,7 @@ def test_compute_is_taken_at_the_fitted_world_size(tmp_path: Path) -> None:
     assert c.per_world_size["1"][0] == pytest.approx(0.040)
     assert c.per_world_size["2"][0] == pytest.approx(0.061)
     assert c.compute_s == pytest.approx(0.060)  # pooled median over the three runs
-    cfg = Config(scheme="allreduce", network="unshaped", workload="toy", batch_size=16)
+    cfg = Config(scheme="allreduce", network=UNSHAPED, workload="toy", batch_size=16)
     assert cm.predict(m, replace(cfg, world_size=1)).compute_s == pytest.approx(0.040)
     assert cm.predict(m, replace(cfg, world_size=2)).compute_s == pytest.approx(0.061)
     assert cm.predict(m, replace(cfg, world_size=8)).compute_s == pytest.approx(0.060)
@@ -438,7 +442,7 @@ def test_imbalance_is_fitted_per_scheme_and_world_size(tmp_path: Path) -> None:
     assert m.imbalance == {
         "gloo/allreduce/2": pytest.approx(1.02), "gloo/reduce-broadcast/2": pytest.approx(1.15)
     }  # fmt: skip
-    cfg = Config(scheme="reduce-broadcast", compressor=QSGD, network="unshaped", world_size=2,
+    cfg = Config(scheme="reduce-broadcast", compressor=QSGD, network=UNSHAPED, world_size=2,
                  workload="toy", batch_size=16)  # fmt: skip
     p = cm.predict(m, cfg)
     parts = p.compute_s + p.encode_s + p.comm_s + p.decode_s + p.step_s
@@ -461,7 +465,7 @@ def test_one_rank_comm_overhead_is_fitted_from_runs(tmp_path: Path) -> None:
     m = cm.fit(run_dirs=[tmp_path], comm_docs=[(comm_doc(synthetic_rows("unshaped", (2,))), "c")],
                kernel_docs=[(kernels_doc(), "k")])  # fmt: skip
     assert m.solo_comm == {"gloo/reduce-broadcast/toy": pytest.approx(0.0005)}
-    cfg = Config(scheme="reduce-broadcast", compressor=QSGD, network="unshaped", world_size=1,
+    cfg = Config(scheme="reduce-broadcast", compressor=QSGD, network=UNSHAPED, world_size=1,
                  workload="toy", batch_size=16)  # fmt: skip
     assert cm.predict(m, cfg).comm_s == pytest.approx(0.0005)
     assert cm.predict(m, replace(cfg, backend="mpi")).comm_s == 0.0  # no 1-rank mpi runs
@@ -487,7 +491,7 @@ def test_host_cores_scale_codec_and_compute() -> None:
                     device="cpu", c0_s=0.0, c1_s=1e-9, r2=1.0, points=2, rel_err_median=0.0,
                     rel_err_max=0.0)
     ]  # fmt: skip
-    cfg = Config(scheme="reduce-broadcast", compressor=QSGD, network="unshaped", world_size=4,
+    cfg = Config(scheme="reduce-broadcast", compressor=QSGD, network=UNSHAPED, world_size=4,
                  numel=2**20, compute_s=1.0)  # fmt: skip
     one = cm.predict(m, cfg)
     shared = cm.predict(m, Config(**{**cfg.__dict__, "host_cores": 2}))

@@ -36,6 +36,7 @@ from qbench.costmodel import (
 from qbench.errors import UserError
 from qbench.records.schema import RunRecord, buckets_frame, iterations_frame
 from qbench.records.store import ResultStore
+from qbench.spec.network import option
 from tests import costmodel_reference as ref
 from tests.test_costmodel import ALPHA, BETA_1GBIT, CODEC, comm_doc, synthetic_rows
 
@@ -120,7 +121,7 @@ def hand_model(*profiles: BucketProfile) -> CostModel:
 
 def cfg(scheme: str, comp: str, **kw: Any) -> Config:
     bits = {"fp32": 32.0, "fp16": 16.0, Q4: Q4_BITS}.get(comp)
-    base: dict[str, Any] = {"network": "1gbit", "world_size": 2, "workload": "toy",
+    base: dict[str, Any] = {"network": option("1gbit"), "world_size": 2, "workload": "toy",
                             "tbf_burst": False}  # fmt: skip
     return Config(scheme=scheme, compressor=comp, bits_per_value=bits, **{**base, **kw})
 
@@ -137,7 +138,7 @@ def seconds(scheme: str, comp: str, k: int, n: float, rate: float = 1e9) -> floa
 
 @pytest.mark.parametrize(("rate", "label"), [(1e9, "1gbit"), (10e9, "10gbit")])
 def test_ddp_fp32_is_one_allreduce_per_bucket(rate: float, label: str) -> None:
-    p = predict(hand_model(), cfg("ddp", "fp32", network=label))
+    p = predict(hand_model(), cfg("ddp", "fp32", network=option(label)))
     want, waited = ref.ddp_iteration(
         FWD, BWD, STEP, HANDED, [seconds("allreduce", "fp32", 2, n, rate) for n in NUMEL]
     )
@@ -355,7 +356,7 @@ def test_powersgd_local_work_is_its_runs_excess_over_its_collectives(tmp_path: P
     m = fit(comm_docs=[(doc, "c")], run_dirs=[tmp_path])
     (prof,) = m.buckets
     assert prof.local_s == {"powersgd-r1": pytest.approx(local, rel=1e-6)}
-    p = predict(m, cfg("ddp", "powersgd-r1", network="300mbit"))
+    p = predict(m, cfg("ddp", "powersgd-r1", network=option("300mbit")))
     assert p.total_s == pytest.approx(by_hand(300e6) + local, rel=1e-6)
     assert any("local work 50 ms per iteration, fitted" in n for n in p.notes)
     bare = hand_model()  # no PowerSGD run fitted: said, not guessed

@@ -32,7 +32,10 @@ from qbench.costmodel import (
     predict,
 )
 from qbench.errors import UserError
+from qbench.spec.network import Link
 from tests import costmodel_reference as ref
+
+UNSHAPED = Link()
 
 N = 4096
 """Gradient values of the literal tables: 16 KiB in fp32."""
@@ -354,7 +357,7 @@ PREDICT_N = 2**23
 def test_predictions_follow_the_hand_written_formulas(
     fitted: CostModel, scheme: str, comp: str, k: int
 ) -> None:
-    cfg = Config(scheme=scheme, compressor=comp, backend="gloo", network="unshaped",
+    cfg = Config(scheme=scheme, compressor=comp, backend="gloo", network=UNSHAPED,
                  world_size=k, numel=PREDICT_N, compute_s=0.0, step_s=0.0)  # fmt: skip
     p = predict(fitted, cfg)
     c = ref.comm(scheme, comp, k, PREDICT_N)
@@ -371,7 +374,7 @@ def test_pipelined_predictions_follow_the_hand_written_formulas(
     fitted: CostModel, scheme: str, k: int
 ) -> None:
     """overlap 16: comm pays 16 chunks' messages; total = max(codec, comm) + codec / 16."""
-    cfg = Config(scheme=f"{scheme}+overlap16", compressor=Q4, network="unshaped",
+    cfg = Config(scheme=f"{scheme}+overlap16", compressor=Q4, network=UNSHAPED,
                  world_size=k, numel=PREDICT_N, compute_s=0.0, step_s=0.0)  # fmt: skip
     p = predict(fitted, cfg)
     c = ref.comm(scheme, Q4, k, PREDICT_N, overlap=16)
@@ -386,7 +389,7 @@ def test_pipelined_predictions_follow_the_hand_written_formulas(
 def test_simulated_lowprec_prediction_pays_the_padded_buffer(fitted: CostModel, k: int) -> None:
     """4097 fp16 values: 8194 payload bytes travel as 2049 floats (8196 bytes) on the fp32
     allreduce's alpha and beta."""
-    cfg = Config(scheme="simulated-lowprec", compressor="fp16", network="unshaped",
+    cfg = Config(scheme="simulated-lowprec", compressor="fp16", network=UNSHAPED,
                  world_size=k, numel=4097, compute_s=0.0, step_s=0.0)  # fmt: skip
     p = predict(fitted, cfg)
     wire = 2 * (k - 1) / k * 8196
@@ -447,7 +450,7 @@ def test_codec_composed_from_kernel_timings(from_kernels: CostModel, k: int) -> 
                                     _kernel_s(Q4, "decode", n, 1)),
     }  # fmt: skip
     for (scheme, comp), (enc, dec) in want.items():
-        cfg = Config(scheme=scheme, compressor=comp, network="unshaped", world_size=k,
+        cfg = Config(scheme=scheme, compressor=comp, network=UNSHAPED, world_size=k,
                      numel=n, compute_s=0.0, step_s=0.0)  # fmt: skip
         p = predict(from_kernels, cfg)
         assert p.encode_s == pytest.approx(enc, rel=1e-6), scheme

@@ -24,6 +24,8 @@ from qbench.costmodel.schemes import (
     is_torch_hook,
 )
 from qbench.errors import UserError
+from qbench.spec import network
+from qbench.spec.network import Link
 
 DEFAULT_SCHEMES = ("allreduce", "reduce-broadcast", "integer-allreduce", PROJECTED)
 
@@ -55,7 +57,7 @@ def build_configs(
             raise UserError(f"{name} must be seconds >= 0, got {v}")
     scheme_list = [Scheme.parse(s) for s in schemes or DEFAULT_SCHEMES]
     comps = [compressor_info(c, m) for c in (compressors or DEFAULT_COMPRESSORS)]
-    nets = [_network(b) for b in bandwidths] or m.networks
+    nets = [_network(b) for b in bandwidths] or m.links
     backs = list(backends) or m.backends
     if not nets or not backs:
         raise UserError("the model has no fitted collectives; fit it with `--comm FILE.json`")
@@ -124,13 +126,12 @@ def compressor_info(spec: str, m: CostModel) -> tuple[str, float | None]:
     )
 
 
-def _network(text: str) -> str:
-    """The fit's name of a ``--bandwidth`` link: its label, lower case (``1gbit``, ``unshaped``)."""
-    from qbench.spec import network
-
+def _network(text: str) -> Link:
+    """The link of a ``--bandwidth`` option, labelled in lower case as fits name theirs
+    (``1gbit``, ``unshaped``)."""
     t = text.strip().lower().replace(" ", "")
     try:
-        return network.option(t).label
+        return network.option(t)
     except UserError:
         raise UserError(
             f"--bandwidth must be a rate in kbit/mbit/gbit or `unshaped`, got {text!r}; "

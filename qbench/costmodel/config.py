@@ -7,6 +7,10 @@ import math
 from dataclasses import dataclass
 
 from qbench.costmodel.schemes import FP32
+from qbench.spec.network import Link
+
+GBIT = Link(1e9, "1gbit")
+"""The default link: 1 Gbit/s, the rate of the shipped emulated-link scenarios."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -18,7 +22,9 @@ class Config:
     bits_per_value: float | None = None
     """Wire bits per value of the compressor; None: from its label or the model's inputs."""
     backend: str = "gloo"
-    network: str = "1gbit"
+    network: Link = GBIT
+    """The link (``qbench.spec.network``): its rate scales the fitted beta, its label finds the
+    fits measured on it."""
     world_size: int = 2
     numel: int | None = None
     fp32_numel: int = 0

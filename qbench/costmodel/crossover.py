@@ -43,11 +43,6 @@ class Crossover:
     """(rate, predicted iteration, DDP fp32 iteration) at a few rates around the crossovers."""
 
 
-def rate_label(bps: float) -> str:
-    """A network label for a rate: ``12.5gbit``, ``300mbit``, ``64kbit``."""
-    return network.at_rate(bps).label
-
-
 def crossover(
     model: CostModel, cfg: Config, low: float = LOW_BPS, high: float = HIGH_BPS
 ) -> Crossover:
@@ -61,7 +56,7 @@ def crossover(
         raise UserError("the configuration is DDP fp32 itself; pick another scheme or compressor")
 
     def both(rate: float) -> tuple[float, float]:
-        at = rate_label(rate)
+        at = network.at_rate(rate)
         return (
             predict(model, replace(cfg, network=at)).total_s,
             predict(model, replace(base, network=at)).total_s,

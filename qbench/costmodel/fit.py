@@ -50,6 +50,7 @@ from qbench.costmodel.powersgd import fit_local_work
 from qbench.costmodel.profiles import fit_bucket_profiles
 from qbench.costmodel.schemes import Scheme
 from qbench.errors import UserError
+from qbench.spec import network
 
 
 def _fit_kernels(rows: Sequence[tuple[dict[str, Any], str]]) -> list[CodecFit]:
@@ -104,7 +105,7 @@ def fit_collectives(points: Sequence[CommPoint]) -> list[CollectiveFit]:
     for (backend, net, coll), pts in sorted(groups.items()):
         alpha, beta, credit, q = fit_collective(
             np.array([p.msgs for p in pts]), [p.calls for p in pts],
-            np.array([p.seconds for p in pts]), burst_s(net),
+            np.array([p.seconds for p in pts]), burst_s(network.option(net)),
         )  # fmt: skip
         fits.append(CollectiveFit(
             backend=backend, network=net, collective=coll, alpha_s=alpha, beta_s_per_byte=beta,

@@ -51,6 +51,7 @@ from qbench.costmodel.schemes import (
 )
 from qbench.errors import UserError
 from qbench.spec import network as network_mod
+from qbench.spec.network import Link
 
 FALLBACK = {
     "allreduce-fp16": "allreduce",
@@ -97,17 +98,10 @@ def scale_beta(beta: float, bw_fit_bps: float, bw_new_bps: float) -> float:
     return beta * bw_fit_bps / bw_new_bps
 
 
-def bandwidth_bps(network: str) -> float | None:
-    """Link rate of a network label (``1gbit`` -> 1e9); None for ``unshaped``."""
-    if network == "unshaped":
-        return None
-    return network_mod.bits_per_s(network)
-
-
-def burst_s(network: str) -> float:
+def burst_s(link: Link) -> float:
     """Seconds of traffic in the tbf bucket of an emulated link (2 ms from 65.5 Mbit/s up);
     0 unshaped."""
-    bps = bandwidth_bps(network)
+    bps = link.bits_per_s
     return 0.0 if bps is None else network_mod.tbf_burst_s(bps)
 
 

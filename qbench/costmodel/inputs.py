@@ -18,6 +18,8 @@ from qbench.costmodel.schemes import nominal_bits_per_value
 from qbench.errors import UserError
 from qbench.records.store import ResultStore
 from qbench.records.view import RunSpecs, run_specs
+from qbench.spec import network
+from qbench.spec.network import Link
 
 COMM_SCHEMA = "qbench.bench.comm/1"
 
@@ -78,6 +80,11 @@ def integer_row(row: dict[str, Any]) -> bool:
     return str(row["scheme"]).startswith("integer-")
 
 
+def bench_link(row: dict[str, Any]) -> Link:
+    """A bench comm row's link: bench JSON names it by its ``--bandwidth`` option only."""
+    return network.option(str(row["network"]))
+
+
 def row_bits(row: dict[str, Any]) -> float:
     """Wire bits per value of a bench comm row's compressor (integer rows: its nominal bits)."""
     nominal = nominal_bits_per_value(row["compressor"])
@@ -119,7 +126,8 @@ RUN_PARTS = ("t_compute", "t_encode", "t_comm", "t_decode", "t_step")
 def run_table(root: Path | str) -> pd.DataFrame:
     """One row per ok run of a results directory: labels and medians over measured iterations
     (``qbench.report.stats`` conventions: iteration = max over ranks, parts = means over ranks), and
-    ``source``, the directory, where a run's other files are; ``specs``, the run's compressor
+    ``source``, the directory, where a run's other files are; ``link``, its
+    ``qbench.spec.network.Link`` from the recorded setting; ``specs``, the run's compressor
     and scheme as the catalog's typed values (``qbench.records.view``; None for a compressor or
     scheme this qbench does not know), which is where parameters are read, not the labels."""
     from qbench.report import stats
@@ -141,16 +149,30 @@ def run_table(root: Path | str) -> pd.DataFrame:
     ]
     table["workload"] = [_workload(m, p) for m, p in _pairs(table, "model", "model_params")]
     table["source"] = str(root)
-    table["specs"] = [_specs(ResultStore(root), str(i)) for i in table["run_id"]]
+    store = ResultStore(root)
+    records = [_record(store, str(i)) for i in table["run_id"]]
+    table["specs"] = [_specs(r) for r in records]
+    table["link"] = [_link(r, str(n)) for r, n in zip(records, table["network"], strict=True)]
     return table.reset_index(drop=True)
 
 
-def _specs(store: ResultStore, run_id: str) -> RunSpecs | None:
+def _record(store: ResultStore, run_id: str) -> dict[str, Any] | None:
     record = store.read_record(run_id)
+    return None if record is None else record.to_dict()
+
+
+def _specs(record: dict[str, Any] | None) -> RunSpecs | None:
     try:
-        return None if record is None else run_specs(record.to_dict())
+        return None if record is None else run_specs(record)
     except UserError:  # a plug-in's compressor or scheme, not loaded here
         return None
+
+
+def _link(record: dict[str, Any] | None, label: str) -> Link:
+    """The run's link from the network setting its spec recorded; a record without one
+    (hand-written, truncated) by its network option as labelled."""
+    spec = (record or {}).get("spec") or {}
+    return network.link(spec["network"]) if "network" in spec else network.option(label)
 
 
 def compressor_name(r: Any) -> str | None:

@@ -13,10 +13,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qbench.costmodel.formulas import bandwidth_bps, burst_s, comm_time, scale_beta
+from qbench.costmodel.formulas import burst_s, comm_time, scale_beta
 from qbench.costmodel.inputs import read_json
 from qbench.errors import UserError
 from qbench.records.store import atomic_write_json, strict_json
+from qbench.spec import network as network_mod
+from qbench.spec.network import Link
 
 SCHEMA = "qbench.costmodel/1"
 
@@ -39,22 +41,28 @@ class CollectiveFit:
     """The points: world_size, msgs, calls (wire bytes per call), seconds, source, ..."""
 
     @property
+    def link(self) -> Link:
+        """The fitted link. The model's JSON names it by the label its measurements recorded
+        (``1gbit``, ``unshaped``), read back here by the network spec's own parser."""
+        return network_mod.option(self.network)
+
+    @property
     def bandwidth_bps(self) -> float | None:
-        return bandwidth_bps(self.network)
+        return self.link.bits_per_s
 
     def time(
-        self, msgs: float, calls: Sequence[float], network: str | None = None, tbf: bool = True
+        self, msgs: float, calls: Sequence[float], link: Link | None = None, tbf: bool = True
     ) -> float:
-        """Seconds on ``network`` (default: the fitted link): beta scaled by the rate, the
-        credit capped by that link's burst (0 with ``tbf=False``: a real link, no shaper)."""
-        network = network or self.network
+        """Seconds on ``link`` (default: the fitted one): beta scaled by the rate, the credit
+        capped by that link's burst (0 with ``tbf=False``: a real link, no shaper)."""
+        link = link or self.link
         beta = self.beta_s_per_byte
-        if network != self.network:
-            old, new = self.bandwidth_bps, bandwidth_bps(network)
+        if link.label != self.network:
+            old, new = self.bandwidth_bps, link.bits_per_s
             if old is None or new is None:
-                raise UserError(f"cannot scale a {self.network} fit to a {network} link")
+                raise UserError(f"cannot scale a {self.network} fit to a {link.label} link")
             beta = scale_beta(beta, old, new)
-        credit = min(self.credit_s, burst_s(network)) if tbf else 0.0
+        credit = min(self.credit_s, burst_s(link)) if tbf else 0.0
         return comm_time(self.alpha_s, beta, credit, msgs, calls)
 
 
@@ -208,6 +216,11 @@ class CostModel:
     @property
     def networks(self) -> list[str]:
         return sorted({c.network for c in self.collectives})
+
+    @property
+    def links(self) -> list[Link]:
+        """The fitted links, in ``networks`` order."""
+        return [network_mod.option(n) for n in self.networks]
 
 
 def compute_fits(model: CostModel, workload: str) -> list[ComputeFit]:

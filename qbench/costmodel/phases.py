@@ -17,10 +17,11 @@ import math
 from collections.abc import Sequence
 
 from qbench.costmodel.config import Config
-from qbench.costmodel.formulas import FALLBACK, bandwidth_bps, codec_units
+from qbench.costmodel.formulas import FALLBACK, codec_units
 from qbench.costmodel.model import CodecFit, CollectiveFit, CostModel
 from qbench.costmodel.schemes import FP32, PROJECTED, Scheme, nominal_bits_per_value
 from qbench.errors import UserError
+from qbench.spec.network import Link
 
 
 def _kernel(model: CostModel, compressor: str, op: str, device: str) -> CodecFit | None:
@@ -87,11 +88,11 @@ def _codec_from_kernels(
 
 
 def collective_fit(
-    model: CostModel, backend: str, network: str, key: str
+    model: CostModel, backend: str, link: Link, key: str
 ) -> tuple[CollectiveFit, list[str]]:
     """The fit for a collective on a link: the same key (scaled from the nearest rate if
     needed) first, then its fallbacks."""
-    want = bandwidth_bps(network)
+    want, network = link.bits_per_s, link.label
     tried, notes = [], []
     k: str | None = key
     while k is not None:

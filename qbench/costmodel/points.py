@@ -137,7 +137,7 @@ def run_config(r: Any, model: CostModel | None = None) -> tuple[Scheme, Config] 
     f = _fp32_numel(n, float(r.payload_bytes), pbits) if comp != FP32 else 0
     cfg = Config(
         scheme=scheme.label, compressor=comp, bits_per_value=bits, backend=str(r.backend),
-        network=str(r.network), world_size=k, numel=n, fp32_numel=f, workload=str(r.workload),
+        network=r.link, world_size=k, numel=n, fp32_numel=f, workload=str(r.workload),
         batch_size=int_or_none(r.batch_size), device=str(r.device), host_cores=run_host_cores(r),
     )  # fmt: skip
     return scheme, cfg
@@ -243,7 +243,7 @@ def run_points(
                     tuple(c for i in items for c in i.calls),
                 )  # fmt: skip
                 comm.append(CommPoint(
-                    backend=cfg.backend, network=cfg.network, collective=merged.collective,
+                    backend=cfg.backend, network=cfg.network.label, collective=merged.collective,
                     world_size=k, msgs=merged.msgs, calls=measured_calls(merged, r.bytes_sent),
                     seconds=float(r.t_comm), scheme=scheme.label,
                     compressor=cfg.compressor, source=src, bytes=nbytes,

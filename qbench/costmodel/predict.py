@@ -183,7 +183,7 @@ def predict_frame(model: CostModel, configs: Sequence[Config]) -> pd.DataFrame:
         label = Scheme.parse(c.scheme).per_bucket(c.overlap).label
         batch = c.batch_size or 1
         rows.append({
-            "backend": c.backend, "network": c.network, "world_size": c.world_size,
+            "backend": c.backend, "network": c.network.label, "world_size": c.world_size,
             "numel": c.numel, "workload": c.workload or "", "scheme": label,
             "compressor": c.compressor, "mode": p.mode, "compute_s": p.compute_s,
             "encode_s": p.encode_s, "comm_s": p.comm_s, "decode_s": p.decode_s,

@@ -82,7 +82,7 @@ def _measured_buckets(r: Any) -> pd.DataFrame | None:
 
 def _preference(r: Any) -> tuple[bool, bool, bool]:
     """Runs least disturbed by communication first: fp32 ddp, then fp32, then unshaped."""
-    return str(r.compressor) != FP32, scheme_name(r) != DDP, r.network != "unshaped"
+    return str(r.compressor) != FP32, scheme_name(r) != DDP, r.link.shaped
 
 
 def _profile(

@@ -21,6 +21,7 @@ import pandas as pd
 from qbench.costmodel.config import Config, Prediction
 from qbench.costmodel.inputs import (
     bench_key,
+    bench_link,
     comm_rows,
     float_or_nan,
     load_input,
@@ -55,7 +56,7 @@ def validate_comm(model: CostModel, doc: Any, source: str) -> pd.DataFrame:
         try:
             cfg = Config(
                 scheme=r["scheme"], compressor=r["compressor"], bits_per_value=row_bits(r),
-                backend=r["backend"], network=r["network"], world_size=int(r["world_size"]),
+                backend=r["backend"], network=bench_link(r), world_size=int(r["world_size"]),
                 numel=int(r["bytes"]) // 4, compute_s=0.0, step_s=0.0,
                 host_cores=cores if isinstance(cores, int) and cores > 0 else None,
             )  # fmt: skip
