@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from qbench import catalog
 from qbench.costmodel import Scheme
 from qbench.costmodel.schemes import int_sum_bytes, nominal_bits_per_value, qsgd_params
 from qbench.errors import UserError
@@ -123,3 +124,32 @@ def test_integer_widths_that_overflow_int32_are_user_errors() -> None:
     with pytest.raises(UserError) as got:
         int_sum_bytes("gloo", 2**25, 8)
     assert str(got.value) == "integer-allreduce: 33554432 ranks x 8-bit levels overflow int32"
+
+
+# a run's recorded scheme spec (as qbench.records.view returns it) -> the model's scheme
+RECORDED = [
+    ({"name": "reduce-broadcast", "overlap": 16}, ("reduce-broadcast", 16, False, None)),
+    ({"name": "integer-allreduce"}, ("integer-allreduce", 1, False, None)),
+    ({"name": "ddp", "bucket_cap_mb": 10}, ("ddp", 1, True, 10.0)),
+    ({"name": "allreduce", "backward": True}, ("ddp", 1, True, None)),
+    ({"name": "reduce-broadcast", "backward": True, "bucket_cap_mb": 5.0},
+     ("reduce-broadcast", 1, True, 5.0)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("raw", "want"), RECORDED)
+def test_a_recorded_spec_is_read_as_is(
+    raw: dict[str, object], want: tuple[str, int, bool, float | None]
+) -> None:
+    s = Scheme.of(catalog.scheme(raw))
+    assert (s.name, s.overlap, s.backward, s.bucket_cap_mb) == want
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [({"name": "gossip"}, "the cost model has no scheme 'gossip'"),
+     ({"name": "reduce-broadcast", "backward": True, "overlap": 4}, "no per-bucket pipeline")],
+)  # fmt: skip
+def test_a_recorded_spec_the_model_cannot_time(raw: dict[str, object], message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        Scheme.of(catalog.scheme(raw))

@@ -30,9 +30,7 @@ NOT_YET = {
     ("costmodel/fit.py", "_overlap_points"), ("costmodel/formulas.py", "comm_plan"),
     ("costmodel/formulas.py", "payload_bits"),
     ("costmodel/points.py", "bench_points"),
-    ("costmodel/points.py", "run_config"), ("costmodel/points.py", "_phased_runs"),
     ("costmodel/predict.py", "predict"), ("costmodel/predict.py", "predict_frame"),
-    ("costmodel/profiles.py", "_backward_scheme"),
     ("costmodel/schemes.py", "<module>"), ("costmodel/schemes.py", "per_bucket"),
     ("costmodel/schemes.py", "_split"), ("costmodel/schemes.py", "_spec"),
 }  # fmt: skip

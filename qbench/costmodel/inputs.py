@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from qbench.costmodel.schemes import nominal_bits_per_value
+from qbench.costmodel.schemes import Scheme, nominal_bits_per_value
 from qbench.errors import UserError
 from qbench.records.store import ResultStore
 from qbench.records.view import RunSpecs, run_specs
@@ -185,6 +185,16 @@ def scheme_name(r: Any) -> str | None:
     """The catalog name of a ``run_table`` row's scheme (None: unknown here)."""
     specs = getattr(r, "specs", None)
     return None if specs is None else specs.scheme.name
+
+
+def run_scheme(r: Any) -> Scheme | None:
+    """A ``run_table`` row's scheme as the model sees it, from its recorded spec (None: a
+    scheme this qbench or the model does not know)."""
+    specs = getattr(r, "specs", None)
+    try:
+        return None if specs is None else Scheme.of(specs.scheme)
+    except UserError:
+        return None
 
 
 def _forward(iterations: pd.DataFrame) -> pd.DataFrame:

@@ -26,7 +26,14 @@ import pandas as pd
 
 from qbench.costmodel.config import Config
 from qbench.costmodel.formulas import CommItem, codec_units, comm_plan, payload_bits
-from qbench.costmodel.inputs import RUN_PARTS, float_or_nan, int_or_none, row_bits, run_key
+from qbench.costmodel.inputs import (
+    RUN_PARTS,
+    float_or_nan,
+    int_or_none,
+    row_bits,
+    run_key,
+    run_scheme,
+)
 from qbench.costmodel.model import ComputeFit, CostModel, imbalance_key, solo_key
 from qbench.costmodel.schemes import FP32, Scheme, nominal_bits_per_value
 from qbench.errors import UserError
@@ -118,9 +125,8 @@ def _fp32_numel(n: int, payload: float, bits: float) -> int:
 
 
 def run_config(r: Any, model: CostModel | None = None) -> tuple[Scheme, Config] | None:
-    try:
-        scheme = Scheme.parse(str(r.scheme))
-    except UserError:
+    scheme = run_scheme(r)
+    if scheme is None:
         return None
     comp = str(r.compressor)
     k, n = int(r.world_size), int_or_none(r.numel) or 0
@@ -180,11 +186,8 @@ def _phased_runs(table: pd.DataFrame) -> Iterable[tuple[Any, Scheme, float]]:
     for r in table.itertuples(index=False):
         if not all(pd.notna(getattr(r, p)) for p in (*RUN_PARTS, "t_iteration")):
             continue
-        try:
-            scheme = Scheme.parse(str(r.scheme))
-        except UserError:
-            continue
-        if scheme.overlap == 1:
+        scheme = run_scheme(r)
+        if scheme is not None and scheme.overlap == 1:
             yield r, scheme, sum(float(getattr(r, p)) for p in RUN_PARTS)
 
 

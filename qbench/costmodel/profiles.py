@@ -22,11 +22,10 @@ import numpy as np
 import pandas as pd
 
 from qbench.catalog.schemes import DEFAULT_BUCKET_CAP_MB
-from qbench.costmodel.inputs import compressor_name, scheme_name
+from qbench.costmodel.inputs import compressor_name, run_scheme, scheme_name
 from qbench.costmodel.model import BucketProfile
 from qbench.costmodel.points import run_host_cores
 from qbench.costmodel.schemes import DDP, FP32, POWERSGD, Scheme
-from qbench.errors import UserError
 from qbench.records.store import ResultStore
 
 Key = tuple[str, int, str, int, float]
@@ -61,11 +60,8 @@ def fit_bucket_profiles(table: pd.DataFrame) -> tuple[list[BucketProfile], list[
 
 
 def _backward_scheme(r: Any) -> Scheme | None:
-    try:
-        scheme = Scheme.parse(str(r.scheme))
-    except UserError:
-        return None
-    return scheme if scheme.backward else None
+    scheme = run_scheme(r)
+    return scheme if scheme is not None and scheme.backward else None
 
 
 def _measured_buckets(r: Any) -> pd.DataFrame | None:

@@ -1,11 +1,12 @@
-"""The schemes and compressors the cost model knows, by the labels runs and benches record.
+"""The schemes and compressors the cost model knows.
 
-``Scheme.parse`` reads a scheme label: ``reduce-broadcast+overlap16``, and for DDP runs, which
-communicate bucket by bucket during backward (``qbench.costmodel.overlap``), ``ddp`` or
-``reduce-broadcast+backward``. Compressor labels (``fp32``, ``fp16``, ``qsgd-4b-b512``, ...) give
-their wire bits per value where the label alone says it. ``lowprec-allreduce`` is the
-*projected* NCCL with native low-precision reduction, not measurable yet: its predictions say
-so (mode ``projected``).
+``Scheme.of`` reads a run's scheme from the catalog spec it recorded (``qbench.records.view``).
+``Scheme.parse`` reads a scheme label (the command line, bench JSON):
+``reduce-broadcast+overlap16``, and for DDP runs, which communicate bucket by bucket during
+backward (``qbench.costmodel.overlap``), ``ddp`` or ``reduce-broadcast+backward``. Compressor
+labels (``fp32``, ``fp16``, ``qsgd-4b-b512``, ...) give their wire bits per value where the
+label alone says it. ``lowprec-allreduce`` is the *projected* NCCL with native low-precision
+reduction, not measurable yet: its predictions say so (mode ``projected``).
 """
 
 from __future__ import annotations
@@ -86,6 +87,21 @@ class Scheme:
             raise UserError(f"scheme {raw!r}: DDP options need `backward=true` (or ddp)")
         if backward and overlap > 1:
             raise UserError(f"scheme {raw!r}: the cost model has no per-bucket pipeline")
+        return cls(DDP if backward and name == "allreduce" else name, overlap, backward, cap)
+
+    @classmethod
+    def of(cls, spec: catalog.SchemeSpec) -> Scheme:
+        """The catalog's validated scheme (a run's recorded spec, ``qbench.records.view``) as
+        the model sees it; UserError for a scheme the model has no formulas for."""
+        name, p = spec.name, spec.params
+        if name not in SCHEMES:
+            raise UserError(f"the cost model has no scheme {name!r}; valid: {', '.join(SCHEMES)}")
+        backward = bool(p.get("backward")) or name == DDP
+        overlap = int(p.get("overlap", 1))
+        if backward and overlap > 1:
+            raise UserError(f"scheme {name}: the cost model has no per-bucket pipeline")
+        given = spec.given.get("bucket_cap_mb")  # the label names the cap only when given
+        cap = None if given is None else float(given)
         return cls(DDP if backward and name == "allreduce" else name, overlap, backward, cap)
 
     @property
