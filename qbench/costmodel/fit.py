@@ -27,6 +27,7 @@ import pandas as pd
 from qbench.costmodel.formulas import burst_s, comm_plan
 from qbench.costmodel.inputs import (
     bench_key,
+    bench_scheme,
     comm_rows,
     held_out,
     integer_row,
@@ -204,7 +205,7 @@ def _overlap_points(
     (comm >= encode + decode of the synchronised scheme); other rows say nothing about it."""
     out = []
     for r, source in rows:
-        scheme = Scheme.parse(r["scheme"])
+        scheme = bench_scheme(r)
         k, s, comp = int(r["world_size"]), int(r["bytes"]), r["compressor"]
         try:
             enc, _ = codec_time(model, r["backend"], Scheme(scheme.name), comp, k, s / 4, "encode")

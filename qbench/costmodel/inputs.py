@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from qbench import catalog
 from qbench.costmodel.schemes import Scheme, nominal_bits_per_value
 from qbench.errors import UserError
 from qbench.records.store import ResultStore
@@ -78,6 +79,12 @@ def integer_row(row: dict[str, Any]) -> bool:
     """A bench comm row of integer-allreduce, whose ``bits_per_value`` is its integer payload
     (8 bits and more), not the compressor's. Bench JSON names schemes by label only."""
     return str(row["scheme"]).startswith("integer-")
+
+
+def bench_scheme(row: dict[str, Any]) -> Scheme:
+    """A bench comm row's scheme: bench JSON names it by label only, read back by the catalog
+    (UserError for a scheme the catalog or the model does not know)."""
+    return Scheme.of(catalog.scheme_from_label(str(row["scheme"])))
 
 
 def bench_link(row: dict[str, Any]) -> Link:

@@ -28,6 +28,7 @@ from qbench.costmodel.config import Config
 from qbench.costmodel.formulas import CommItem, codec_units, comm_plan, payload_bits
 from qbench.costmodel.inputs import (
     RUN_PARTS,
+    bench_scheme,
     float_or_nan,
     int_or_none,
     row_bits,
@@ -82,7 +83,7 @@ def bench_points(
     notes: list[str] = []
     for r in rows:
         try:
-            scheme = Scheme.parse(r["scheme"])
+            scheme = bench_scheme(r)
         except UserError:
             notes.append(f"{source}: no model for scheme {r['scheme']}; its rows are not used")
             continue
