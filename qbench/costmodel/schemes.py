@@ -1,7 +1,8 @@
 """The schemes and compressors the cost model knows.
 
-``Scheme.of`` reads a run's scheme from the catalog spec it recorded (``qbench.records.view``).
-``Scheme.parse`` reads a scheme label (the command line, bench JSON):
+``Scheme.of`` reads a catalog scheme spec: a run's recorded one (``qbench.records.view``), or a
+bench JSON row's label read back by the catalog (``inputs.bench_scheme``). ``Scheme.parse``
+reads ``--scheme`` and ``Config.scheme`` (still a label):
 ``reduce-broadcast+overlap16``, and for DDP runs, which communicate bucket by bucket during
 backward (``qbench.costmodel.overlap``), ``ddp`` or ``reduce-broadcast+backward``. Compressor
 labels (``fp32``, ``fp16``, ``qsgd-4b-b512``, ...) give their wire bits per value where the
