@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from qbench import costmodel as cm
 from qbench.cli.cost import cost as cost_cli
+from qbench.cli.cost_configs import scheme_option
 from qbench.costmodel import Config, CostModel
 from qbench.errors import UserError
 from qbench.records.schema import RunRecord, iterations_frame
@@ -179,7 +180,7 @@ def test_bandwidth_scaling_keeps_alpha_and_scales_beta() -> None:
 def test_predicts_other_world_sizes_and_links_from_k2_at_1gbit() -> None:
     m = cm.fit(comm_docs=[(comm_doc(synthetic_rows("1gbit", (2,))), "s")])
     for k, net in ((8, "1gbit"), (4, "500mbit"), (16, "10gbit")):
-        cfg = Config(scheme="allreduce", network=option(net), world_size=k, numel=2**24)
+        cfg = Config(scheme=cm.Scheme("allreduce"), network=option(net), world_size=k, numel=2**24)
         p = cm.predict(m, cfg)
         beta = BETA_1GBIT["allreduce"] * 1e9 / ref.RATE_BPS[net]
         wire = 2 * (k - 1) / k * 2**26
@@ -219,7 +220,8 @@ def free_model(beta: float = 1e-9) -> CostModel:
 def test_ideal_speedups_when_compute_and_codec_are_free(
     scheme: str, comp: str, k: int, ideal: float
 ) -> None:
-    cfg = Config(scheme=scheme, compressor=comp, network=UNSHAPED, world_size=k, numel=2**24)
+    cfg = Config(scheme=scheme_option(scheme), compressor=comp, network=UNSHAPED, world_size=k,
+                 numel=2**24)  # fmt: skip
     frame = cm.predict_frame(free_model(), [cfg])
     assert frame["speedup_vs_fp32"].iloc[0] == pytest.approx(ideal, rel=1e-3)
     assert frame["mode"].iloc[0] == ("projected" if scheme == cm.PROJECTED else "breakdown")
@@ -250,9 +252,9 @@ def test_overlap_is_max_of_codec_and_comm_plus_fill() -> None:
         for op, c1 in (("encode", 1e-9), ("decode", 2e-9))
     ]  # fmt: skip
     n, k = 2**24, 2
-    base = Config(scheme="reduce-broadcast", compressor=QSGD, network=UNSHAPED, numel=n)
+    base = Config(scheme=cm.Scheme("reduce-broadcast"), compressor=QSGD, network=UNSHAPED, numel=n)
     sync = cm.predict(m, base)
-    piped = cm.predict(m, Config(**{**base.__dict__, "scheme": "reduce-broadcast+overlap8"}))
+    piped = cm.predict(m, Config(**{**base.__dict__, "scheme": cm.Scheme("reduce-broadcast", 8)}))
     codec = sync.encode_s + sync.decode_s
     assert codec == pytest.approx(n * 1.5e-9 + 2 * n * 2e-9)
     assert piped.comm_s == pytest.approx(sync.comm_s + 7 * 2 * (k - 1) * 1e-4)  # 8x messages
@@ -267,15 +269,17 @@ def replace_alpha(c: cm.CollectiveFit, alpha: float) -> cm.CollectiveFit:
 def test_incompatible_and_unknown_schemes_are_user_errors() -> None:
     m = free_model()
     with pytest.raises(UserError, match="lowprec-allreduce"):
-        cm.predict(m, Config(scheme="allreduce", compressor=QSGD, network=UNSHAPED, numel=8))
+        cm.predict(
+            m, Config(scheme=cm.Scheme("allreduce"), compressor=QSGD, network=UNSHAPED, numel=8)
+        )
     with pytest.raises(UserError, match="valid"):
-        cm.Scheme.parse("gossip")
-    assert cm.Scheme.parse("reduce-broadcast:overlap=4") == cm.Scheme("reduce-broadcast", 4)
-    assert cm.Scheme.parse("integer-allreduce+overlap8").label == "integer-allreduce+overlap8"
+        scheme_option("gossip")
+    assert scheme_option("reduce-broadcast:overlap=4") == cm.Scheme("reduce-broadcast", 4)
+    assert scheme_option("integer-allreduce:overlap=8").label == "integer-allreduce+overlap8"
     with pytest.raises(UserError, match="overlap"):
-        cm.Scheme.parse("allgather:overlap=2")
+        scheme_option("allgather:overlap=2")
     with pytest.raises(UserError, match="no fit"):
-        cm.predict(m, Config(scheme="allreduce", network=option("1gbit"), numel=8))
+        cm.predict(m, Config(scheme=cm.Scheme("allreduce"), network=option("1gbit"), numel=8))
 
 
 # -- model file and validation -------------------------------------------------------------------
@@ -336,7 +340,7 @@ def test_model_json_round_trips(tmp_path: Path, runs_dir: Path) -> None:
     assert doc["schema"] == cm.SCHEMA and doc["collectives"][0]["data"]  # the points are kept
     back = CostModel.load(path)
     assert back.to_dict() == m.to_dict()
-    cfg = Config(scheme="reduce-broadcast", compressor=QSGD, network=R500M, world_size=4,
+    cfg = Config(scheme=cm.Scheme("reduce-broadcast"), compressor=QSGD, network=R500M, world_size=4,
                  workload="toy")  # fmt: skip
     assert cm.predict(back, cfg) == cm.predict(m, cfg)
     path.write_text(json.dumps({"schema": "something/1"}))
@@ -401,7 +405,7 @@ def test_runs_on_fewer_cores_than_ranks_are_normalized(tmp_path: Path) -> None:
     m = cm.fit(run_dirs=[tmp_path], comm_docs=[(comm_doc(synthetic_rows("unshaped", (2,))), "c")])
     (c,) = m.compute
     assert c.compute_s == pytest.approx(0.05) and c.step_s == pytest.approx(0.004)
-    cfg = Config(scheme="allreduce", network=UNSHAPED, world_size=4, workload="toy",
+    cfg = Config(scheme=cm.Scheme("allreduce"), network=UNSHAPED, world_size=4, workload="toy",
                  batch_size=16, host_cores=2)  # fmt: skip
     p = cm.predict(m, cfg)
     assert (p.compute_s, p.step_s) == (pytest.approx(0.1), pytest.approx(0.008))
@@ -423,7 +427,7 @@ def test_compute_is_taken_at_the_fitted_world_size(tmp_path: Path) -> None:
     assert c.per_world_size["1"][0] == pytest.approx(0.040)
     assert c.per_world_size["2"][0] == pytest.approx(0.061)
     assert c.compute_s == pytest.approx(0.060)  # pooled median over the three runs
-    cfg = Config(scheme="allreduce", network=UNSHAPED, workload="toy", batch_size=16)
+    cfg = Config(scheme=cm.Scheme("allreduce"), network=UNSHAPED, workload="toy", batch_size=16)
     assert cm.predict(m, replace(cfg, world_size=1)).compute_s == pytest.approx(0.040)
     assert cm.predict(m, replace(cfg, world_size=2)).compute_s == pytest.approx(0.061)
     assert cm.predict(m, replace(cfg, world_size=8)).compute_s == pytest.approx(0.060)
@@ -442,8 +446,8 @@ def test_imbalance_is_fitted_per_scheme_and_world_size(tmp_path: Path) -> None:
     assert m.imbalance == {
         "gloo/allreduce/2": pytest.approx(1.02), "gloo/reduce-broadcast/2": pytest.approx(1.15)
     }  # fmt: skip
-    cfg = Config(scheme="reduce-broadcast", compressor=QSGD, network=UNSHAPED, world_size=2,
-                 workload="toy", batch_size=16)  # fmt: skip
+    cfg = Config(scheme=cm.Scheme("reduce-broadcast"), compressor=QSGD, network=UNSHAPED,
+                 world_size=2, workload="toy", batch_size=16)  # fmt: skip
     p = cm.predict(m, cfg)
     parts = p.compute_s + p.encode_s + p.comm_s + p.decode_s + p.step_s
     assert p.wait_s == pytest.approx(0.15 * parts)
@@ -465,8 +469,8 @@ def test_one_rank_comm_overhead_is_fitted_from_runs(tmp_path: Path) -> None:
     m = cm.fit(run_dirs=[tmp_path], comm_docs=[(comm_doc(synthetic_rows("unshaped", (2,))), "c")],
                kernel_docs=[(kernels_doc(), "k")])  # fmt: skip
     assert m.solo_comm == {"gloo/reduce-broadcast/toy": pytest.approx(0.0005)}
-    cfg = Config(scheme="reduce-broadcast", compressor=QSGD, network=UNSHAPED, world_size=1,
-                 workload="toy", batch_size=16)  # fmt: skip
+    cfg = Config(scheme=cm.Scheme("reduce-broadcast"), compressor=QSGD, network=UNSHAPED,
+                 world_size=1, workload="toy", batch_size=16)  # fmt: skip
     assert cm.predict(m, cfg).comm_s == pytest.approx(0.0005)
     assert cm.predict(m, replace(cfg, backend="mpi")).comm_s == 0.0  # no 1-rank mpi runs
 
@@ -491,8 +495,8 @@ def test_host_cores_scale_codec_and_compute() -> None:
                     device="cpu", c0_s=0.0, c1_s=1e-9, r2=1.0, points=2, rel_err_median=0.0,
                     rel_err_max=0.0)
     ]  # fmt: skip
-    cfg = Config(scheme="reduce-broadcast", compressor=QSGD, network=UNSHAPED, world_size=4,
-                 numel=2**20, compute_s=1.0)  # fmt: skip
+    cfg = Config(scheme=cm.Scheme("reduce-broadcast"), compressor=QSGD, network=UNSHAPED,
+                 world_size=4, numel=2**20, compute_s=1.0)  # fmt: skip
     one = cm.predict(m, cfg)
     shared = cm.predict(m, Config(**{**cfg.__dict__, "host_cores": 2}))
     assert shared.compute_s == 2.0 and shared.encode_s == pytest.approx(2 * one.encode_s)

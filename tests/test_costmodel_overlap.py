@@ -20,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from qbench.cli.cost import cost as cost_cli
+from qbench.cli.cost_configs import scheme_option
 from qbench.costmodel import (
     BucketProfile,
     CodecFit,
@@ -123,7 +124,8 @@ def cfg(scheme: str, comp: str, **kw: Any) -> Config:
     bits = {"fp32": 32.0, "fp16": 16.0, Q4: Q4_BITS}.get(comp)
     base: dict[str, Any] = {"network": option("1gbit"), "world_size": 2, "workload": "toy",
                             "tbf_burst": False}  # fmt: skip
-    return Config(scheme=scheme, compressor=comp, bits_per_value=bits, **{**base, **kw})
+    return Config(scheme=scheme_option(scheme), compressor=comp, bits_per_value=bits,
+                  **{**base, **kw})  # fmt: skip
 
 
 def seconds(scheme: str, comp: str, k: int, n: float, rate: float = 1e9) -> float:
@@ -174,7 +176,7 @@ def test_ddp_fp16_and_powersgd() -> None:
 def test_qbench_hook_runs_the_flat_exchange_per_bucket() -> None:
     m = hand_model()
     k = 4
-    p = predict(m, cfg("reduce-broadcast+backward", Q4, world_size=k))
+    p = predict(m, cfg("reduce-broadcast:backward=true", Q4, world_size=k))
     want, waited = ref.ddp_iteration(
         FWD, BWD, STEP, HANDED, [seconds("reduce-broadcast", Q4, k, n) for n in NUMEL]
     )
@@ -185,7 +187,7 @@ def test_qbench_hook_runs_the_flat_exchange_per_bucket() -> None:
     assert same.total_s == pytest.approx(want, rel=1e-9)
     # layer policy: 10 % of the values in fp32, the same share of every bucket, exchanged apart
     f32 = sum(NUMEL) // 10
-    p = predict(m, cfg("reduce-broadcast+backward", Q4, world_size=k, fp32_numel=f32))
+    p = predict(m, cfg("reduce-broadcast:backward=true", Q4, world_size=k, fp32_numel=f32))
     mixed = [seconds("reduce-broadcast", Q4, k, 0.9 * n) + seconds("reduce-broadcast", "fp32",
              k, 0.1 * n) for n in NUMEL]  # fmt: skip
     assert p.total_s == pytest.approx(ref.ddp_iteration(FWD, BWD, STEP, HANDED, mixed)[0], rel=1e-9)
@@ -196,7 +198,7 @@ def test_imbalance_and_shared_cores_scale_the_profile() -> None:
     # codec (fitted on a core per rank) x 4
     m = hand_model(profile(imbalance=1.2, host_cores=2, world_size=4))
     k = 8
-    p = predict(m, cfg("reduce-broadcast+backward", Q4, world_size=k, host_cores=2))
+    p = predict(m, cfg("reduce-broadcast:backward=true", Q4, world_size=k, host_cores=2))
     busy = []
     for n in NUMEL:
         c = ref.comm("reduce-broadcast", Q4, k, n)
@@ -212,7 +214,7 @@ def test_ddp_prediction_errors_are_one_line() -> None:
     m = hand_model()
     for bad, message in [
         (cfg("ddp", "fp32", workload="resnet20"), "no DDP bucket profile"),
-        (cfg("ddp+bucket_cap_mb10.0", "fp32"), "bucket cap 10 MB"),
+        (cfg("ddp:bucket_cap_mb=10.0", "fp32"), "bucket cap 10 MB"),
         (cfg("ddp", "fp32", compute_s=0.1), "does not apply to DDP"),
         (cfg("ddp", "fp32", numel=10), "DDP predictions use the measured model's buckets"),
         (cfg("ddp", Q4), "torch's hooks"),
@@ -244,7 +246,7 @@ def test_crossover_rate_solved_by_hand() -> None:
     dec = 10e-6 + 0.5e-9 * 2 * n
     dec32 = 5e-6 + 0.25e-9 * n
     g = (enc + dec - dec32) / ((4 * n - n * Q4_BITS / 8) * beta)
-    x = crossover(one_bucket_model(), cfg("reduce-broadcast+backward", Q4))
+    x = crossover(one_bucket_model(), cfg("reduce-broadcast:backward=true", Q4))
     assert x.verdict == "crossover" and len(x.rates_bps) == 1
     assert x.rates_bps[0] == pytest.approx(1e9 / g, rel=1e-5)  # 15.3 Gbit/s
     assert x.faster_below == (True,)  # compression wins on the slower links
@@ -255,9 +257,9 @@ def test_crossover_rate_solved_by_hand() -> None:
 def test_crossover_always_and_never() -> None:
     # a free codec: qsgd is faster at every rate; 2000 times the codec (4.2 s): slower even at
     # 10 Mbit/s, where DDP fp32 pays (4 n - P) beta g = 2.8 s more on the wire
-    always = crossover(one_bucket_model(0.0), cfg("reduce-broadcast+backward", Q4))
+    always = crossover(one_bucket_model(0.0), cfg("reduce-broadcast:backward=true", Q4))
     assert always.verdict == "always" and always.rates_bps == ()
-    never = crossover(one_bucket_model(2000.0), cfg("reduce-broadcast+backward", Q4))
+    never = crossover(one_bucket_model(2000.0), cfg("reduce-broadcast:backward=true", Q4))
     assert never.verdict == "never in range" and never.rates_bps == ()
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 # The model's public entry points, in one place (a move of qbench.costmodel is a one-line edit).
+from qbench.cli.cost_configs import scheme_option
 from qbench.costmodel import (
     COMM_SCHEMA,
     KERNELS_SCHEMA,
@@ -80,11 +81,11 @@ PLANS: dict[str, tuple[str, str, float, str, int, str, PerK]] = {
                               {2: (2, (8192, 8192)), 4: (6, (12288, 12288)),
                                8: (14, (14336, 14336))}),
     # 4 chunks in one stream: 4 x 2 (K-1) steps, one call of 2 (K-1)/K P
-    "reduce-broadcast-q4+overlap4": ("reduce-broadcast+overlap4", Q4, Q4_BITS, "gloo", N,
+    "reduce-broadcast-q4+overlap4": ("reduce-broadcast:overlap=4", Q4, Q4_BITS, "gloo", N,
                                      "exchange+overlap",
                                      {2: (8, (2080,)), 4: (24, (3120,)), 8: (56, (3640,))}),
     # overlap 2, the smallest pipeline: 2 x 2 (K-1) steps, still one call
-    "reduce-broadcast-q4+overlap2": ("reduce-broadcast+overlap2", Q4, Q4_BITS, "gloo", N,
+    "reduce-broadcast-q4+overlap2": ("reduce-broadcast:overlap=2", Q4, Q4_BITS, "gloo", N,
                                      "exchange+overlap",
                                      {2: (4, (2080,)), 4: (12, (3120,)), 8: (28, (3640,))}),
     # the whole payload to each of the K-1 peers, K-1 steps
@@ -118,12 +119,12 @@ PLANS: dict[str, tuple[str, str, float, str, int, str, PerK]] = {
                                   {2: (4, (32, 4096)), 4: (12, (48, 6144)),
                                    8: (28, (56, 28672))}),
     # overlap 4: the scales' allreduce once plus 4 chunk allreduces: (1 + 4) x 2 (K-1) steps
-    "integer-allreduce-q4+overlap4": ("integer-allreduce+overlap4", Q4, Q4_BITS, "gloo", N,
+    "integer-allreduce-q4+overlap4": ("integer-allreduce:overlap=4", Q4, Q4_BITS, "gloo", N,
                                       "allreduce-int+overlap",
                                       {2: (10, (32, 4096)), 4: (30, (48, 6144)),
                                        8: (70, (56, 7168))}),
     # overlap 2: (1 + 2) x 2 (K-1) steps
-    "integer-allreduce-q4+overlap2": ("integer-allreduce+overlap2", Q4, Q4_BITS, "gloo", N,
+    "integer-allreduce-q4+overlap2": ("integer-allreduce:overlap=2", Q4, Q4_BITS, "gloo", N,
                                       "allreduce-int+overlap",
                                       {2: (6, (32, 4096)), 4: (18, (48, 6144)),
                                        8: (42, (56, 7168))}),
@@ -177,7 +178,7 @@ def _case(name: str, k: int) -> tuple[str, str, float, str, int, str, float, tup
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_comm_plan_matches_the_hand_written_table(name: str, k: int) -> None:
     scheme, comp, bits, backend, n, key, msgs, calls = _case(name, k)
-    item = comm_plan(Scheme.parse(scheme), comp, k, n, bits, backend)
+    item = comm_plan(scheme_option(scheme), comp, k, n, bits, backend)
     assert item.collective == key
     assert item.msgs == msgs
     assert item.calls == pytest.approx(calls, rel=1e-12, abs=0)
@@ -197,7 +198,7 @@ def test_payload_bits_match_the_hand_written_table(
     scheme: str, comp: str, backend: str, k: int
 ) -> None:
     bits = ref.bits_per_value(comp)  # the compressor's own bits, as predict passes them
-    got = payload_bits(Scheme.parse(scheme), comp, bits, backend, k)
+    got = payload_bits(scheme_option(scheme), comp, bits, backend, k)
     assert got * N / 8 == PAYLOAD_BYTES[scheme, comp, backend][k]
 
 
@@ -231,7 +232,7 @@ def test_collectives_match_the_hand_written_table(kind: str, k: int) -> None:
 
 def test_plans_the_model_cannot_make_are_one_line_errors() -> None:
     with pytest.raises(UserError, match=r"integer-allreduce needs a qsgd compressor, got fp16$"):
-        comm_plan(Scheme.parse("integer-allreduce"), "fp16", 2, N, 16, "gloo")
+        comm_plan(scheme_option("integer-allreduce"), "fp16", 2, N, 16, "gloo")
     valid = r"no scheme 'gossip'; valid: allreduce, reduce-broadcast, allgather, "
     with pytest.raises(UserError, match=valid):
         comm_plan(Scheme("gossip"), "fp32", 2, N, 32, "gloo")
@@ -242,7 +243,7 @@ def test_plans_the_model_cannot_make_are_one_line_errors() -> None:
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_reference_matches_the_hand_written_table(name: str, k: int) -> None:
     scheme, comp, bits, backend, n, key, msgs, calls = _case(name, k)
-    base, _, overlap = scheme.partition("+overlap")
+    base, _, overlap = scheme.partition(":overlap=")
     got = ref.comm(base, comp, k, n, backend, int(overlap or 1), bits)
     assert (got.key, got.msgs) == (key, msgs)
     assert got.calls == pytest.approx(calls, rel=1e-12, abs=0)
@@ -357,8 +358,9 @@ PREDICT_N = 2**23
 def test_predictions_follow_the_hand_written_formulas(
     fitted: CostModel, scheme: str, comp: str, k: int
 ) -> None:
-    cfg = Config(scheme=scheme, compressor=comp, backend="gloo", network=UNSHAPED,
-                 world_size=k, numel=PREDICT_N, compute_s=0.0, step_s=0.0)  # fmt: skip
+    cfg = Config(scheme=scheme_option(scheme), compressor=comp, backend="gloo",
+                 network=UNSHAPED, world_size=k, numel=PREDICT_N, compute_s=0.0,
+                 step_s=0.0)  # fmt: skip
     p = predict(fitted, cfg)
     c = ref.comm(scheme, comp, k, PREDICT_N)
     enc, dec = (_codec_s(scheme, comp, k, PREDICT_N, op) for op in ("encode", "decode"))
@@ -374,8 +376,9 @@ def test_pipelined_predictions_follow_the_hand_written_formulas(
     fitted: CostModel, scheme: str, k: int
 ) -> None:
     """overlap 16: comm pays 16 chunks' messages; total = max(codec, comm) + codec / 16."""
-    cfg = Config(scheme=f"{scheme}+overlap16", compressor=Q4, network=UNSHAPED,
-                 world_size=k, numel=PREDICT_N, compute_s=0.0, step_s=0.0)  # fmt: skip
+    cfg = Config(scheme=scheme_option(f"{scheme}:overlap=16"), compressor=Q4,
+                 network=UNSHAPED, world_size=k, numel=PREDICT_N, compute_s=0.0,
+                 step_s=0.0)  # fmt: skip
     p = predict(fitted, cfg)
     c = ref.comm(scheme, Q4, k, PREDICT_N, overlap=16)
     comm_s = ref.comm_seconds(ALPHA[c.key], BETA[c.key], c)
@@ -389,7 +392,7 @@ def test_pipelined_predictions_follow_the_hand_written_formulas(
 def test_simulated_lowprec_prediction_pays_the_padded_buffer(fitted: CostModel, k: int) -> None:
     """4097 fp16 values: 8194 payload bytes travel as 2049 floats (8196 bytes) on the fp32
     allreduce's alpha and beta."""
-    cfg = Config(scheme="simulated-lowprec", compressor="fp16", network=UNSHAPED,
+    cfg = Config(scheme=Scheme("simulated-lowprec"), compressor="fp16", network=UNSHAPED,
                  world_size=k, numel=4097, compute_s=0.0, step_s=0.0)  # fmt: skip
     p = predict(fitted, cfg)
     wire = 2 * (k - 1) / k * 8196
@@ -450,8 +453,8 @@ def test_codec_composed_from_kernel_timings(from_kernels: CostModel, k: int) -> 
                                     _kernel_s(Q4, "decode", n, 1)),
     }  # fmt: skip
     for (scheme, comp), (enc, dec) in want.items():
-        cfg = Config(scheme=scheme, compressor=comp, network=UNSHAPED, world_size=k,
-                     numel=n, compute_s=0.0, step_s=0.0)  # fmt: skip
+        cfg = Config(scheme=scheme_option(scheme), compressor=comp, network=UNSHAPED,
+                     world_size=k, numel=n, compute_s=0.0, step_s=0.0)  # fmt: skip
         p = predict(from_kernels, cfg)
         assert p.encode_s == pytest.approx(enc, rel=1e-6), scheme
         assert p.decode_s == pytest.approx(dec, rel=1e-6), scheme

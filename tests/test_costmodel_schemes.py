@@ -1,5 +1,6 @@
-"""The cost model's scheme labels and compressor facts (qbench/costmodel/schemes.py), against
-literal expectations: what each label parses to, the exact message of each label it rejects,
+"""The cost model's schemes and compressor facts (qbench/costmodel/schemes.py, and the
+``--scheme`` option that reads them), against literal expectations: the scheme each spec gives,
+the exact message of each spec it rejects,
 the bits per value of fixed-size compressors, and the integer widths' overflow error."""
 
 from __future__ import annotations
@@ -7,80 +8,89 @@ from __future__ import annotations
 import pytest
 
 from qbench import catalog
+from qbench.cli.cost_configs import scheme_option
 from qbench.costmodel import Scheme
 from qbench.costmodel.schemes import int_sum_bytes, nominal_bits_per_value, qsgd_params
 from qbench.errors import UserError
 
-# label: (name, overlap, backward, bucket_cap_mb)
+# --scheme spec: (name, overlap, backward, bucket_cap_mb) of the model's scheme
 PARSED = {
     "allreduce": ("allreduce", 1, False, None),
-    "reduce-broadcast+overlap2": ("reduce-broadcast", 2, False, None),
+    "reduce-broadcast:overlap=2": ("reduce-broadcast", 2, False, None),
     "integer-allreduce:overlap=16": ("integer-allreduce", 16, False, None),
     "ddp": ("ddp", 1, True, None),
     # allreduce per DDP bucket is ddp, however it is spelt
-    "allreduce+backward": ("ddp", 1, True, None),
+    "allreduce:backward=true": ("ddp", 1, True, None),
     "allreduce:backward=TRUE": ("ddp", 1, True, None),
-    "reduce-broadcast+backward": ("reduce-broadcast", 1, True, None),
+    "reduce-broadcast:backward=true": ("reduce-broadcast", 1, True, None),
     "reduce-broadcast:backward=false": ("reduce-broadcast", 1, False, None),
     # several KEY=VALUE items, spaces around them
     "reduce-broadcast: backward = true , bucket_cap_mb = 5": ("reduce-broadcast", 1, True, 5.0),
-    "ddp+bucket_cap_mb10.0": ("ddp", 1, True, 10.0),
+    "ddp:bucket_cap_mb=10": ("ddp", 1, True, 10.0),
     "ddp:bucket_cap_mb=0.5": ("ddp", 1, True, 0.5),  # below 1 MB is a size too
     "ddp:bucket_cap_mb=100000": ("ddp", 1, True, 1e5),  # the largest cap
     "ddp:gradient_as_bucket_view=true": ("ddp", 1, True, None),
+    "lowprec-allreduce": ("lowprec-allreduce", 1, False, None),  # the model's own projection
 }
 
 
-@pytest.mark.parametrize("label", sorted(PARSED))
-def test_labels_parse_to_the_written_scheme(label: str) -> None:
-    name, overlap, backward, cap = PARSED[label]
-    assert Scheme.parse(label) == Scheme(name, overlap, backward, cap)
+@pytest.mark.parametrize("text", sorted(PARSED))
+def test_scheme_options_are_read_by_the_catalog(text: str) -> None:
+    s = scheme_option(text)
+    assert (s.name, s.overlap, s.backward, s.bucket_cap_mb) == PARSED[text]
 
 
-# label: the whole error message
+# --scheme spec: the whole error message (the catalog's, but for what the model cannot time)
 REJECTED = {
     "gossip": "the cost model has no scheme 'gossip'; valid: allreduce, reduce-broadcast, "
     "allgather, integer-allreduce, simulated-lowprec, lowprec-allreduce, ddp",
-    "allreduce:zeta=1,alpha=2": "scheme 'allreduce:zeta=1,alpha=2': unknown parameter 'alpha'",
-    "reduce-broadcast:overlap=x": "scheme 'reduce-broadcast:overlap=x': overlap must be a whole "
-    "number",
-    "reduce-broadcast:overlap=0": "scheme 'reduce-broadcast:overlap=0': overlap must be >= 1 and "
-    "needs one of reduce-broadcast, integer-allreduce",
-    "allgather+overlap2": "scheme 'allgather+overlap2': overlap must be >= 1 and needs one of "
-    "reduce-broadcast, integer-allreduce",
-    "ddp:backward=maybe": "scheme 'ddp:backward=maybe': backward must be true or false, got "
-    "'maybe'",
-    "ddp:gradient_as_bucket_view=1": "scheme 'ddp:gradient_as_bucket_view=1': "
-    "gradient_as_bucket_view must be true or false, got '1'",
-    "ddp:bucket_cap_mb=abc": "scheme 'ddp:bucket_cap_mb=abc': bucket_cap_mb must be a size in "
-    "MB > 0, got 'abc'",
-    "ddp:bucket_cap_mb=0": "scheme 'ddp:bucket_cap_mb=0': bucket_cap_mb must be a size in MB > "
-    "0, got '0'",
-    "ddp:bucket_cap_mb=100000.5": "scheme 'ddp:bucket_cap_mb=100000.5': bucket_cap_mb must be a "
-    "size in MB > 0, got '100000.5'",
-    # the first '=' splits key from value
-    "ddp:bucket_cap_mb=1=2": "scheme 'ddp:bucket_cap_mb=1=2': bucket_cap_mb must be a size in MB "
-    "> 0, got '1=2'",
-    "simulated-lowprec+backward": "scheme 'simulated-lowprec+backward': only allreduce, "
-    "reduce-broadcast, allgather, integer-allreduce run per bucket during backward",
-    "allreduce:bucket_cap_mb=10": "scheme 'allreduce:bucket_cap_mb=10': DDP options need "
-    "`backward=true` (or ddp)",
-    "allreduce:gradient_as_bucket_view=false": "scheme 'allreduce:gradient_as_bucket_view=false': "
-    "DDP options need `backward=true` (or ddp)",
-    "reduce-broadcast:backward=true,overlap=2": "scheme 'reduce-broadcast:backward=true,"
-    "overlap=2': the cost model has no per-bucket pipeline",
-    "reduce-broadcast+over-lap": "scheme 'reduce-broadcast+over-lap': cannot read 'over-lap'; "
-    "e.g. `+overlap16`",
-    "reduce-broadcast:overlap": "scheme 'reduce-broadcast:overlap': 'overlap' is not KEY=VALUE; "
-    "e.g. `:overlap=16`",
+    "allreduce:zeta=1,alpha=2": "scheme allreduce: unknown parameter 'zeta'; valid: backward, "
+    "bucket_cap_mb, gradient_as_bucket_view",
+    "reduce-broadcast:overlap=x": "scheme reduce-broadcast: overlap must be an integer (a chunk "
+    "count >= 1), got 'x' (str); e.g. `overlap: 4`",
+    "reduce-broadcast:overlap=0": "scheme reduce-broadcast: overlap must be a chunk count >= 1, "
+    "got 0; e.g. `overlap: 4`",
+    "allgather:overlap=2": "scheme allgather: unknown parameter 'overlap'; valid: backward, "
+    "bucket_cap_mb, gradient_as_bucket_view",
+    "ddp:backward=maybe": "scheme ddp: unknown parameter 'backward'; valid: bucket_cap_mb, "
+    "gradient_as_bucket_view",
+    "ddp:gradient_as_bucket_view=1": "scheme ddp: gradient_as_bucket_view must be true or false, "
+    "got 1 (int); e.g. `gradient_as_bucket_view: false`",
+    "ddp:bucket_cap_mb=abc": "scheme ddp: bucket_cap_mb must be a number (a size in MB > 0), got "
+    "'abc' (str); e.g. `bucket_cap_mb: 25.0`",
+    "ddp:bucket_cap_mb=0": "scheme ddp: bucket_cap_mb must be a size in MB > 0, got 0; e.g. "
+    "`bucket_cap_mb: 25.0`",
+    "ddp:bucket_cap_mb=100000.5": "scheme ddp: bucket_cap_mb must be a size in MB > 0, got "
+    "100000.5; e.g. `bucket_cap_mb: 25.0`",
+    "simulated-lowprec:backward=true": "scheme simulated-lowprec takes no parameters, got "
+    "'backward'",
+    "allreduce:bucket_cap_mb=10": "scheme allreduce: bucket_cap_mb and gradient_as_bucket_view "
+    "need `backward: true`",
+    "reduce-broadcast:backward=true,overlap=2": "scheme reduce-broadcast: the cost model has no "
+    "per-bucket pipeline",
+    "reduce-broadcast:overlap": "scheme spec 'reduce-broadcast:overlap': 'overlap' is not "
+    "KEY=VALUE; e.g. `--scheme reduce-broadcast:overlap=4`",
+    "lowprec-allreduce:overlap=2": "scheme 'lowprec-allreduce:overlap=2': lowprec-allreduce "
+    "takes no parameters",
+    # the cost model's old spellings: refused, naming the catalog spec that says the same
+    "reduce-broadcast+overlap16": "scheme 'reduce-broadcast+overlap16': write it as a spec, e.g. "
+    "`--scheme reduce-broadcast:overlap=16`",
+    "reduce-broadcast+backward": "scheme 'reduce-broadcast+backward': write it as a spec, e.g. "
+    "`--scheme reduce-broadcast:backward=true`",
+    "ddp+bucket_cap_mb10.0": "scheme 'ddp+bucket_cap_mb10.0': write it as a spec, e.g. "
+    "`--scheme ddp:bucket_cap_mb=10.0`",
+    "allreduce+backward": "scheme 'allreduce+backward': write it as a spec, e.g. "
+    "`--scheme allreduce:backward=true`",
+    "allgather+over-lap": "scheme 'allgather+over-lap': write it as a spec, e.g. "
+    "`--scheme reduce-broadcast:overlap=16`",
 }
 
 
-@pytest.mark.parametrize("label", sorted(REJECTED))
-def test_rejected_labels_say_why(label: str) -> None:
+@pytest.mark.parametrize("text", sorted(REJECTED))
+def test_rejected_scheme_options_say_why(text: str) -> None:
     with pytest.raises(UserError) as got:
-        Scheme.parse(label)
-    assert str(got.value) == REJECTED[label]
+        scheme_option(text)
+    assert str(got.value) == REJECTED[text]
 
 
 def test_a_run_overlap_label_moves_a_scheme_to_backward_or_rejects() -> None:
@@ -90,6 +100,22 @@ def test_a_run_overlap_label_moves_a_scheme_to_backward_or_rejects() -> None:
     with pytest.raises(UserError) as got:
         Scheme("ddp", backward=True).per_bucket("sideways")
     assert str(got.value) == "overlap must be backward or none, got 'sideways'"
+
+
+@pytest.mark.parametrize(
+    ("flat", "message"),
+    [(Scheme("simulated-lowprec"), "scheme simulated-lowprec: only allreduce, reduce-broadcast, "
+      "allgather, integer-allreduce run per bucket during backward"),
+     (Scheme("lowprec-allreduce"), "scheme lowprec-allreduce: only allreduce, reduce-broadcast, "
+      "allgather, integer-allreduce run per bucket during backward"),
+     (Scheme("reduce-broadcast", 4), "scheme reduce-broadcast: the cost model has no per-bucket "
+      "pipeline")],
+)  # fmt: skip
+def test_schemes_the_model_cannot_time_per_bucket(flat: Scheme, message: str) -> None:
+    assert Scheme("allreduce").per_bucket("backward") == Scheme("ddp", 1, True, None)
+    with pytest.raises(UserError) as got:
+        flat.per_bucket("backward")
+    assert str(got.value) == message
 
 
 # label: wire bits per value at 2^20 values, metadata included

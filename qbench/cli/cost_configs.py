@@ -1,6 +1,7 @@
 """``qbench cost predict`` and ``crossover`` options -> the configurations to predict.
 
-Compressor specs are read by the catalog for their labels and wire bits (no torch).
+Scheme and compressor specs are read here, once, by the catalog (no torch): the model gets
+typed values, never option text.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from qbench.catalog import specs
 from qbench.costmodel.config import Config
 from qbench.costmodel.model import CostModel, compute_fits
 from qbench.costmodel.schemes import (
+    ALLREDUCE,
     BACKWARD,
     BACKWARD_SCHEMES,
     DDP,
@@ -55,7 +57,7 @@ def build_configs(
     for name, v in (("--compute-s", compute_s), ("--step-s", step_s)):
         if v is not None and not (math.isfinite(v) and v >= 0):
             raise UserError(f"{name} must be seconds >= 0, got {v}")
-    scheme_list = [Scheme.parse(s) for s in schemes or DEFAULT_SCHEMES]
+    scheme_list = [scheme_option(s) for s in schemes or DEFAULT_SCHEMES]
     comps = [compressor_info(c, m) for c in (compressors or DEFAULT_COMPRESSORS)]
     nets = [_network(b) for b in bandwidths] or m.links
     backs = list(backends) or m.backends
@@ -70,11 +72,11 @@ def build_configs(
     if not sizes:
         sizes = [None] if workload and compute_fits(m, workload) else [DEFAULT_NUMEL]
     f32 = count(fp32_numel, "--fp32-numel", minimum=0)
-    combos: list[tuple[Scheme, tuple[str, float | None]]] = [(Scheme("allreduce"), (FP32, 32.0))]
+    combos: list[tuple[Scheme, tuple[str, float | None]]] = [(ALLREDUCE, (FP32, 32.0))]
     notes: list[str] = []
     for s, c in itertools.product(scheme_list, comps):
         got = _scheme_for(s, c[0], overlap, notes)
-        if got is None or (got == Scheme("allreduce") and c[0] == FP32):
+        if got is None or (got == ALLREDUCE and c[0] == FP32):
             continue
         why = incompatibility(got, c[0])
         if why:
@@ -86,7 +88,7 @@ def build_configs(
         backs, nets, world_sizes or (2,), sizes, combos
     ):
         configs.append(Config(
-            scheme=s.label, compressor=label, bits_per_value=bits, backend=back, network=net,
+            scheme=s, compressor=label, bits_per_value=bits, backend=back, network=net,
             world_size=k, numel=n, fp32_numel=f32 if label != FP32 else 0,
             workload=workload, batch_size=batch_size, compute_s=compute_s, step_s=step_s,
             host_cores=host_cores, tbf_burst=tbf_burst,
@@ -106,6 +108,28 @@ def _scheme_for(s: Scheme, compressor: str, overlap: str | None, notes: list[str
         notes.append(f"ddp runs {compressor} as {rb.label} (qbench's hook), as scenarios do")
         return rb
     return s
+
+
+def scheme_option(text: str) -> Scheme:
+    """A ``--scheme`` spec (``reduce-broadcast:overlap=16``), validated by the catalog;
+    ``lowprec-allreduce`` is the model's own projection. The cost model's old spellings
+    (``+overlap16``, ``+backward``) are refused with the catalog spec that says the same."""
+    spec = specs.mapping(text, "scheme")
+    if spec["name"] == PROJECTED:
+        if len(spec) > 1:
+            raise UserError(f"scheme {text!r}: {PROJECTED} takes no parameters")
+        return Scheme(PROJECTED)
+    if "+" in spec["name"]:
+        raise UserError(f"scheme {text!r}: write it as a spec, e.g. `--scheme {_as_spec(text)}`")
+    return Scheme.of(catalog.scheme(spec))
+
+
+def _as_spec(label: str) -> str:
+    """The catalog spec of an old ``name+key<value>`` spelling, for the refusal's fix."""
+    try:
+        return specs.to_cli(catalog.scheme_from_label(label).given)
+    except UserError:
+        return "reduce-broadcast:overlap=16"
 
 
 def compressor_info(spec: str, m: CostModel) -> tuple[str, float | None]:

@@ -72,7 +72,6 @@ from qbench.costmodel.profiles import fit_bucket_profiles
 from qbench.costmodel.schemes import (
     DDP,
     FP32,
-    PIPELINED,
     PROJECTED,
     SCHEMES,
     Scheme,
@@ -98,7 +97,6 @@ __all__ = [
     "FALLBACK",
     "FP32",
     "KERNELS_SCHEMA",
-    "PIPELINED",
     "PREDICTION_COLUMNS",
     "PROJECTED",
     "RUN_PARTS",

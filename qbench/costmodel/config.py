@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from qbench.costmodel.schemes import FP32
+from qbench.costmodel.schemes import ALLREDUCE, FP32, Scheme
 from qbench.spec.network import Link
 
 GBIT = Link(1e9, "1gbit")
@@ -17,7 +17,8 @@ GBIT = Link(1e9, "1gbit")
 class Config:
     """One configuration to predict. numel None: the workload's fitted gradient size."""
 
-    scheme: str = "allreduce"
+    scheme: Scheme = ALLREDUCE
+    """The scheme as the model sees it (``Scheme.of`` a catalog spec)."""
     compressor: str = FP32
     bits_per_value: float | None = None
     """Wire bits per value of the compressor; None: from its label or the model's inputs."""
@@ -42,7 +43,7 @@ class Config:
     False for real links (no credit)."""
     overlap: str | None = None
     """``backward``: per DDP bucket during backward (``qbench.costmodel.overlap``); ``none``: one
-    flat gradient after it; None: as the scheme says (``ddp`` and ``+backward`` overlap)."""
+    flat gradient after it; None: as the scheme says (``ddp`` and ``backward: true`` overlap)."""
 
 
 @dataclass(frozen=True, kw_only=True)

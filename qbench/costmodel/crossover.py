@@ -50,9 +50,9 @@ def crossover(
     if not 0 < low < high:
         raise UserError(f"the rate range must be 0 < low < high, got {low:g} .. {high:g} bit/s")
     base = replace(
-        cfg, scheme=DDP, compressor=FP32, bits_per_value=None, fp32_numel=0, overlap=None
+        cfg, scheme=Scheme(DDP), compressor=FP32, bits_per_value=None, fp32_numel=0, overlap=None
     )
-    if Scheme.parse(cfg.scheme).per_bucket(cfg.overlap).name == DDP and cfg.compressor == FP32:
+    if cfg.scheme.per_bucket(cfg.overlap).name == DDP and cfg.compressor == FP32:
         raise UserError("the configuration is DDP fp32 itself; pick another scheme or compressor")
 
     def both(rate: float) -> tuple[float, float]:

@@ -143,7 +143,7 @@ def run_config(r: Any, model: CostModel | None = None) -> tuple[Scheme, Config] 
     pbits = payload_bits(scheme, comp, bits, str(r.backend), k)
     f = _fp32_numel(n, float(r.payload_bytes), pbits) if comp != FP32 else 0
     cfg = Config(
-        scheme=scheme.label, compressor=comp, bits_per_value=bits, backend=str(r.backend),
+        scheme=scheme, compressor=comp, bits_per_value=bits, backend=str(r.backend),
         network=r.link, world_size=k, numel=n, fp32_numel=f, workload=str(r.workload),
         batch_size=int_or_none(r.batch_size), device=str(r.device), host_cores=run_host_cores(r),
     )  # fmt: skip

@@ -1,7 +1,8 @@
 """Predict one configuration's iteration time from a fitted model.
 
-DDP configurations (``ddp``, ``+backward`` schemes, or ``Config.overlap = backward``) go to
-``qbench.costmodel.overlap``; the formulas below are those of one flat gradient after backward.
+DDP configurations (``ddp``, schemes with ``backward: true``, or ``Config.overlap = backward``)
+go to ``qbench.costmodel.overlap``; the formulas below are those of one flat gradient after
+backward.
 
 **Iteration:** ``total = (compute + encode + comm + decode + step) * imbalance``. Pipelined
 schemes (``overlap: C``): ``total = compute + max(encode + decode, comm) + (encode + decode) / C
@@ -33,7 +34,7 @@ from qbench.costmodel.formulas import comm_plan
 from qbench.costmodel.model import CostModel, compute_fits, imbalance_key, solo_key
 from qbench.costmodel.overlap import predict_backward
 from qbench.costmodel.phases import codec_time, collective_fit, wire_bits
-from qbench.costmodel.schemes import DDP, FP32, Scheme, incompatibility
+from qbench.costmodel.schemes import ALLREDUCE, DDP, FP32, Scheme, incompatibility
 from qbench.errors import UserError
 
 
@@ -85,7 +86,7 @@ def _numel(model: CostModel, cfg: Config) -> int:
 
 def predict(model: CostModel, cfg: Config) -> Prediction:
     """Iteration time breakdown of one configuration (formulas in the module docstring)."""
-    scheme = Scheme.parse(cfg.scheme).per_bucket(cfg.overlap)
+    scheme = cfg.scheme.per_bucket(cfg.overlap)
     if (why := incompatibility(scheme, cfg.compressor)) is not None:
         raise UserError(why)
     k = cfg.world_size
@@ -173,14 +174,14 @@ def predict_frame(model: CostModel, configs: Sequence[Config]) -> pd.DataFrame:
     for cfg in configs:
         p = predict(model, cfg)
         fp32 = replace(cfg, compressor=FP32, bits_per_value=None, fp32_numel=0, overlap=None)
-        base = predict(model, replace(fp32, scheme="allreduce"))
+        base = predict(model, replace(fp32, scheme=ALLREDUCE))
         try:
-            ddp: float = predict(model, replace(fp32, scheme=DDP)).total_s
+            ddp: float = predict(model, replace(fp32, scheme=Scheme(DDP))).total_s
         except UserError:
             ddp = math.nan
         one = predict(model, replace(cfg, world_size=1))
         c = p.config
-        label = Scheme.parse(c.scheme).per_bucket(c.overlap).label
+        label = c.scheme.per_bucket(c.overlap).label
         batch = c.batch_size or 1
         rows.append({
             "backend": c.backend, "network": c.network.label, "world_size": c.world_size,

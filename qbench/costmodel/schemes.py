@@ -1,19 +1,18 @@
 """The schemes and compressors the cost model knows.
 
-``Scheme.of`` reads a catalog scheme spec: a run's recorded one (``qbench.records.view``), or a
-bench JSON row's label read back by the catalog (``inputs.bench_scheme``). ``Scheme.parse``
-reads ``--scheme`` and ``Config.scheme`` (still a label):
-``reduce-broadcast+overlap16``, and for DDP runs, which communicate bucket by bucket during
-backward (``qbench.costmodel.overlap``), ``ddp`` or ``reduce-broadcast+backward``. Compressor
-labels (``fp32``, ``fp16``, ``qsgd-4b-b512``, ...) give their wire bits per value where the
-label alone says it. ``lowprec-allreduce`` is the *projected* NCCL with native low-precision
-reduction, not measurable yet: its predictions say so (mode ``projected``).
+A scheme is the catalog's (``qbench.catalog.scheme``: the one spec syntax, validated by the
+catalog's rules) as the model sees it, ``Scheme.of(spec)``: a run's recorded spec
+(``qbench.records.view``), a bench JSON row's label read back by the catalog
+(``inputs.bench_scheme``), or ``--scheme reduce-broadcast:overlap=16`` (:func:`scheme`). DDP
+runs, which communicate bucket by bucket during backward (``qbench.costmodel.overlap``), are
+``ddp`` or ``reduce-broadcast:backward=true``. The model's only scheme of its own is
+``lowprec-allreduce``, the *projected* NCCL with native low-precision reduction, not
+measurable yet: its predictions say so (mode ``projected``). Compressor labels (``fp32``,
+``fp16``, ``qsgd-4b-b512``, ...) give their wire bits per value where the label alone says it.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass
 
 from qbench import catalog
@@ -34,18 +33,15 @@ SCHEMES = (
     PROJECTED,
     DDP,
 )
-PIPELINED = ("reduce-broadcast", "integer-allreduce")
 BACKWARD_SCHEMES = tuple(
     n for n in SCHEMES if n in catalog.SCHEMES and catalog.SCHEMES[n].per_bucket
 )
 """Flat schemes the model knows that can also run per DDP bucket during backward
-(``+backward``; a plug-in's are not modelled)."""
+(``backward: true``; a plug-in's are not modelled)."""
 BACKWARD, FLAT = "backward", "none"
 """The two ``overlap`` labels of runs: buckets during backward, or one gradient after it."""
 FP32 = "fp32"
 POWERSGD = "powersgd"
-_PLUS = re.compile(r"([a-z_]+?)(\d+(?:\.\d+)?|True|False)?")
-_KEYS = ("overlap", "backward", "bucket_cap_mb", "gradient_as_bucket_view")
 
 
 @dataclass(frozen=True)
@@ -57,38 +53,9 @@ class Scheme:
     bucket_cap_mb: float | None = None
     """DDP's bucket size cap as the run's label gives it (None: torch's default, 25 MB)."""
 
-    @classmethod
-    def parse(cls, text: str) -> Scheme:
-        """``reduce-broadcast``, ``reduce-broadcast+overlap16``, ``reduce-broadcast:overlap=16``;
-        ``ddp``, ``ddp+bucket_cap_mb10.0``, ``reduce-broadcast+backward``,
-        ``reduce-broadcast:backward=true``. ``allreduce`` per bucket is ``ddp``."""
-        raw = str(text).strip()
-        name, params = _split(raw)
-        if name not in SCHEMES:
-            raise UserError(f"the cost model has no scheme {name!r}; valid: {', '.join(SCHEMES)}")
-        unknown = sorted(set(params) - set(_KEYS))
-        if unknown:
-            raise UserError(f"scheme {raw!r}: unknown parameter {unknown[0]!r}")
-        try:
-            overlap = int(params.get("overlap", "1"))
-        except ValueError:
-            raise UserError(f"scheme {raw!r}: overlap must be a whole number") from None
-        if overlap < 1 or (overlap > 1 and name not in PIPELINED):
-            raise UserError(
-                f"scheme {raw!r}: overlap must be >= 1 and needs one of {', '.join(PIPELINED)}"
-            )
-        backward = _flag(raw, "backward", params.get("backward", "false")) or name == DDP
-        _flag(raw, "gradient_as_bucket_view", params.get("gradient_as_bucket_view", "false"))
-        cap = _cap(raw, params.get("bucket_cap_mb"))
-        if backward and name not in (DDP, *BACKWARD_SCHEMES):
-            raise UserError(
-                f"scheme {raw!r}: only {', '.join(BACKWARD_SCHEMES)} run per bucket during backward"
-            )
-        if not backward and (cap is not None or "gradient_as_bucket_view" in params):
-            raise UserError(f"scheme {raw!r}: DDP options need `backward=true` (or ddp)")
-        if backward and overlap > 1:
-            raise UserError(f"scheme {raw!r}: the cost model has no per-bucket pipeline")
-        return cls(DDP if backward and name == "allreduce" else name, overlap, backward, cap)
+    def __post_init__(self) -> None:
+        if self.name == DDP:  # DDP always communicates bucket by bucket during backward
+            object.__setattr__(self, "backward", True)
 
     @classmethod
     def of(cls, spec: catalog.SchemeSpec) -> Scheme:
@@ -132,46 +99,20 @@ class Scheme:
         if overlap in (None, BACKWARD if self.backward else FLAT):
             return self
         if overlap == BACKWARD:
-            return Scheme.parse(f"{self.label}:backward=true")
+            if self.name not in BACKWARD_SCHEMES:
+                raise UserError(
+                    f"scheme {self.label}: only {', '.join(BACKWARD_SCHEMES)} run per bucket "
+                    "during backward"
+                )
+            pipelined = {"overlap": self.overlap} if self.overlap > 1 else {}
+            return Scheme.of(catalog.scheme({"name": self.name, **pipelined, "backward": True}))
         if overlap == FLAT:
             raise UserError(f"scheme {self.label} communicates during backward, not `overlap none`")
         raise UserError(f"overlap must be {BACKWARD} or {FLAT}, got {overlap!r}")
 
 
-def _split(raw: str) -> tuple[str, dict[str, str]]:
-    """``name+key<value>...:key=value,...`` -> (name, {key: value})."""
-    name, _, rest = raw.partition(":")
-    params: dict[str, str] = {}
-    name, *extra = name.split("+")
-    for e in extra:
-        m = _PLUS.fullmatch(e)
-        if not m:
-            raise UserError(f"scheme {raw!r}: cannot read {e!r}; e.g. `+overlap16`")
-        params[m.group(1)] = m.group(2) if m.group(2) is not None else "true"
-    for item in filter(None, (s.strip() for s in rest.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise UserError(f"scheme {raw!r}: {item!r} is not KEY=VALUE; e.g. `:overlap=16`")
-        params[key.strip()] = value.strip()
-    return name, params
-
-
-def _flag(raw: str, key: str, value: str) -> bool:
-    if value.lower() not in ("true", "false"):
-        raise UserError(f"scheme {raw!r}: {key} must be true or false, got {value!r}")
-    return value.lower() == "true"
-
-
-def _cap(raw: str, value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        cap = float(value)
-    except ValueError:
-        cap = math.nan
-    if not 0 < cap <= 1e5:
-        raise UserError(f"scheme {raw!r}: bucket_cap_mb must be a size in MB > 0, got {value!r}")
-    return cap
+ALLREDUCE = Scheme("allreduce")
+"""fp32 allreduce of one flat gradient: the baseline of every prediction."""
 
 
 def _spec(compressor: str) -> catalog.CompressorSpec | None:

@@ -22,6 +22,7 @@ from qbench.costmodel.config import Config, Prediction
 from qbench.costmodel.inputs import (
     bench_key,
     bench_link,
+    bench_scheme,
     comm_rows,
     float_or_nan,
     load_input,
@@ -55,7 +56,7 @@ def validate_comm(model: CostModel, doc: Any, source: str) -> pd.DataFrame:
     for r in comm_rows(doc, source):
         try:
             cfg = Config(
-                scheme=r["scheme"], compressor=r["compressor"], bits_per_value=row_bits(r),
+                scheme=bench_scheme(r), compressor=r["compressor"], bits_per_value=row_bits(r),
                 backend=r["backend"], network=bench_link(r), world_size=int(r["world_size"]),
                 numel=int(r["bytes"]) // 4, compute_s=0.0, step_s=0.0,
                 host_cores=cores if isinstance(cores, int) and cores > 0 else None,
