@@ -14,7 +14,9 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
+from qbench import catalog
 from qbench import costmodel as cm
+from qbench.catalog import CompressorSpec
 from qbench.cli.cost import cost as cost_cli
 from qbench.cli.cost_configs import scheme_option
 from qbench.costmodel import Config, CostModel
@@ -23,6 +25,12 @@ from qbench.records.schema import RunRecord, iterations_frame
 from qbench.records.store import ResultStore
 from qbench.spec.network import Link, option
 from tests import costmodel_reference as ref
+
+
+def spec(label: str) -> CompressorSpec:
+    """The catalog's compressor behind a label (the model takes specs, tables name labels)."""
+    return catalog.from_label(label)
+
 
 UNSHAPED, R500M = Link(), option("500mbit")
 
@@ -110,6 +118,15 @@ def test_fit_recovers_known_alpha_beta_from_noisy_timings() -> None:
     assert m.compressors == {"fp32": 32.0, QSGD: QSGD_BITS}
 
 
+def test_bench_rows_the_catalog_cannot_read_are_left_out_with_a_note() -> None:
+    rows = synthetic_rows("1gbit")
+    odd = [{**rows[0], "compressor": "zstd-9"}, {**rows[0], "scheme": "gossip"}]
+    m, clean = (cm.fit(comm_docs=[(comm_doc(r), "s")]) for r in (rows + odd, rows))
+    assert (m.collectives, m.phases) == (clean.collectives, clean.phases)
+    assert "s: no compressor zstd-9; its rows are not used" in m.notes
+    assert "s: no model for scheme gossip; its rows are not used" in m.notes
+
+
 def test_fit_at_one_world_size_gives_alpha_per_step() -> None:
     """At K = 2 a ring allreduce is 2 steps: the intercept is 2 alpha."""
     rows = synthetic_rows("unshaped", (2,))
@@ -147,7 +164,7 @@ def test_world_size_formulas(k: int) -> None:
     assert cm.collective_wire("allgatherv", k, s) == pytest.approx((k - 1) * s)
     t = cm.collective_time(1e-4, 1e-9, "allreduce", k, s)
     assert t == pytest.approx(2 * (k - 1) * 1e-4 + 2 * (k - 1) / k * s * 1e-9)
-    rb = cm.comm_plan(cm.Scheme("reduce-broadcast"), QSGD, k, s / 4, QSGD_BITS, "gloo")
+    rb = cm.comm_plan(cm.Scheme("reduce-broadcast"), spec(QSGD), k, s / 4, QSGD_BITS, "gloo")
     payload = s / 4 * QSGD_BITS / 8
     assert rb.calls == pytest.approx(((k - 1) / k * payload,) * 2)  # alltoallv, allgatherv
     assert rb.msgs == 2 * (k - 1)
@@ -220,8 +237,8 @@ def free_model(beta: float = 1e-9) -> CostModel:
 def test_ideal_speedups_when_compute_and_codec_are_free(
     scheme: str, comp: str, k: int, ideal: float
 ) -> None:
-    cfg = Config(scheme=scheme_option(scheme), compressor=comp, network=UNSHAPED, world_size=k,
-                 numel=2**24)  # fmt: skip
+    cfg = Config(scheme=scheme_option(scheme), compressor=spec(comp), network=UNSHAPED,
+                 world_size=k, numel=2**24)  # fmt: skip
     frame = cm.predict_frame(free_model(), [cfg])
     assert frame["speedup_vs_fp32"].iloc[0] == pytest.approx(ideal, rel=1e-3)
     assert frame["mode"].iloc[0] == ("projected" if scheme == cm.PROJECTED else "breakdown")
@@ -252,7 +269,9 @@ def test_overlap_is_max_of_codec_and_comm_plus_fill() -> None:
         for op, c1 in (("encode", 1e-9), ("decode", 2e-9))
     ]  # fmt: skip
     n, k = 2**24, 2
-    base = Config(scheme=cm.Scheme("reduce-broadcast"), compressor=QSGD, network=UNSHAPED, numel=n)
+    base = Config(
+        scheme=cm.Scheme("reduce-broadcast"), compressor=spec(QSGD), network=UNSHAPED, numel=n
+    )
     sync = cm.predict(m, base)
     piped = cm.predict(m, Config(**{**base.__dict__, "scheme": cm.Scheme("reduce-broadcast", 8)}))
     codec = sync.encode_s + sync.decode_s
@@ -270,7 +289,8 @@ def test_incompatible_and_unknown_schemes_are_user_errors() -> None:
     m = free_model()
     with pytest.raises(UserError, match="lowprec-allreduce"):
         cm.predict(
-            m, Config(scheme=cm.Scheme("allreduce"), compressor=QSGD, network=UNSHAPED, numel=8)
+            m,
+            Config(scheme=cm.Scheme("allreduce"), compressor=spec(QSGD), network=UNSHAPED, numel=8),
         )
     with pytest.raises(UserError, match="valid"):
         scheme_option("gossip")
@@ -340,8 +360,8 @@ def test_model_json_round_trips(tmp_path: Path, runs_dir: Path) -> None:
     assert doc["schema"] == cm.SCHEMA and doc["collectives"][0]["data"]  # the points are kept
     back = CostModel.load(path)
     assert back.to_dict() == m.to_dict()
-    cfg = Config(scheme=cm.Scheme("reduce-broadcast"), compressor=QSGD, network=R500M, world_size=4,
-                 workload="toy")  # fmt: skip
+    cfg = Config(scheme=cm.Scheme("reduce-broadcast"), compressor=spec(QSGD), network=R500M,
+                 world_size=4, workload="toy")  # fmt: skip
     assert cm.predict(back, cfg) == cm.predict(m, cfg)
     path.write_text(json.dumps({"schema": "something/1"}))
     with pytest.raises(UserError, match="not a fitted cost model"):
@@ -446,7 +466,7 @@ def test_imbalance_is_fitted_per_scheme_and_world_size(tmp_path: Path) -> None:
     assert m.imbalance == {
         "gloo/allreduce/2": pytest.approx(1.02), "gloo/reduce-broadcast/2": pytest.approx(1.15)
     }  # fmt: skip
-    cfg = Config(scheme=cm.Scheme("reduce-broadcast"), compressor=QSGD, network=UNSHAPED,
+    cfg = Config(scheme=cm.Scheme("reduce-broadcast"), compressor=spec(QSGD), network=UNSHAPED,
                  world_size=2, workload="toy", batch_size=16)  # fmt: skip
     p = cm.predict(m, cfg)
     parts = p.compute_s + p.encode_s + p.comm_s + p.decode_s + p.step_s
@@ -469,7 +489,7 @@ def test_one_rank_comm_overhead_is_fitted_from_runs(tmp_path: Path) -> None:
     m = cm.fit(run_dirs=[tmp_path], comm_docs=[(comm_doc(synthetic_rows("unshaped", (2,))), "c")],
                kernel_docs=[(kernels_doc(), "k")])  # fmt: skip
     assert m.solo_comm == {"gloo/reduce-broadcast/toy": pytest.approx(0.0005)}
-    cfg = Config(scheme=cm.Scheme("reduce-broadcast"), compressor=QSGD, network=UNSHAPED,
+    cfg = Config(scheme=cm.Scheme("reduce-broadcast"), compressor=spec(QSGD), network=UNSHAPED,
                  world_size=1, workload="toy", batch_size=16)  # fmt: skip
     assert cm.predict(m, cfg).comm_s == pytest.approx(0.0005)
     assert cm.predict(m, replace(cfg, backend="mpi")).comm_s == 0.0  # no 1-rank mpi runs
@@ -495,7 +515,7 @@ def test_host_cores_scale_codec_and_compute() -> None:
                     device="cpu", c0_s=0.0, c1_s=1e-9, r2=1.0, points=2, rel_err_median=0.0,
                     rel_err_max=0.0)
     ]  # fmt: skip
-    cfg = Config(scheme=cm.Scheme("reduce-broadcast"), compressor=QSGD, network=UNSHAPED,
+    cfg = Config(scheme=cm.Scheme("reduce-broadcast"), compressor=spec(QSGD), network=UNSHAPED,
                  world_size=4, numel=2**20, compute_s=1.0)  # fmt: skip
     one = cm.predict(m, cfg)
     shared = cm.predict(m, Config(**{**cfg.__dict__, "host_cores": 2}))

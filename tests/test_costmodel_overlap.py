@@ -39,7 +39,7 @@ from qbench.records.schema import RunRecord, buckets_frame, iterations_frame
 from qbench.records.store import ResultStore
 from qbench.spec.network import option
 from tests import costmodel_reference as ref
-from tests.test_costmodel import ALPHA, BETA_1GBIT, CODEC, comm_doc, synthetic_rows
+from tests.test_costmodel import ALPHA, BETA_1GBIT, CODEC, comm_doc, spec, synthetic_rows
 
 Q4 = "qsgd-4b-b512"
 Q4_BITS = 4 + 32 / 512
@@ -124,7 +124,7 @@ def cfg(scheme: str, comp: str, **kw: Any) -> Config:
     bits = {"fp32": 32.0, "fp16": 16.0, Q4: Q4_BITS}.get(comp)
     base: dict[str, Any] = {"network": option("1gbit"), "world_size": 2, "workload": "toy",
                             "tbf_burst": False}  # fmt: skip
-    return Config(scheme=scheme_option(scheme), compressor=comp, bits_per_value=bits,
+    return Config(scheme=scheme_option(scheme), compressor=spec(comp), bits_per_value=bits,
                   **{**base, **kw})  # fmt: skip
 
 

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 # The model's public entry points, in one place (a move of qbench.costmodel is a one-line edit).
+from qbench import catalog
+from qbench.catalog import CompressorSpec
 from qbench.cli.cost_configs import scheme_option
 from qbench.costmodel import (
     COMM_SCHEMA,
@@ -35,6 +37,12 @@ from qbench.costmodel import (
 from qbench.errors import UserError
 from qbench.spec.network import Link
 from tests import costmodel_reference as ref
+
+
+def spec(label: str) -> CompressorSpec:
+    """The catalog's compressor behind a label (the model takes specs, tables name labels)."""
+    return catalog.from_label(label)
+
 
 UNSHAPED = Link()
 
@@ -178,7 +186,7 @@ def _case(name: str, k: int) -> tuple[str, str, float, str, int, str, float, tup
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_comm_plan_matches_the_hand_written_table(name: str, k: int) -> None:
     scheme, comp, bits, backend, n, key, msgs, calls = _case(name, k)
-    item = comm_plan(scheme_option(scheme), comp, k, n, bits, backend)
+    item = comm_plan(scheme_option(scheme), spec(comp), k, n, bits, backend)
     assert item.collective == key
     assert item.msgs == msgs
     assert item.calls == pytest.approx(calls, rel=1e-12, abs=0)
@@ -198,7 +206,7 @@ def test_payload_bits_match_the_hand_written_table(
     scheme: str, comp: str, backend: str, k: int
 ) -> None:
     bits = ref.bits_per_value(comp)  # the compressor's own bits, as predict passes them
-    got = payload_bits(scheme_option(scheme), comp, bits, backend, k)
+    got = payload_bits(scheme_option(scheme), spec(comp), bits, backend, k)
     assert got * N / 8 == PAYLOAD_BYTES[scheme, comp, backend][k]
 
 
@@ -232,10 +240,10 @@ def test_collectives_match_the_hand_written_table(kind: str, k: int) -> None:
 
 def test_plans_the_model_cannot_make_are_one_line_errors() -> None:
     with pytest.raises(UserError, match=r"integer-allreduce needs a qsgd compressor, got fp16$"):
-        comm_plan(scheme_option("integer-allreduce"), "fp16", 2, N, 16, "gloo")
+        comm_plan(scheme_option("integer-allreduce"), spec("fp16"), 2, N, 16, "gloo")
     valid = r"no scheme 'gossip'; valid: allreduce, reduce-broadcast, allgather, "
     with pytest.raises(UserError, match=valid):
-        comm_plan(Scheme("gossip"), "fp32", 2, N, 32, "gloo")
+        comm_plan(Scheme("gossip"), spec("fp32"), 2, N, 32, "gloo")
 
 
 # -- the reference module against the same tables (so the fits below rest on checked formulas)
@@ -358,7 +366,7 @@ PREDICT_N = 2**23
 def test_predictions_follow_the_hand_written_formulas(
     fitted: CostModel, scheme: str, comp: str, k: int
 ) -> None:
-    cfg = Config(scheme=scheme_option(scheme), compressor=comp, backend="gloo",
+    cfg = Config(scheme=scheme_option(scheme), compressor=spec(comp), backend="gloo",
                  network=UNSHAPED, world_size=k, numel=PREDICT_N, compute_s=0.0,
                  step_s=0.0)  # fmt: skip
     p = predict(fitted, cfg)
@@ -376,7 +384,7 @@ def test_pipelined_predictions_follow_the_hand_written_formulas(
     fitted: CostModel, scheme: str, k: int
 ) -> None:
     """overlap 16: comm pays 16 chunks' messages; total = max(codec, comm) + codec / 16."""
-    cfg = Config(scheme=scheme_option(f"{scheme}:overlap=16"), compressor=Q4,
+    cfg = Config(scheme=scheme_option(f"{scheme}:overlap=16"), compressor=spec(Q4),
                  network=UNSHAPED, world_size=k, numel=PREDICT_N, compute_s=0.0,
                  step_s=0.0)  # fmt: skip
     p = predict(fitted, cfg)
@@ -392,7 +400,7 @@ def test_pipelined_predictions_follow_the_hand_written_formulas(
 def test_simulated_lowprec_prediction_pays_the_padded_buffer(fitted: CostModel, k: int) -> None:
     """4097 fp16 values: 8194 payload bytes travel as 2049 floats (8196 bytes) on the fp32
     allreduce's alpha and beta."""
-    cfg = Config(scheme=Scheme("simulated-lowprec"), compressor="fp16", network=UNSHAPED,
+    cfg = Config(scheme=Scheme("simulated-lowprec"), compressor=spec("fp16"), network=UNSHAPED,
                  world_size=k, numel=4097, compute_s=0.0, step_s=0.0)  # fmt: skip
     p = predict(fitted, cfg)
     wire = 2 * (k - 1) / k * 8196
@@ -453,7 +461,7 @@ def test_codec_composed_from_kernel_timings(from_kernels: CostModel, k: int) -> 
                                     _kernel_s(Q4, "decode", n, 1)),
     }  # fmt: skip
     for (scheme, comp), (enc, dec) in want.items():
-        cfg = Config(scheme=scheme_option(scheme), compressor=comp, network=UNSHAPED,
+        cfg = Config(scheme=scheme_option(scheme), compressor=spec(comp), network=UNSHAPED,
                      world_size=k, numel=n, compute_s=0.0, step_s=0.0)  # fmt: skip
         p = predict(from_kernels, cfg)
         assert p.encode_s == pytest.approx(enc, rel=1e-6), scheme

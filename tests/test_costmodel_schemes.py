@@ -8,10 +8,17 @@ from __future__ import annotations
 import pytest
 
 from qbench import catalog
+from qbench.catalog import CompressorSpec
 from qbench.cli.cost_configs import scheme_option
 from qbench.costmodel import Scheme
-from qbench.costmodel.schemes import int_sum_bytes, nominal_bits_per_value, qsgd_params
+from qbench.costmodel.schemes import int_sum_bytes, nominal_bits_per_value
 from qbench.errors import UserError
+
+
+def spec(label: str) -> CompressorSpec:
+    """The catalog's compressor behind a label (the model takes specs, tables name labels)."""
+    return catalog.from_label(label)
+
 
 # --scheme spec: (name, overlap, backward, bucket_cap_mb) of the model's scheme
 PARSED = {
@@ -133,15 +140,12 @@ NOMINAL = {
 
 @pytest.mark.parametrize("label", sorted(NOMINAL))
 def test_nominal_bits_per_value_at_a_mebivalue(label: str) -> None:
-    assert nominal_bits_per_value(label) == NOMINAL[label]
+    assert nominal_bits_per_value(spec(label)) == NOMINAL[label]
 
 
-def test_labels_without_a_fixed_size_or_an_entry() -> None:
-    assert nominal_bits_per_value("adaptive-c6-m4-f3%") is None  # depends on the data
-    assert nominal_bits_per_value("powersgd-r1") is None
-    assert nominal_bits_per_value("no-such-compressor") is None
-    assert qsgd_params("qsgd-6b-b256") == (6, 256)
-    assert qsgd_params("fp16") is None and qsgd_params("no-such-compressor") is None
+def test_compressors_without_a_fixed_size() -> None:
+    assert nominal_bits_per_value(spec("adaptive-c6-m4-f3%")) is None  # depends on the data
+    assert nominal_bits_per_value(spec("powersgd-r1")) is None  # on the model's matrices
 
 
 def test_integer_widths_that_overflow_int32_are_user_errors() -> None:

@@ -3,12 +3,11 @@
 ``qbench/report`` or ``qbench/costmodel`` calls a label parser, except the reader of bench JSON,
 the only input without a spec.
 
-A label parser here is a call of ``catalog.from_label``, ``catalog.scheme_from_label``,
-``qsgd_params``, the cost model's own scheme syntax (``Scheme.parse``), any ``re`` function, or
-a compiled regex's ``match`` / ``fullmatch`` / ``search`` / ``findall``, or ``startswith`` /
-``endswith`` on something named compressor or scheme. ``NOT_YET`` lists the
-functions that still parse labels, so that the list can only shrink: an entry that no longer
-parses must be removed."""
+A label parser here is a call of ``catalog.from_label``, ``catalog.scheme_from_label``, a
+``Scheme.parse`` (the cost model's own scheme syntax, removed by issue 32), any ``re``
+function, or a compiled regex's ``match`` / ``fullmatch`` / ``search`` / ``findall``, or
+``startswith`` / ``endswith`` on something named compressor or scheme. ``ALLOWED`` names the
+exceptions and why; an entry that no longer parses must be removed."""
 
 from __future__ import annotations
 
@@ -16,21 +15,17 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "qbench"
-PARSERS = {"from_label", "scheme_from_label", "qsgd_params"}
+PARSERS = {"from_label", "scheme_from_label"}
 
 ALLOWED = {
     # bench comm JSON rows name compressors and schemes by label only
     ("costmodel/inputs.py", "integer_row"): "bench JSON reader",
     ("costmodel/inputs.py", "bench_scheme"): "bench JSON reader",
+    ("costmodel/inputs.py", "bench_compressor"): "bench JSON reader",
     # page text: section anchors and inline code, no labels
     ("report/page_render.py", "slug"): "page text",
     ("report/page_render.py", "_inline"): "page text",
 }
-NOT_YET = {
-    ("costmodel/formulas.py", "comm_plan"),
-    ("costmodel/formulas.py", "payload_bits"),
-    ("costmodel/schemes.py", "_spec"),
-}  # fmt: skip
 
 
 def _parses_labels(call: ast.Call) -> bool:
@@ -73,10 +68,10 @@ def _all_callers() -> set[tuple[str, str]]:
 
 
 def test_no_report_or_costmodel_function_parses_labels() -> None:
-    extra = _all_callers() - set(ALLOWED) - NOT_YET
+    extra = _all_callers() - set(ALLOWED)
     assert not extra, f"these parse labels; read the run's spec (qbench.records.view): {extra}"
 
 
-def test_the_not_yet_list_only_shrinks() -> None:
-    stale = NOT_YET - _all_callers()
-    assert not stale, f"these no longer parse labels; remove them from NOT_YET: {stale}"
+def test_the_allowed_list_names_only_parsers() -> None:
+    stale = set(ALLOWED) - _all_callers()
+    assert not stale, f"these no longer parse labels; remove them from ALLOWED: {stale}"

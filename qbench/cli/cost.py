@@ -31,7 +31,7 @@ from qbench.costmodel.fit import fit as fit_model
 from qbench.costmodel.inputs import load_input
 from qbench.costmodel.model import CostModel
 from qbench.costmodel.predict import predict_frame
-from qbench.costmodel.schemes import ALLREDUCE, BACKWARD, FLAT, FP32, SCHEMES
+from qbench.costmodel.schemes import ALLREDUCE, BACKWARD, FLAT, SCHEMES, full_precision
 from qbench.costmodel.validate import summarize_validation
 from qbench.costmodel.validate import validate as validate_paths
 from qbench.errors import UserError
@@ -203,7 +203,7 @@ def crossover(
     configs, notes = build_configs(
         m, bandwidths=(max_bandwidth,), tbf_burst=not no_tbf_burst, **options
     )  # fmt: skip
-    flat_fp32 = [c for c in configs if (c.scheme, c.compressor) == (ALLREDUCE, FP32)]
+    flat_fp32 = [c for c in configs if c.scheme == ALLREDUCE and full_precision(c.compressor)]
     found = [find_crossover(m, c, low, high) for c in configs if c not in flat_fp32]
     if not found:
         raise UserError("nothing to compare with DDP fp32; give --scheme and --compressor")

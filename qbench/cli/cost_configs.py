@@ -19,11 +19,13 @@ from qbench.costmodel.schemes import (
     BACKWARD,
     BACKWARD_SCHEMES,
     DDP,
-    FP32,
+    NONE,
     PROJECTED,
     Scheme,
+    full_precision,
     incompatibility,
     is_torch_hook,
+    nominal_bits_per_value,
 )
 from qbench.errors import UserError
 from qbench.spec import network
@@ -72,31 +74,34 @@ def build_configs(
     if not sizes:
         sizes = [None] if workload and compute_fits(m, workload) else [DEFAULT_NUMEL]
     f32 = count(fp32_numel, "--fp32-numel", minimum=0)
-    combos: list[tuple[Scheme, tuple[str, float | None]]] = [(ALLREDUCE, (FP32, 32.0))]
+    Comp = tuple[catalog.CompressorSpec, float | None]
+    combos: list[tuple[Scheme, Comp]] = [(ALLREDUCE, (NONE, 32.0))]
     notes: list[str] = []
     for s, c in itertools.product(scheme_list, comps):
         got = _scheme_for(s, c[0], overlap, notes)
-        if got is None or (got == ALLREDUCE and c[0] == FP32):
+        if got is None or (got == ALLREDUCE and full_precision(c[0])):
             continue
         why = incompatibility(got, c[0])
         if why:
-            notes.append(f"skipped {got.label} {c[0]}: {why}")
+            notes.append(f"skipped {got.label} {c[0].label}: {why}")
         elif (got, c) not in combos:
             combos.append((got, c))
     configs = []
-    for back, net, k, n, (s, (label, bits)) in itertools.product(
+    for back, net, k, n, (s, (comp, bits)) in itertools.product(
         backs, nets, world_sizes or (2,), sizes, combos
     ):
         configs.append(Config(
-            scheme=s, compressor=label, bits_per_value=bits, backend=back, network=net,
-            world_size=k, numel=n, fp32_numel=f32 if label != FP32 else 0,
+            scheme=s, compressor=comp, bits_per_value=bits, backend=back, network=net,
+            world_size=k, numel=n, fp32_numel=0 if full_precision(comp) else f32,
             workload=workload, batch_size=batch_size, compute_s=compute_s, step_s=step_s,
             host_cores=host_cores, tbf_burst=tbf_burst,
         ))  # fmt: skip
     return configs, list(dict.fromkeys(notes))
 
 
-def _scheme_for(s: Scheme, compressor: str, overlap: str | None, notes: list[str]) -> Scheme | None:
+def _scheme_for(
+    s: Scheme, compressor: catalog.CompressorSpec, overlap: str | None, notes: list[str]
+) -> Scheme | None:
     """The scheme under ``--overlap`` (None, with a note, where it cannot run per bucket); ``ddp``
     with a qbench compressor is reduce-broadcast per bucket, as in scenarios."""
     if overlap == BACKWARD and not s.backward and s.name not in BACKWARD_SCHEMES:
@@ -105,7 +110,7 @@ def _scheme_for(s: Scheme, compressor: str, overlap: str | None, notes: list[str
     s = s.per_bucket(overlap)
     if s.name == DDP and not is_torch_hook(compressor):
         rb = Scheme("reduce-broadcast", backward=True, bucket_cap_mb=s.bucket_cap_mb)
-        notes.append(f"ddp runs {compressor} as {rb.label} (qbench's hook), as scenarios do")
+        notes.append(f"ddp runs {compressor.label} as {rb.label} (qbench's hook), as scenarios do")
         return rb
     return s
 
@@ -132,18 +137,17 @@ def _as_spec(label: str) -> str:
         return "reduce-broadcast:overlap=16"
 
 
-def compressor_info(spec: str, m: CostModel) -> tuple[str, float | None]:
-    """(label, wire bits per value) of a compressor spec, from the catalog; None bits for
-    PowerSGD, whose DDP payloads the model measured per bucket."""
+def compressor_info(spec: str, m: CostModel) -> tuple[catalog.CompressorSpec, float | None]:
+    """(catalog spec, wire bits per value) of a ``--compressor`` spec; None bits for PowerSGD,
+    whose DDP payloads the model measured per bucket."""
     c = catalog.compressor(specs.parse_cli(spec))  # UserError naming a bad name or value
-    n = 2**20
-    wire = c.wire_bytes(n)
-    if wire is not None:
-        return c.label, 8 * wire / n
+    bits = nominal_bits_per_value(c)
+    if bits is not None:
+        return c, bits
     if c.label in m.compressors:
-        return c.label, m.compressors[c.label]
+        return c, m.compressors[c.label]
     if c.entry.hook_only:
-        return c.label, None
+        return c, None
     raise UserError(
         f"{c.label}: payload size depends on the data and the model has no measurement of it; "
         "fit with bench data that includes it"

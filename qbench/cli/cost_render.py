@@ -207,7 +207,7 @@ def crossover_frame(found: list[Crossover]) -> pd.DataFrame:
         for rate, mine, ddp in x.points:
             rows.append({
                 "backend": c.backend, "world_size": c.world_size, "workload": c.workload or "",
-                "scheme": c.scheme.label, "compressor": c.compressor, "verdict": x.verdict,
+                "scheme": c.scheme.label, "compressor": c.compressor.label, "verdict": x.verdict,
                 "crossover_bps": x.rates_bps[0] if x.rates_bps else math.nan, "rate_bps": rate,
                 "total_s": mine, "ddp_total_s": ddp, "speedup_vs_ddp": ddp / mine,
             })  # fmt: skip
@@ -227,7 +227,7 @@ def show_crossovers(found: list[Crossover], fmt: str) -> None:
         c = x.config
         for rate, mine, ddp in x.points:
             t.add_row(
-                c.backend, str(c.world_size), c.scheme.label, c.compressor, rate_text(rate),
+                c.backend, str(c.world_size), c.scheme.label, c.compressor.label, rate_text(rate),
                 ms(mine), ms(ddp), f"{ddp / mine:.2f}x",
             )  # fmt: skip
     out_console().print(t)
@@ -238,7 +238,7 @@ def show_crossovers(found: list[Crossover], fmt: str) -> None:
 def crossover_line(x: Crossover) -> str:
     """``gloo K=2 ... qsgd-4b-b512: faster than DDP fp32 below 3.4 Gbit/s``."""
     c = x.config
-    head = f"{c.backend} K={c.world_size} {c.workload} {c.scheme.label} {c.compressor}:"
+    head = f"{c.backend} K={c.world_size} {c.workload} {c.scheme.label} {c.compressor.label}:"
     if x.verdict != CROSSES:
         span = f"{rate_text(x.points[0][0])} .. {rate_text(x.points[-1][0])}"
         if x.verdict == ALWAYS:

@@ -78,7 +78,6 @@ from qbench.costmodel.schemes import (
     incompatibility,
     int_sum_bytes,
     nominal_bits_per_value,
-    qsgd_params,
 )
 from qbench.costmodel.validate import (
     TARGET_ERROR,
@@ -149,7 +148,6 @@ __all__ = [
     "predict",
     "predict_backward",
     "predict_frame",
-    "qsgd_params",
     "run_key",
     "run_table",
     "scale_beta",

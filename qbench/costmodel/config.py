@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from qbench.costmodel.schemes import ALLREDUCE, FP32, Scheme
+from qbench import catalog
+from qbench.costmodel.schemes import ALLREDUCE, NONE, Scheme
 from qbench.spec.network import Link
 
 GBIT = Link(1e9, "1gbit")
@@ -19,9 +20,10 @@ class Config:
 
     scheme: Scheme = ALLREDUCE
     """The scheme as the model sees it (``Scheme.of`` a catalog spec)."""
-    compressor: str = FP32
+    compressor: catalog.CompressorSpec = NONE
+    """The compressor's catalog spec (what it is and sends); its label keys the model's fits."""
     bits_per_value: float | None = None
-    """Wire bits per value of the compressor; None: from its label or the model's inputs."""
+    """Wire bits per value of the compressor; None: from its spec or the model's inputs."""
     backend: str = "gloo"
     network: Link = GBIT
     """The link (``qbench.spec.network``): its rate scales the fitted beta, its label finds the

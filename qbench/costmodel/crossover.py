@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from qbench.costmodel.config import Config
 from qbench.costmodel.model import CostModel
 from qbench.costmodel.predict import predict
-from qbench.costmodel.schemes import DDP, FP32, Scheme
+from qbench.costmodel.schemes import DDP, NONE, Scheme, full_precision
 from qbench.errors import UserError
 from qbench.spec import network
 
@@ -50,9 +50,9 @@ def crossover(
     if not 0 < low < high:
         raise UserError(f"the rate range must be 0 < low < high, got {low:g} .. {high:g} bit/s")
     base = replace(
-        cfg, scheme=Scheme(DDP), compressor=FP32, bits_per_value=None, fp32_numel=0, overlap=None
+        cfg, scheme=Scheme(DDP), compressor=NONE, bits_per_value=None, fp32_numel=0, overlap=None
     )
-    if cfg.scheme.per_bucket(cfg.overlap).name == DDP and cfg.compressor == FP32:
+    if cfg.scheme.per_bucket(cfg.overlap).name == DDP and full_precision(cfg.compressor):
         raise UserError("the configuration is DDP fp32 itself; pick another scheme or compressor")
 
     def both(rate: float) -> tuple[float, float]:

@@ -26,6 +26,7 @@ import pandas as pd
 
 from qbench.costmodel.formulas import burst_s, comm_plan
 from qbench.costmodel.inputs import (
+    bench_compressor,
     bench_key,
     bench_scheme,
     comm_rows,
@@ -206,17 +207,18 @@ def _overlap_points(
     out = []
     for r, source in rows:
         scheme = bench_scheme(r)
-        k, s, comp = int(r["world_size"]), int(r["bytes"]), r["compressor"]
+        k, s, comp = int(r["world_size"]), int(r["bytes"]), str(r["compressor"])
         try:
             enc, _ = codec_time(model, r["backend"], Scheme(scheme.name), comp, k, s / 4, "encode")
             dec, _ = codec_time(model, r["backend"], Scheme(scheme.name), comp, k, s / 4, "decode")
+            spec = bench_compressor(r)
         except UserError:
             model.notes.append(f"{source}: {r['scheme']} {comp}: no codec fit; row not used")
             continue
         comm_s = float(r["time_s"]) - (enc + dec) / scheme.overlap
         if comm_s < enc + dec:
             continue
-        item = comm_plan(scheme, comp, k, s / 4, row_bits(r), r["backend"])
+        item = comm_plan(scheme, spec, k, s / 4, row_bits(r), r["backend"])
         out.append(CommPoint(
             backend=r["backend"], network=r["network"], collective=item.collective,
             world_size=k, msgs=item.msgs, calls=measured_calls(item, r.get("wire_bytes")),

@@ -40,15 +40,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from qbench.catalog import CompressorSpec
 from qbench.comm.formulas import busbw_factor, ring_allreduce_bytes
-from qbench.costmodel.schemes import (
-    FP32,
-    PROJECTED,
-    SCHEMES,
-    Scheme,
-    int_sum_bytes,
-    qsgd_params,
-)
+from qbench.costmodel.schemes import PROJECTED, SCHEMES, Scheme, full_precision, int_sum_bytes
 from qbench.errors import UserError
 from qbench.spec import network as network_mod
 from qbench.spec.network import Link
@@ -137,7 +131,12 @@ class CommItem:
 
 
 def comm_plan(
-    scheme: Scheme, compressor: str, k: int, n: float, bits_per_value: float, backend: str
+    scheme: Scheme,
+    compressor: CompressorSpec,
+    k: int,
+    n: float,
+    bits_per_value: float,
+    backend: str,
 ) -> CommItem:
     """The comm phase of aggregating n values (payload = n * bits_per_value / 8 bytes).
 
@@ -147,7 +146,7 @@ def comm_plan(
     c = scheme.overlap
     ring = collective_msgs("allreduce", k)
     if scheme.name == "allreduce":
-        key = "allreduce" if compressor == FP32 else f"allreduce-{compressor}"
+        key = "allreduce" if full_precision(compressor) else f"allreduce-{compressor.label}"
         return CommItem(key, ring, (allreduce_wire(payload, k),))
     if scheme.name in ("simulated-lowprec", PROJECTED):
         nbytes = 4 * math.ceil(payload / 4) if scheme.name == "simulated-lowprec" else payload
@@ -161,12 +160,11 @@ def comm_plan(
         wire = collective_wire("allgatherv", k, payload)
         return CommItem("allgather", collective_msgs("allgatherv", k), (wire,))
     if scheme.name == "integer-allreduce":
-        if compressor == FP32:  # full-precision groups take a plain allreduce
+        if full_precision(compressor):  # full-precision groups take a plain allreduce
             return CommItem("allreduce", ring, (allreduce_wire(4 * n, k),))
-        q = qsgd_params(compressor)
-        if q is None:
-            raise UserError(f"integer-allreduce needs a qsgd compressor, got {compressor}")
-        bits, bucket = q
+        if compressor.name != "qsgd":
+            raise UserError(f"integer-allreduce needs a qsgd compressor, got {compressor.label}")
+        bits, bucket = compressor.params["bits"], compressor.params["bucket_size"]
         ints = allreduce_wire(n * int_sum_bytes(backend, k, bits), k)
         scales = allreduce_wire(4 * math.ceil(n / bucket), k)
         if c > 1:
@@ -176,11 +174,10 @@ def comm_plan(
 
 
 def payload_bits(
-    scheme: Scheme, compressor: str, bits_per_value: float, backend: str, k: int
+    scheme: Scheme, compressor: CompressorSpec, bits_per_value: float, backend: str, k: int
 ) -> float:
     """Bits per value of a rank's own payload (``payload_bytes`` in records)."""
-    if scheme.name == "integer-allreduce" and compressor != FP32:
-        q = qsgd_params(compressor)
-        if q is not None:
-            return 8 * int_sum_bytes(backend, k, q[0]) + 32 / q[1]
+    if scheme.name == "integer-allreduce" and compressor.name == "qsgd":
+        p = compressor.params
+        return 8 * int_sum_bytes(backend, k, p["bits"]) + 32 / p["bucket_size"]
     return bits_per_value

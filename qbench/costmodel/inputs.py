@@ -87,6 +87,12 @@ def bench_scheme(row: dict[str, Any]) -> Scheme:
     return Scheme.of(catalog.scheme_from_label(str(row["scheme"])))
 
 
+def bench_compressor(row: dict[str, Any]) -> catalog.CompressorSpec:
+    """A bench comm row's compressor: bench JSON names it by label only, read back by the
+    catalog (UserError for a label no entry makes, e.g. a plug-in's not loaded here)."""
+    return catalog.from_label(str(row["compressor"]))
+
+
 def bench_link(row: dict[str, Any]) -> Link:
     """A bench comm row's link: bench JSON names it by its ``--bandwidth`` option only."""
     return network.option(str(row["network"]))
@@ -94,7 +100,10 @@ def bench_link(row: dict[str, Any]) -> Link:
 
 def row_bits(row: dict[str, Any]) -> float:
     """Wire bits per value of a bench comm row's compressor (integer rows: its nominal bits)."""
-    nominal = nominal_bits_per_value(row["compressor"])
+    try:
+        nominal = nominal_bits_per_value(bench_compressor(row))
+    except UserError:
+        nominal = None
     bpv = row.get("bits_per_value")
     if bpv is None or (nominal is not None and integer_row(row)):
         return nominal or 32.0

@@ -43,7 +43,15 @@ from qbench.costmodel.config import Config, Prediction
 from qbench.costmodel.formulas import CommItem, allreduce_wire, collective_msgs, comm_plan
 from qbench.costmodel.model import BucketProfile, CostModel
 from qbench.costmodel.phases import codec_time, collective_fit, wire_bits
-from qbench.costmodel.schemes import DDP, FP32, Scheme, is_powersgd, is_torch_hook
+from qbench.costmodel.schemes import (
+    DDP,
+    FP32,
+    NONE,
+    Scheme,
+    full_precision,
+    is_powersgd,
+    is_torch_hook,
+)
 from qbench.ddp.timeline import union_length
 from qbench.errors import UserError
 
@@ -93,7 +101,7 @@ def predict_backward(
     spans = timeline(handed, busy)
     waited = exposed(handed, spans)
     if local and is_powersgd(cfg.compressor):
-        extra, why = _local_work(prof, cfg.compressor)
+        extra, why = _local_work(prof, cfg.compressor.label)
         waited, codec, notes = waited + extra * cpu, codec + extra * cpu, notes + why
     compute = (prof.forward_s + prof.backward_s) * scale
     step = prof.step_s * scale
@@ -131,16 +139,17 @@ def _bucket(
     if is_powersgd(cfg.compressor):
         return _powersgd(model, cfg, prof, i)
     groups = [(cfg.compressor, n - cfg.fp32_numel * share)]
-    if cfg.fp32_numel > 0 and cfg.compressor != FP32 and not is_torch_hook(cfg.compressor):
-        groups.append((FP32, cfg.fp32_numel * share))
+    fp32_too = not (full_precision(cfg.compressor) or is_torch_hook(cfg.compressor))
+    if cfg.fp32_numel > 0 and fp32_too:
+        groups.append((NONE, cfg.fp32_numel * share))
     flat = scheme.exchange
     enc = coll = dec = wire = 0.0
     notes: list[str] = []
     for comp, m in groups:
         if m <= 0:
             continue
-        e, why_e = codec_time(model, cfg.backend, flat, comp, k, m, "encode", cfg.device)
-        d, why_d = codec_time(model, cfg.backend, flat, comp, k, m, "decode", cfg.device)
+        e, why_e = codec_time(model, cfg.backend, flat, comp.label, k, m, "encode", cfg.device)
+        d, why_d = codec_time(model, cfg.backend, flat, comp.label, k, m, "decode", cfg.device)
         enc, dec, notes = enc + e, dec + d, notes + why_e + why_d
         if k > 1:
             bits = wire_bits(model, cfg) if comp == cfg.compressor else 32.0
@@ -155,12 +164,13 @@ def _powersgd(
 ) -> tuple[float, float, float, float, list[str]]:
     """``_bucket`` under torch's PowerSGD hook: allreduces of P and Q, half of its measured
     payload each; its local work is per iteration (``_local_work``), not per bucket."""
-    payloads = prof.payload_bytes.get(cfg.compressor)
+    payloads = prof.payload_bytes.get(cfg.compressor.label)
     if payloads is None:
         have = ", ".join(sorted(prof.payload_bytes)) or "none"
         raise UserError(
-            f"{cfg.compressor}: its payload depends on {prof.workload}'s matrices and no DDP run "
-            f"of it measured them (measured: {have}); run `scheme: ddp` with that compressor once"
+            f"{cfg.compressor.label}: its payload depends on {prof.workload}'s matrices and no "
+            f"DDP run of it measured them (measured: {have}); run `scheme: ddp` with that "
+            "compressor once"
         )
     k = cfg.world_size
     if k < 2:

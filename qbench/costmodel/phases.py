@@ -128,14 +128,14 @@ def _nearest(fits: Sequence[CollectiveFit], bps: float) -> CollectiveFit | None:
 
 
 def wire_bits(model: CostModel, cfg: Config) -> float:
-    """Wire bits per value of the configuration's compressor: given, from its label, else from
+    """Wire bits per value of the configuration's compressor: given, from its spec, else from
     the model's inputs."""
     if cfg.bits_per_value is not None:
         return cfg.bits_per_value
-    bits = nominal_bits_per_value(cfg.compressor) or model.compressors.get(cfg.compressor)
+    bits = nominal_bits_per_value(cfg.compressor) or model.compressors.get(cfg.compressor.label)
     if bits is None:
         raise UserError(
-            f"bits per value of {cfg.compressor} unknown: fit on bench data that includes it "
+            f"bits per value of {cfg.compressor.label} unknown: fit on bench data that includes it "
             "or give them"
         )
     return bits

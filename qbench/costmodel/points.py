@@ -28,6 +28,7 @@ from qbench.costmodel.config import Config
 from qbench.costmodel.formulas import CommItem, codec_units, comm_plan, payload_bits
 from qbench.costmodel.inputs import (
     RUN_PARTS,
+    bench_compressor,
     bench_scheme,
     float_or_nan,
     int_or_none,
@@ -36,7 +37,7 @@ from qbench.costmodel.inputs import (
     run_scheme,
 )
 from qbench.costmodel.model import ComputeFit, CostModel, imbalance_key, solo_key
-from qbench.costmodel.schemes import FP32, Scheme, nominal_bits_per_value
+from qbench.costmodel.schemes import NONE, Scheme, full_precision, nominal_bits_per_value
 from qbench.errors import UserError
 
 
@@ -87,12 +88,17 @@ def bench_points(
         except UserError:
             notes.append(f"{source}: no model for scheme {r['scheme']}; its rows are not used")
             continue
+        try:
+            comp = bench_compressor(r)
+        except UserError:
+            notes.append(f"{source}: no compressor {r['compressor']}; its rows are not used")
+            continue
         k, s = int(r["world_size"]), int(r["bytes"])
         n = s / 4
         if scheme.overlap > 1 or r.get("t_comm_s") is None:
             overlapped.append(r)
             continue
-        item = comm_plan(scheme, r["compressor"], k, n, row_bits(r), r["backend"])
+        item = comm_plan(scheme, comp, k, n, row_bits(r), r["backend"])
         comm.append(CommPoint(
             backend=r["backend"], network=r["network"], collective=item.collective, world_size=k,
             msgs=item.msgs, calls=measured_calls(item, r.get("wire_bytes")),
@@ -129,7 +135,7 @@ def run_config(r: Any, model: CostModel | None = None) -> tuple[Scheme, Config] 
     scheme = run_scheme(r)
     if scheme is None:
         return None
-    comp = str(r.compressor)
+    comp = r.specs.compressor  # run_scheme found the specs
     k, n = int(r.world_size), int_or_none(r.numel) or 0
     if n <= 0:
         n = int(r.grad_bytes // 4) if pd.notna(r.grad_bytes) else 0
@@ -137,11 +143,11 @@ def run_config(r: Any, model: CostModel | None = None) -> tuple[Scheme, Config] 
         return None
     bits = nominal_bits_per_value(comp)
     if bits is None and model is not None:
-        bits = model.compressors.get(comp)
+        bits = model.compressors.get(comp.label)
     if bits is None:
         bits = 8 * float(r.payload_bytes) / n if pd.notna(r.payload_bytes) else 32.0
     pbits = payload_bits(scheme, comp, bits, str(r.backend), k)
-    f = _fp32_numel(n, float(r.payload_bytes), pbits) if comp != FP32 else 0
+    f = 0 if full_precision(comp) else _fp32_numel(n, float(r.payload_bytes), pbits)
     cfg = Config(
         scheme=scheme, compressor=comp, bits_per_value=bits, backend=str(r.backend),
         network=r.link, world_size=k, numel=n, fp32_numel=f, workload=str(r.workload),
@@ -176,8 +182,8 @@ def _comm_items(scheme: Scheme, cfg: Config) -> list[CommItem]:
         comm_plan(scheme, cfg.compressor, cfg.world_size, n - cfg.fp32_numel,
                   cfg.bits_per_value or 32.0, cfg.backend)
     ]  # fmt: skip
-    if cfg.fp32_numel > 0 and cfg.compressor != FP32:
-        items.append(comm_plan(scheme, FP32, cfg.world_size, cfg.fp32_numel, 32.0, cfg.backend))
+    if cfg.fp32_numel > 0 and not full_precision(cfg.compressor):
+        items.append(comm_plan(scheme, NONE, cfg.world_size, cfg.fp32_numel, 32.0, cfg.backend))
     return items
 
 
@@ -235,7 +241,7 @@ def run_points(
         src, nbytes = str(r.source), 4 * (cfg.numel or 0)
         for op in ("encode", "decode"):
             phases.append(PhasePoint(
-                backend=cfg.backend, scheme=scheme.name, compressor=cfg.compressor, op=op,
+                backend=cfg.backend, scheme=scheme.name, compressor=cfg.compressor.label, op=op,
                 world_size=k, units=codec_units(scheme.name, k, n, op),
                 seconds=float(getattr(r, f"t_{op}")) / _cpu_share(cfg), source=src, bytes=nbytes,
             ))  # fmt: skip
@@ -250,7 +256,7 @@ def run_points(
                     backend=cfg.backend, network=cfg.network.label, collective=merged.collective,
                     world_size=k, msgs=merged.msgs, calls=measured_calls(merged, r.bytes_sent),
                     seconds=float(r.t_comm), scheme=scheme.label,
-                    compressor=cfg.compressor, source=src, bytes=nbytes,
+                    compressor=cfg.compressor.label, source=src, bytes=nbytes,
                 ))  # fmt: skip
     compute = []
     for (workload, batch, device), rs in sorted(groups.items()):

@@ -46,7 +46,8 @@ def fit_local_work(model: CostModel, runs: pd.DataFrame) -> list[str]:
             notes.append(f"{r.run_id}: PowerSGD local work not fitted ({e})")
             continue
         share = overlap.cpu_share(cfg.world_size, cfg.host_cores)
-        excess[(id(prof), cfg.compressor)].append((float(r.t_iteration) - without.total_s) / share)
+        lag = (float(r.t_iteration) - without.total_s) / share
+        excess[(id(prof), cfg.compressor.label)].append(lag)
     by_id: dict[int, BucketProfile] = {id(p): p for p in model.buckets}
     for (pid, label), values in excess.items():
         by_id[pid].local_s[label] = max(0.0, float(np.median(values)))

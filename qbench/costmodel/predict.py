@@ -34,7 +34,7 @@ from qbench.costmodel.formulas import comm_plan
 from qbench.costmodel.model import CostModel, compute_fits, imbalance_key, solo_key
 from qbench.costmodel.overlap import predict_backward
 from qbench.costmodel.phases import codec_time, collective_fit, wire_bits
-from qbench.costmodel.schemes import ALLREDUCE, DDP, FP32, Scheme, incompatibility
+from qbench.costmodel.schemes import ALLREDUCE, DDP, NONE, Scheme, full_precision, incompatibility
 from qbench.errors import UserError
 
 
@@ -98,15 +98,15 @@ def predict(model: CostModel, cfg: Config) -> Prediction:
     compute, step, batch, shared = _compute(model, cfg, numel)
     notes: list[str] = []
     groups = [(cfg.compressor, numel - cfg.fp32_numel)]
-    if cfg.fp32_numel > 0 and cfg.compressor != FP32:
-        groups.append((FP32, cfg.fp32_numel))
+    if cfg.fp32_numel > 0 and not full_precision(cfg.compressor):
+        groups.append((NONE, cfg.fp32_numel))
     enc = dec = comm = wire = 0.0
     for comp, n in groups:
         if n <= 0:
             continue
         bits = wire_bits(model, cfg) if comp == cfg.compressor else 32.0
         for op in ("encode", "decode"):
-            t, why_ = codec_time(model, cfg.backend, scheme, comp, k, n, op, cfg.device)
+            t, why_ = codec_time(model, cfg.backend, scheme, comp.label, k, n, op, cfg.device)
             notes += why_
             if op == "encode":
                 enc += t
@@ -173,7 +173,7 @@ def predict_frame(model: CostModel, configs: Sequence[Config]) -> pd.DataFrame:
     rows = []
     for cfg in configs:
         p = predict(model, cfg)
-        fp32 = replace(cfg, compressor=FP32, bits_per_value=None, fp32_numel=0, overlap=None)
+        fp32 = replace(cfg, compressor=NONE, bits_per_value=None, fp32_numel=0, overlap=None)
         base = predict(model, replace(fp32, scheme=ALLREDUCE))
         try:
             ddp: float = predict(model, replace(fp32, scheme=Scheme(DDP))).total_s
@@ -186,7 +186,7 @@ def predict_frame(model: CostModel, configs: Sequence[Config]) -> pd.DataFrame:
         rows.append({
             "backend": c.backend, "network": c.network.label, "world_size": c.world_size,
             "numel": c.numel, "workload": c.workload or "", "scheme": label,
-            "compressor": c.compressor, "mode": p.mode, "compute_s": p.compute_s,
+            "compressor": c.compressor.label, "mode": p.mode, "compute_s": p.compute_s,
             "encode_s": p.encode_s, "comm_s": p.comm_s, "decode_s": p.decode_s,
             "step_s": p.step_s, "wait_s": p.wait_s, "total_s": p.total_s,
             "wire_bytes": p.wire_bytes, "comm_total_s": p.comm_total_s,

@@ -3,12 +3,14 @@
 A scheme is the catalog's (``qbench.catalog.scheme``: the one spec syntax, validated by the
 catalog's rules) as the model sees it, ``Scheme.of(spec)``: a run's recorded spec
 (``qbench.records.view``), a bench JSON row's label read back by the catalog
-(``inputs.bench_scheme``), or ``--scheme reduce-broadcast:overlap=16`` (:func:`scheme`). DDP
-runs, which communicate bucket by bucket during backward (``qbench.costmodel.overlap``), are
-``ddp`` or ``reduce-broadcast:backward=true``. The model's only scheme of its own is
-``lowprec-allreduce``, the *projected* NCCL with native low-precision reduction, not
-measurable yet: its predictions say so (mode ``projected``). Compressor labels (``fp32``,
-``fp16``, ``qsgd-4b-b512``, ...) give their wire bits per value where the label alone says it.
+(``inputs.bench_scheme``), or ``--scheme reduce-broadcast:overlap=16``
+(``qbench.cli.cost_configs.scheme_option``). DDP runs, which communicate bucket by bucket
+during backward (``qbench.costmodel.overlap``), are ``ddp`` or
+``reduce-broadcast:backward=true``. The model's only scheme of its own is ``lowprec-allreduce``,
+the *projected* NCCL with native low-precision reduction, not measurable yet: its predictions
+say so (mode ``projected``). Compressor labels (``fp32``, ``fp16``, ``qsgd-4b-b512``, ...) are
+keys of the model's tables; what a compressor is and sends is read from its catalog spec
+(``Config.compressor``), never from its label.
 """
 
 from __future__ import annotations
@@ -115,53 +117,39 @@ ALLREDUCE = Scheme("allreduce")
 """fp32 allreduce of one flat gradient: the baseline of every prediction."""
 
 
-def _spec(compressor: str) -> catalog.CompressorSpec | None:
-    """The catalog's compressor behind a label (None for a label no entry makes)."""
-    try:
-        return catalog.from_label(compressor)
-    except UserError:
-        return None
+NONE = catalog.compressor("none")
+"""The uncompressed compressor (label ``fp32``): full-precision values on the wire."""
 
 
-def is_torch_hook(compressor: str) -> bool:
+def full_precision(compressor: catalog.CompressorSpec) -> bool:
+    """Whether the compressor sends fp32 values as they are (the catalog's ``none``)."""
+    return compressor.name == NONE.name
+
+
+def is_torch_hook(compressor: catalog.CompressorSpec) -> bool:
     """Compressors ``ddp`` runs with torch's own hooks (fp32 allreduce, casts, PowerSGD)."""
-    spec = _spec(compressor)
-    return spec is not None and spec.name in TORCH_HOOKS
+    return compressor.name in TORCH_HOOKS
 
 
-def is_powersgd(compressor: str) -> bool:
-    """Whether a label is PowerSGD's (the catalog entry that makes it, not its spelling)."""
-    spec = _spec(compressor)
-    return spec is not None and spec.name == POWERSGD
+def is_powersgd(compressor: catalog.CompressorSpec) -> bool:
+    return compressor.name == POWERSGD
 
 
-def qsgd_params(compressor: str) -> tuple[int, int] | None:
-    """(bits, bucket_size) of a qsgd label like ``qsgd-4b-b512``."""
-    spec = _spec(compressor)
-    if spec is None or spec.name != "qsgd":
-        return None
-    return spec.params["bits"], spec.params["bucket_size"]
-
-
-def nominal_bits_per_value(compressor: str) -> float | None:
+def nominal_bits_per_value(compressor: catalog.CompressorSpec) -> float | None:
     """Wire bits per value of a fixed-size compressor (the catalog's wire layout, metadata
     included, at 2^20 values); None when the size depends on the data or the shapes."""
-    spec = _spec(compressor)
     n = 2**20
-    wire = spec.wire_bytes(n) if spec is not None else None
+    wire = compressor.wire_bytes(n)
     return None if wire is None else 8 * wire / n
 
 
-def incompatibility(scheme: Scheme, compressor: str) -> str | None:
+def incompatibility(scheme: Scheme, compressor: catalog.CompressorSpec) -> str | None:
     """Why the scheme cannot carry this compressor (None when it can): the catalog's rules,
     plus the projected NCCL native low-precision allreduce, which only the cost model knows."""
     if scheme.name == PROJECTED:
         return None
-    spec = _spec(compressor)
-    if spec is None:
-        return f"no compressor has the label {compressor!r}"
     params = {"backward": True} if scheme.backward and scheme.name != DDP else {}
-    why = rules.incompatibility("gloo", scheme.name, spec.given, params=params)
+    why = rules.incompatibility("gloo", scheme.name, compressor.given, params=params)
     if why and scheme.name == "allreduce":
         why += f"; `{PROJECTED}` projects a native low-precision allreduce"
     return why

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import pandas as pd
 
 from qbench.costmodel.config import Config, Prediction
 from qbench.costmodel.inputs import (
+    bench_compressor,
     bench_key,
     bench_link,
     bench_scheme,
@@ -56,7 +57,7 @@ def validate_comm(model: CostModel, doc: Any, source: str) -> pd.DataFrame:
     for r in comm_rows(doc, source):
         try:
             cfg = Config(
-                scheme=bench_scheme(r), compressor=r["compressor"], bits_per_value=row_bits(r),
+                scheme=bench_scheme(r), compressor=bench_compressor(r), bits_per_value=row_bits(r),
                 backend=r["backend"], network=bench_link(r), world_size=int(r["world_size"]),
                 numel=int(r["bytes"]) // 4, compute_s=0.0, step_s=0.0,
                 host_cores=cores if isinstance(cores, int) and cores > 0 else None,
@@ -110,7 +111,7 @@ def _validate_each_run(model: CostModel, root: Path | str) -> list[tuple[Any, di
         }  # fmt: skip
         got = run_config(r, model)
         in_fit = run_key(str(r.run_id)) in used
-        key = (tuple(labels.values()), got[1] if got is not None else str(r.run_id))
+        key = (tuple(labels.values()), _config_key(got[1]) if got is not None else str(r.run_id))
         if got is None:
             out.append((key, _vrow(str(root), "run", labels, None, float(r.t_iteration), None,
                                    f"no model for scheme {r.scheme}", in_fit)))  # fmt: skip
@@ -124,6 +125,12 @@ def _validate_each_run(model: CostModel, root: Path | str) -> list[tuple[Any, di
         out.append((key, _vrow(str(root), "run", labels, p, float(r.t_iteration),
                                float(r.t_comm), "; ".join(p.notes), in_fit)))  # fmt: skip
     return out
+
+
+def _config_key(cfg: Config) -> tuple[Any, ...]:
+    """A configuration as a dict key: its fields but the compressor spec (unhashable; its
+    label is among the run's labels the key also has)."""
+    return tuple(getattr(cfg, f.name) for f in fields(cfg) if f.name != "compressor")
 
 
 def _vrow(
