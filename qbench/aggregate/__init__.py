@@ -10,6 +10,7 @@ from qbench.aggregate.allgather import AllGather
 from qbench.aggregate.allreduce import AllReduce
 from qbench.aggregate.base import Aggregator, split_ranges
 from qbench.aggregate.gossip import Gossip
+from qbench.aggregate.hierarchical import Hierarchical
 from qbench.aggregate.integer_allreduce import IntegerAllReduce
 from qbench.aggregate.parameter_server import ParameterServer
 from qbench.aggregate.push_sum import PushSum
@@ -32,6 +33,7 @@ SCHEMES: dict[str, type[Aggregator]] = {
         IntegerAllReduce,
         ParameterServer,
         PushSum,
+        Hierarchical,
     )
 }
 

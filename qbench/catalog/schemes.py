@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from qbench.catalog.compressors import COMPRESSORS
 from qbench.catalog.params import Param, at_least, fraction
 from qbench.catalog.registry import Registry
 
@@ -64,6 +65,31 @@ DOWN = Param(
     "fp32", (dict, str, type(None)), "a compressor spec with a name",
     lambda v: v is None or isinstance(v, str) or "name" in v, example="{name: qsgd, bits: 8}",
 )  # fmt: skip
+
+
+def _summable(name: object) -> bool:
+    """A compressor whose payload can be summed as values (the ``summable`` capability)."""
+    return isinstance(name, str) and name in COMPRESSORS and COMPRESSORS[name].summable
+
+
+INTRA = Param(
+    "intra", "none", "codec of the sum inside a node: none (fp32) or a summable 16-bit cast",
+    str, "a summable compressor: " + ", ".join(n for n in COMPRESSORS if _summable(n)),
+    _summable, example="bf16",
+)  # fmt: skip
+INTER = Param(
+    "inter", "reduce-scatter", "exchange between nodes: reduce-scatter (every local rank "
+    "carries 1/G), or reduce-broadcast / allgather among node leaders", str,
+    choices=("reduce-scatter", "reduce-broadcast", "allgather"),
+)  # fmt: skip
+
+
+def _hierarchical_name(p: Params) -> str:
+    inside = "fp32" if p["intra"] == "none" else p["intra"]
+    return ", ".join(
+        [f"hierarchical ({inside} inside, {p['inter']} between)", *_details(p)]
+        + (["per DDP bucket"] if p.get("backward") else [])
+    )
 
 
 def _ddp_options_need_backward(given: Params, p: Params) -> str | None:
@@ -232,6 +258,12 @@ ASYNC_PS = SchemeEntry(
     ),
     display=_async_name,
 )  # fmt: skip
+HIERARCHICAL = SchemeEntry(
+    "hierarchical", "sum inside each node (intra codec), exchange between nodes with the "
+    "compressor, share inside the node", "NCCL, CGX", "qbench.aggregate.hierarchical:Hierarchical",
+    params=(INTRA, INTER, BACKWARD, *DDP_OPTIONS), per_bucket=True,
+    cross_check=_ddp_options_need_backward, display=_hierarchical_name,
+)  # fmt: skip
 DDP = SchemeEntry(
     "ddp", "PyTorch DistributedDataParallel: buckets allreduced during backward, torch's own "
     "hooks (fp16, bf16, PowerSGD)", "Agarwal et al. 2022 (baseline)", "", kind="ddp",
@@ -241,7 +273,7 @@ DDP = SchemeEntry(
 SCHEMES: Registry[SchemeEntry] = Registry({
     e.name: e
     for e in (ALLREDUCE, REDUCE_BROADCAST, GOSSIP, ALLGATHER, SIMULATED_LOWPREC, INTEGER_ALLREDUCE,
-              PARAMETER_SERVER, PUSH_SUM, ASYNC_PS, DDP)
+              PARAMETER_SERVER, PUSH_SUM, ASYNC_PS, HIERARCHICAL, DDP)
 })  # fmt: skip
 """Every scheme by name; plug-ins (``qbench.catalog.plugins``) join on first read."""
 TORCH_HOOKS = ("none", "fp16", "bf16", "powersgd")

@@ -9,6 +9,9 @@
   doc/PERFORMANCE.md). The library may pick another algorithm; this is the comparable count
   (``qbench.comm.formulas``, torch-free, holds these counts and factors);
 * send (point to point): the tensor's bytes; recv counts nothing (the sender did).
+
+A sub-communicator (:meth:`Comm.split`, :meth:`Comm.node_comms`) counts its own bytes, and each
+byte it counts is its parent's too: the run's ``bytes_sent`` stays the total over all levels.
 """
 
 from __future__ import annotations
@@ -41,7 +44,37 @@ class Comm(ABC):
     world_size: int
 
     def __init__(self) -> None:
-        self.bytes_sent = 0
+        self._sent = 0
+        self.parent: Comm | None = None
+        """The communicator this one was split from, which counts its bytes too."""
+        self._nodes: dict[int, tuple[Comm, Comm]] = {}
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._sent
+
+    @bytes_sent.setter
+    def bytes_sent(self, value: int) -> None:
+        # Only what is added reaches the parent: a loop resetting a sub-communicator's
+        # counter to 0 must not take bytes off the run's total.
+        if self.parent is not None and value > self._sent:
+            self.parent.bytes_sent += value - self._sent
+        self._sent = value
+
+    def split(self, color: int) -> Comm:
+        """The sub-communicator of the ranks that pass the same ``color``, ranked in this
+        communicator's order. Collective: every rank calls it, in the same order."""
+        raise NotImplementedError(f"{type(self).__name__} cannot split")
+
+    def node_comms(self, per_node: int) -> tuple[Comm, Comm]:
+        """(intra, inter) for nodes of ``per_node`` consecutive ranks: intra holds this rank's
+        node, inter the ranks with this rank's local index on every node (local rank 0's is
+        the node leaders'). Made once per ``per_node`` (every rank asks in the same order)."""
+        if per_node not in self._nodes:
+            intra = self.split(self.rank // per_node)
+            inter = self.split(self.rank % per_node)
+            self._nodes[per_node] = (intra, inter)
+        return self._nodes[per_node]
 
     @abstractmethod
     def allreduce_(self, tensor: torch.Tensor, op: str = "sum") -> None:

@@ -22,12 +22,13 @@ from qbench.comm.base import Comm, Pending, allreduce_bus_bytes
 class MPIComm(Comm):
     backend = "mpi"
 
-    def __init__(self) -> None:
+    def __init__(self, comm: Any = None) -> None:
+        """COMM_WORLD, or ``comm`` (a communicator :meth:`split` made)."""
         super().__init__()
         from mpi4py import MPI
 
         self._mpi = MPI
-        self.comm = MPI.COMM_WORLD
+        self.comm = MPI.COMM_WORLD if comm is None else comm
         self.rank = self.comm.Get_rank()
         self.world_size = self.comm.Get_size()
         self._threaded = MPI.Query_thread() == MPI.THREAD_MULTIPLE
@@ -109,6 +110,11 @@ class MPIComm(Comm):
         if host is not tensor:
             tensor.copy_(host)
         return int(status.Get_source())
+
+    def split(self, color: int) -> MPIComm:
+        sub = MPIComm(self.comm.Split(color, self.rank))
+        sub.parent = self
+        return sub
 
     def abort(self, code: int) -> None:
         self.comm.Abort(code)
