@@ -38,6 +38,9 @@ from qbench.comm.env import ranks_per_node
 from qbench.compress import Compressor, from_spec
 from qbench.timing import PhaseTimer
 
+LEVEL_BYTES = ("bytes_intra", "bytes_inter")
+"""The iteration columns of ``metrics``: bytes sent inside the node and between nodes."""
+
 _INTER = {"reduce-scatter": ReduceBroadcast, "reduce-broadcast": ReduceBroadcast,
           "allgather": AllGather}  # fmt: skip
 
@@ -64,7 +67,7 @@ class Hierarchical(Aggregator):
             self.between = _INTER[inter](
                 self.inter, compressor, b - a, offset + a, tensors=self.pieces(a, b)
             )
-        self.sent = {"bytes_intra": 0, "bytes_inter": 0}
+        self.sent = dict.fromkeys(LEVEL_BYTES, 0)
 
     def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
         intra0, inter0 = self.intra.bytes_sent, self.inter.bytes_sent

@@ -149,6 +149,9 @@ class SchemeHookState:
     timeline: BucketTimeline = field(default_factory=BucketTimeline)
     step: int = 0
     payload_bytes: int = 0
+    level_bytes: dict[str, float] = field(default_factory=dict)
+    """Per-iteration metrics the buckets' aggregators offer, summed (hierarchical's bytes per
+    level)."""
     grad_bytes: int = 0
     t_encode: float = 0.0
     t_decode: float = 0.0
@@ -167,6 +170,7 @@ class SchemeHookState:
         self.timeline.reset()
         self.payload_bytes = self.grad_bytes = 0
         self.t_encode = self.t_decode = 0.0
+        self.level_bytes = {}
         self._sent_at_reset = self.comm.bytes_sent
 
     @property
@@ -246,6 +250,8 @@ class SchemeHookState:
             mean = agg.aggregate(seg.gather(job.buffer), job.step, timer)
             seg.scatter(mean, job.buffer)
             self.payload_bytes += agg.payload_bytes
+            for k, v in agg.metrics().items():  # hierarchical: bytes per level, summed
+                self.level_bytes[k] = self.level_bytes.get(k, 0.0) + v
             self.timeline.add_payload(job.index, agg.payload_bytes)
         self.t_encode += timer.totals["encode"]
         self.t_decode += timer.totals["decode"]

@@ -51,13 +51,17 @@ ITERATION_COLUMNS: dict[str, str] = {
     # `nonfinite: skip` (qbench.run.nonfinite): 1 when a NaN or inf in a gradient skipped this
     # step (on every rank of a lock-step run; an async-ps worker drops its push), else 0
     "skipped": "float64",
+    # Hierarchical schemes: bytes_sent split by level, inside this rank's node and between nodes
+    # (qbench.aggregate.hierarchical); NaN for schemes that do not split it
+    "bytes_intra": "float64",
+    "bytes_inter": "float64",
 }
 
 # Columns added after schema version 1 was first written: readers fill them with NaN when a file
 # predates them, so older results stay readable.
 LATER_ITERATION_COLUMNS = (
     *("staleness", "server_version", "cum_bits", "t_forward", "t_comm_total"),
-    *("overlap_fraction", "t_codec_total", "skipped"),
+    *("overlap_fraction", "t_codec_total", "skipped", "bytes_intra", "bytes_inter"),
 )
 
 # Workers print "<WORKER_FAILED> <rank> failed: <Exception>: <message>" on stderr when they fail.

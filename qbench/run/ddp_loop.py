@@ -150,4 +150,5 @@ class DDPRun(Training):
             "grad_bytes": self.grad_bytes, "loss": math.nan,
             "t_comm_total": total, "overlap_fraction": overlap_fraction(exposed, total),
             "t_codec_total": codec, "skipped": float(skipped),
+            **(self.state.level_bytes if isinstance(self.state, SchemeHookState) else {}),
         })  # fmt: skip

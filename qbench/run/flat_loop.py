@@ -176,6 +176,7 @@ class Run(Training):
         the parameters: gossip reports this rank's squared distance to the mean model per slice
         (``consensus_sq``), combined over slices and ranks into ``consensus_distance``."""
         from qbench.aggregate.gossip import consensus_distance
+        from qbench.aggregate.hierarchical import LEVEL_BYTES
 
         out: dict[str, float] = {}
         squares: list[float] = []
@@ -183,7 +184,8 @@ class Run(Training):
             m = dict(agg.metrics())
             if "consensus_sq" in m:
                 squares.append(m.pop("consensus_sq"))
-            out.update(m)
+            for k, v in m.items():  # bytes per level (hierarchical) add up over the slices
+                out[k] = out.get(k, 0.0) + v if k in LEVEL_BYTES else v
         if squares:
             out["consensus_distance"] = consensus_distance(self.comm, squares, self.device)
         return out
