@@ -59,6 +59,9 @@ class Busy:
 
     payload_bytes = 0
 
+    def metrics(self) -> dict[str, float]:  # what qbench.aggregate.Aggregator offers the hook
+        return {}
+
     def __init__(self, seconds: float) -> None:
         self.seconds, self.started, self.calls = seconds, threading.Event(), 0
 

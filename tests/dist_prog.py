@@ -53,7 +53,8 @@ def main() -> None:
             results.append(agg.aggregate(make(cm.rank, step, int(numel)), step, timer).clone())
             metrics.append(agg.metrics())
         (Path(out) / name).mkdir(parents=True, exist_ok=True)
-        saved = {"results": results, "bytes_sent": cm.bytes_sent - sent_before, "metrics": metrics}
+        saved = {"results": results, "bytes_sent": cm.bytes_sent - sent_before, "metrics": metrics,
+                 "payload_bytes": agg.payload_bytes}  # fmt: skip
         torch.save(saved, Path(out) / name / f"rank-{cm.rank}.pt")
         cm.barrier()
     cm.close()

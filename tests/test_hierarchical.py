@@ -161,6 +161,15 @@ def test_bytes_per_level(ranks: dict, name: str) -> None:
         assert r["bytes_sent"] == STEPS * sum(want)  # the run's total counts both levels
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in CASES if not n.startswith("qsgd")])
+def test_payload_averages_to_the_whole_encoded_gradient(ranks: dict, name: str) -> None:
+    """Reports divide the gradient's bytes by the mean payload over ranks (compression ratio,
+    bits per value): whether a rank encodes 1/G of its node's gradient or all or none of it,
+    that mean is the whole gradient as the compressor encodes it, 4 bytes a value in fp32."""
+    assert sum(r["payload_bytes"] for r in ranks[name]) / WORLD == 4 * NUMEL, name
+
+
 SWEEP = """name: hier
 model: mlp
 world_size: 2

@@ -408,3 +408,22 @@ def test_async_runs_without_measured_updates_have_no_metrics(tmp_path: Path) -> 
     assert both.loc["busy", "samples_per_s"] == pytest.approx(3 * BATCH / (3 * 0.005))
     # updates that took no measurable time give no rate of updates (not an infinite one)
     assert math.isfinite(both.loc["instant", "samples_per_s"])
+
+
+def test_bytes_per_level_are_medians_of_rank_means_and_nan_when_not_split(tmp_path: Path) -> None:
+    """A hierarchical run records what each rank sent inside its node and between nodes; the
+    summary's bytes_intra/inter_per_iteration are medians over measured iterations of the
+    mean over ranks, like bytes_per_iteration; a run that did not split them has NaN."""
+    store = ResultStore(tmp_path)
+    rows = rows_for("h", "mlp", "qsgd-4b-b512", 2)
+    for row in rows:  # rank 0 sends 100 + it^2 bytes inside, rank 1 300 + it^2; 10x between
+        row["bytes_intra"] = 100.0 + 200 * row["rank"] + row["iteration"] ** 2
+        row["bytes_inter"] = 10 * row["bytes_intra"]
+    add_run(store, "h", labels("mlp", "qsgd-4b-b512", 2, scheme="hierarchical"), rows)
+    add_run(store, "flat", labels("mlp", "fp32", 2), rows_for("flat", "mlp", "fp32", 2))
+    table = stats.summarize(stats.load(tmp_path)).set_index("run_id")
+    # measured iterations 2..6: rank means 200 + it^2 = 204, 209, 216, 225, 236 (mean 218)
+    assert table.loc["h", "bytes_intra_per_iteration"] == 216.0
+    assert table.loc["h", "bytes_inter_per_iteration"] == 2160.0
+    assert math.isnan(table.loc["flat", "bytes_intra_per_iteration"])
+    assert math.isnan(table.loc["flat", "bytes_inter_per_iteration"])

@@ -122,12 +122,19 @@ class Hierarchical(Aggregator):
         return self.cast.encode(values, rank=self.comm.rank, offset=self.offset).to_wire()
 
     def _payload(self) -> int:
-        """The bytes of this rank's share of the gradient on the inter-node wire (the run's
-        compressor), or its intra-node cast where no inter-node phase runs."""
+        """G times the bytes of this rank's share of the gradient on the inter-node wire (the
+        run's compressor), or of its intra-node cast where no inter-node phase runs. A rank
+        encodes 1/G of its node's gradient (a lane) or all or none of it (leader modes), so
+        the mean over ranks, which reports divide the gradient's bytes by, is the node's whole
+        encoded gradient, as a flat scheme's payload is."""
         if self.between is not None:
-            return self.between.payload_bytes
+            return self.intra.world_size * self.between.payload_bytes
         a, b = self.parts[self.intra.rank]
-        return self.cast.wire_nbytes(b - a if self.intra.world_size > 1 else self.numel)
+        return (
+            self.intra.world_size * self.cast.wire_nbytes(b - a)
+            if self.intra.world_size > 1
+            else self.cast.wire_nbytes(self.numel)
+        )
 
     def metrics(self) -> dict[str, float]:
         return {k: float(v) for k, v in self.sent.items()}

@@ -52,9 +52,12 @@ _INT_COLUMNS = (
     *("exit_code", "world_size", "batch_size", "global_batch", "numel", "seed", "repeat"),
     "nodes",
 )
-_RANK_MEANS = (*PARTS, "bytes_sent", "payload_bytes", "grad_bytes", "loss")
+_LEVELS = ("bytes_intra", "bytes_inter")
+"""Bytes a rank sent inside its node and between nodes (hierarchical schemes; NaN: not split)."""
+_RANK_MEANS = (*PARTS, "bytes_sent", "payload_bytes", "grad_bytes", "loss", *_LEVELS)
 _METRICS = (
     *("t_iteration_median", "t_iteration_p95", *PARTS, "bytes_per_iteration"),
+    *(f"{c}_per_iteration" for c in _LEVELS),
     *("_grad_bytes", "_payload_bytes"),
 )
 ASYNC_SCHEME = "async-ps"
@@ -79,6 +82,9 @@ SUMMARY_COLUMNS = (
     *("other_cores", "disturbed", "left_out"),
     # steps skipped for a NaN or inf gradient (`nonfinite: skip`); NaN: not recorded
     "skipped_steps",
+    # bytes per rank and iteration inside a node and between nodes (hierarchical; else NaN)
+    "bytes_intra_per_iteration",
+    "bytes_inter_per_iteration",
 )
 
 
@@ -308,6 +314,7 @@ def _run_metrics(per_it: pd.DataFrame) -> pd.DataFrame:
     spec["t_iteration_p95"] = ("t_iteration", lambda s: s.quantile(0.95))
     spec.update({p: (p, "median") for p in PARTS})
     spec["bytes_per_iteration"] = ("bytes_sent", "median")
+    spec.update({f"{c}_per_iteration": (c, "median") for c in _LEVELS})
     spec["_grad_bytes"] = ("grad_bytes", "median")
     spec["_payload_bytes"] = ("payload_bytes", "median")
     return per_it.groupby("run_id", as_index=False).agg(**spec)
@@ -360,6 +367,8 @@ def _async_metrics(iterations: pd.DataFrame) -> pd.DataFrame:
     )  # fmt: skip
     out = up.join(down, how="inner")
     out["bytes_per_iteration"] = out["_up"] + out["_down"]
+    for level in _LEVELS:  # a parameter server has no nodes to split its traffic by
+        out[f"{level}_per_iteration"] = math.nan
     # updates/s; summarize multiplies by the per-worker batch (each update is one worker's batch)
     out["_samples_per_s"] = out["iterations"] / out["_busy"].where(out["_busy"] > 0)
     return out.reset_index()[columns]
