@@ -31,7 +31,7 @@ from qbench.records.schema import (
 )
 from qbench.records.store import ResultStore
 from qbench.records.view import run_specs
-from qbench.report import accuracy, intervals, names, speedups
+from qbench.report import accuracy, async_stats, intervals, names, speedups
 
 UNREADABLE = "unreadable"
 PROFILED = "profiled"
@@ -60,7 +60,6 @@ _METRICS = (
     *(f"{c}_per_iteration" for c in _LEVELS),
     *("_grad_bytes", "_payload_bytes"),
 )
-ASYNC_SCHEME = "async-ps"
 """The catalog name of the asynchronous parameter server (seed 003), whose rows are events."""
 RATIOS = speedups.RATIOS
 # seed 002 section 5.4: dollars, from the scenario's price of one machine hour (NaN without one)
@@ -271,11 +270,12 @@ def summarize(results: Results, include_disturbed: bool = False) -> pd.DataFrame
     disturbed run is measured and shown but ``left_out`` of every speedup, baseline and
     interval, unless ``include_disturbed``."""
     iterations = results.iterations
-    is_async = iterations["run_id"].isin(_async_runs(results.runs))
+    is_async = iterations["run_id"].isin(async_stats.runs(results.runs))
     per_it = per_iteration(iterations[~is_async])
     metrics = _run_metrics(per_it)
     if is_async.any():
-        metrics = pd.concat([metrics, _async_metrics(iterations[is_async])], ignore_index=True)
+        events = async_stats.metrics(iterations[is_async], _METRICS, PARTS)
+        metrics = pd.concat([metrics, events], ignore_index=True)
     else:
         metrics["_samples_per_s"] = math.nan
     table = results.runs.merge(metrics, "left", "run_id")
@@ -303,7 +303,7 @@ def summarize(results: Results, include_disturbed: bool = False) -> pd.DataFrame
 def throughputs(results: Results, summary: pd.DataFrame) -> intervals.Throughputs:
     """Per-iteration samples/s of every lock-step run (async-ps rows are events, not
     iterations), for intervals of ratios the summary has no column for."""
-    is_async = results.iterations["run_id"].isin(_async_runs(results.runs))
+    is_async = results.iterations["run_id"].isin(async_stats.runs(results.runs))
     batch = pd.Series(_global_batch(summary).to_numpy(), index=summary["run_id"].astype(str))
     return intervals.Throughputs(per_iteration(results.iterations[~is_async]), batch)
 
@@ -330,48 +330,6 @@ def _skipped_steps(iterations: pd.DataFrame, is_async: pd.Series) -> pd.Series:
     per_run = [lock.groupby(level="run_id").sum(min_count=1)]
     per_run.append(rows[is_async].groupby("run_id")["skipped"].sum(min_count=1))
     return pd.concat(per_run)
-
-
-def _async_runs(runs: pd.DataFrame) -> pd.Series:
-    """run_ids of asynchronous parameter-server runs (seed 003), whose rows are not iterations:
-    the scheme each recorded (``names.scheme_spec``), not its label."""
-    specs = runs["scheme"].map(names.scheme_spec)
-    return runs.loc[specs.map(lambda s: s is not None and s.name == ASYNC_SCHEME), "run_id"]
-
-
-def _async_metrics(iterations: pd.DataFrame) -> pd.DataFrame:
-    """``_run_metrics`` for async-ps, where rows are events, not lock-step iterations: rank 0
-    writes one row per model update it applies, each worker one per push-pull round, and row i
-    of one rank has nothing to do with row i of another. So: ``iterations`` counts the server's
-    updates and samples/s is updates x per-worker batch over the server's busy time; the
-    iteration time and its breakdown are a worker's round (median over all workers' rounds);
-    bytes per iteration are one update's traffic both ways, a worker's push up plus the server's
-    reply down; compression is the pushed gradient's."""
-    columns = ["run_id", "iterations", *_METRICS, "_samples_per_s"]
-    measured = iterations[~iterations["warmup"].astype(bool)]
-    server, workers = measured[measured["rank"] == 0], measured[measured["rank"] != 0]
-    if server.empty or workers.empty:
-        # typed as the measured frame is, so the summary's metric columns stay float
-        return pd.DataFrame(columns=columns).astype(dict.fromkeys(columns[1:], float))
-    up = workers.groupby("run_id").agg(
-        t_iteration_median=("t_iteration", "median"),
-        t_iteration_p95=("t_iteration", lambda s: s.quantile(0.95)),
-        **{p: (p, "median") for p in PARTS},
-        _up=("bytes_sent", "median"),
-        _grad_bytes=("grad_bytes", "median"),
-        _payload_bytes=("payload_bytes", "median"),
-    )
-    down = server.groupby("run_id").agg(
-        iterations=("iteration", "nunique"), _busy=("t_iteration", "sum"),
-        _down=("bytes_sent", "mean"),
-    )  # fmt: skip
-    out = up.join(down, how="inner")
-    out["bytes_per_iteration"] = out["_up"] + out["_down"]
-    for level in _LEVELS:  # a parameter server has no nodes to split its traffic by
-        out[f"{level}_per_iteration"] = math.nan
-    # updates/s; summarize multiplies by the per-worker batch (each update is one worker's batch)
-    out["_samples_per_s"] = out["iterations"] / out["_busy"].where(out["_busy"] > 0)
-    return out.reset_index()[columns]
 
 
 def _display_compressor(table: pd.DataFrame) -> pd.Series:
