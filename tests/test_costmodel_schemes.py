@@ -50,7 +50,7 @@ def test_scheme_options_are_read_by_the_catalog(text: str) -> None:
 # --scheme spec: the whole error message (the catalog's, but for what the model cannot time)
 REJECTED = {
     "gossip": "the cost model has no scheme 'gossip'; valid: allreduce, reduce-broadcast, "
-    "allgather, integer-allreduce, simulated-lowprec, lowprec-allreduce, ddp",
+    "allgather, integer-allreduce, simulated-lowprec, lowprec-allreduce, ddp, hierarchical",
     "allreduce:zeta=1,alpha=2": "scheme allreduce: unknown parameter 'zeta'; valid: backward, "
     "bucket_cap_mb, gradient_as_bucket_view",
     "reduce-broadcast:overlap=x": "scheme reduce-broadcast: overlap must be an integer (a chunk "

@@ -125,6 +125,16 @@ _CONFIG_OPTIONS = (
     ),
     click.option("--backend", "backends", multiple=True, help="[every fitted backend]."),
     click.option("--world-size", "world_sizes", multiple=True, type=int, help="Ranks [2]."),
+    click.option(
+        "--nodes", type=int,
+        help="Nodes of a cluster (with --ranks-per-node; instead of --world-size): two levels, "
+        "--bandwidth between nodes and --intra-bandwidth inside one.",
+    ),
+    click.option("--ranks-per-node", type=int, help="Ranks on each node (with --nodes)."),
+    click.option(
+        "--intra-bandwidth", metavar="RATE",
+        help="Link inside a node (with --nodes) [unshaped: what 1-node runs measured].",
+    ),
     click.option("--model", "workload", metavar="NAME", help="Workload whose fits to use."),
     click.option("--batch-size", type=int, help="Per-rank batch of the workload's fits."),
     click.option(

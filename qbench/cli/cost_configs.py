@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from qbench import catalog
 from qbench.catalog import specs
@@ -29,7 +30,7 @@ from qbench.costmodel.schemes import (
 )
 from qbench.errors import UserError
 from qbench.spec import network
-from qbench.spec.network import Link
+from qbench.spec.network import Link, Topology
 
 DEFAULT_SCHEMES = ("allreduce", "reduce-broadcast", "integer-allreduce", PROJECTED)
 
@@ -47,7 +48,8 @@ def build_configs(
     bandwidths: Sequence[str] = (), numels: Sequence[str] = (), workload: str | None = None,
     batch_size: int | None = None, compute_s: float | None = None, step_s: float | None = None,
     fp32_numel: str = "0", host_cores: int | None = None, tbf_burst: bool = True,
-    overlap: str | None = None,
+    overlap: str | None = None, nodes: int | None = None, ranks_per_node: int | None = None,
+    intra_bandwidth: str | None = None,
 ) -> tuple[list[Config], list[str]]:  # fmt: skip
     """Every combination of the options (fp32 allreduce first); notes say what was skipped.
     ``overlap``: ``backward`` runs every scheme that can per DDP bucket, ``none`` none."""
@@ -86,15 +88,18 @@ def build_configs(
             notes.append(f"skipped {got.label} {c[0].label}: {why}")
         elif (got, c) not in combos:
             combos.append((got, c))
+    cluster = _cluster(nodes, ranks_per_node, intra_bandwidth, world_sizes)
     configs = []
     for back, net, k, n, (s, (comp, bits)) in itertools.product(
         backs, nets, world_sizes or (2,), sizes, combos
     ):
+        topo = None if cluster is None else replace(cluster, inter=net)
         configs.append(Config(
             scheme=s, compressor=comp, bits_per_value=bits, backend=back, network=net,
-            world_size=k, numel=n, fp32_numel=0 if full_precision(comp) else f32,
-            workload=workload, batch_size=batch_size, compute_s=compute_s, step_s=step_s,
-            host_cores=host_cores, tbf_burst=tbf_burst,
+            world_size=k if topo is None else topo.world_size, topology=topo, numel=n,
+            fp32_numel=0 if full_precision(comp) else f32, workload=workload,
+            batch_size=batch_size, compute_s=compute_s, step_s=step_s, host_cores=host_cores,
+            tbf_burst=tbf_burst,
         ))  # fmt: skip
     return configs, list(dict.fromkeys(notes))
 
@@ -154,7 +159,31 @@ def compressor_info(spec: str, m: CostModel) -> tuple[catalog.CompressorSpec, fl
     )
 
 
-def _network(text: str) -> Link:
+def _cluster(
+    nodes: int | None, per_node: int | None, intra: str | None, world_sizes: Sequence[int]
+) -> Topology | None:
+    """The topology of ``--nodes N --ranks-per-node G [--intra-bandwidth RATE]`` (its inter
+    link set per ``--bandwidth``); None without them: one level."""
+    if nodes is None and per_node is None:
+        if intra is not None:
+            raise UserError("--intra-bandwidth needs --nodes and --ranks-per-node")
+        return None
+    if nodes is None or per_node is None:
+        raise UserError("give --nodes and --ranks-per-node together, e.g. `--nodes 16 "
+                        "--ranks-per-node 8`")  # fmt: skip
+    for name, v in (("--nodes", nodes), ("--ranks-per-node", per_node)):
+        if v < 1:
+            raise UserError(f"{name} must be >= 1, got {v}; e.g. `--nodes 16 --ranks-per-node 8`")
+    if world_sizes:
+        raise UserError(
+            f"--world-size is --nodes x --ranks-per-node ({nodes * per_node}) here; drop it"
+        )
+    return Topology(
+        nodes, per_node, intra=Link() if intra is None else _network(intra, "--intra-bandwidth")
+    )
+
+
+def _network(text: str, option: str = "--bandwidth") -> Link:
     """The link of a ``--bandwidth`` option, labelled in lower case as fits name theirs
     (``1gbit``, ``unshaped``)."""
     t = text.strip().lower().replace(" ", "")
@@ -162,8 +191,8 @@ def _network(text: str) -> Link:
         return network.option(t)
     except UserError:
         raise UserError(
-            f"--bandwidth must be a rate in kbit/mbit/gbit or `unshaped`, got {text!r}; "
-            "e.g. `--bandwidth 1gbit 10gbit`"
+            f"{option} must be a rate in kbit/mbit/gbit or `unshaped`, got {text!r}; "
+            f"e.g. `{option} 1gbit 10gbit`"
         ) from None
 
 

@@ -4,11 +4,11 @@ its prediction."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from qbench import catalog
 from qbench.costmodel.schemes import ALLREDUCE, NONE, Scheme
-from qbench.spec.network import Link
+from qbench.spec.network import Link, Topology
 
 GBIT = Link(1e9, "1gbit")
 """The default link: 1 Gbit/s, the rate of the shipped emulated-link scenarios."""
@@ -29,6 +29,10 @@ class Config:
     """The link (``qbench.spec.network``): its rate scales the fitted beta, its label finds the
     fits measured on it."""
     world_size: int = 2
+    topology: Topology | None = None
+    """Nodes x ranks per node with their intra and inter links (``qbench.costmodel.levels``);
+    None: one level, every rank on ``network`` (its ``world_size`` and ``network`` then
+    repeat the topology's world size and inter link)."""
     numel: int | None = None
     fp32_numel: int = 0
     """Values the layer policy keeps in full precision (aggregated by the same scheme in fp32)."""
@@ -46,6 +50,12 @@ class Config:
     overlap: str | None = None
     """``backward``: per DDP bucket during backward (``qbench.costmodel.overlap``); ``none``: one
     flat gradient after it; None: as the scheme says (``ddp`` and ``backward: true`` overlap)."""
+
+
+def on_link(cfg: Config, link: Link) -> Config:
+    """The configuration with ``link`` between its hosts (a topology's inter link)."""
+    topo = cfg.topology
+    return replace(cfg, network=link, topology=None if topo is None else replace(topo, inter=link))
 
 
 @dataclass(frozen=True, kw_only=True)

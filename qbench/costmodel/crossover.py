@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from qbench.costmodel.config import Config
+from qbench.costmodel.config import Config, on_link
 from qbench.costmodel.model import CostModel
 from qbench.costmodel.predict import predict
 from qbench.costmodel.schemes import DDP, NONE, Scheme, full_precision
@@ -58,8 +58,8 @@ def crossover(
     def both(rate: float) -> tuple[float, float]:
         at = network.at_rate(rate)
         return (
-            predict(model, replace(cfg, network=at)).total_s,
-            predict(model, replace(base, network=at)).total_s,
+            predict(model, on_link(cfg, at)).total_s,
+            predict(model, on_link(base, at)).total_s,
         )
 
     def diff(log_rate: float) -> float:

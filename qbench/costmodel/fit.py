@@ -45,6 +45,7 @@ from qbench.costmodel.points import (
     bench_points,
     fit_imbalance,
     fit_solo_comm,
+    fitted_topologies,
     measured_calls,
     run_points,
 )
@@ -176,6 +177,7 @@ def fit(
     if tables:
         runs = pd.concat(tables, ignore_index=True)
         model.imbalance = fit_imbalance(runs)
+        model.topologies = fitted_topologies(runs)
         model.solo_comm = fit_solo_comm(runs)
         model.buckets, notes = fit_bucket_profiles(runs)
         model.notes += notes

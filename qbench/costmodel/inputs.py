@@ -169,7 +169,31 @@ def run_table(root: Path | str) -> pd.DataFrame:
     records = [_record(store, str(i)) for i in table["run_id"]]
     table["specs"] = [_specs(r) for r in records]
     table["link"] = [_link(r, str(n)) for r, n in zip(records, table["network"], strict=True)]
+    ks = table["world_size"]
+    table["topology"] = [_topology(r, int(k)) for r, k in zip(records, ks, strict=True)]
+    table["emulated"] = [_emulated(Path(root) / str(i)) for i in table["run_id"]]
     return table.reset_index(drop=True)
+
+
+def _topology(record: dict[str, Any] | None, world_size: int) -> network.Topology | None:
+    """The run's nodes and links when its network setting has ``nodes`` (two levels, even with
+    one node: its ranks share the node's loopback); None for one level (flat star, unshaped),
+    which the model keeps timing on ``link`` alone."""
+    net = ((record or {}).get("spec") or {}).get("network")
+    if not isinstance(net, dict) or "nodes" not in net:
+        return None
+    return network.topology(net, world_size)
+
+
+def _emulated(run_dir: Path) -> bool:
+    """Whether the run's nodes were network namespaces of one host (its machine.json says how
+    the network was made), not hosts of their own."""
+    try:
+        doc = json.loads((run_dir / "machine.json").read_text())
+    except (OSError, ValueError):
+        return False
+    net = doc.get("network") if isinstance(doc, dict) else None
+    return isinstance(net, dict) and str(net.get("method", "")).startswith("netns")
 
 
 def _record(store: ResultStore, run_id: str) -> dict[str, Any] | None:

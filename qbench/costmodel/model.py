@@ -173,9 +173,15 @@ class CostModel:
     rank sends nothing but still costs (Gloo: about 0.5 ms for reduce-broadcast)."""
     buckets: list[BucketProfile] = field(default_factory=list)
     """Per workload (and world size), the DDP bucket profile of ``overlap: backward`` runs."""
+    topologies: list[str] = field(default_factory=list)
+    """``NxG`` (nodes x ranks per node) of the fitted runs that had a topology: predictions for
+    others say they extrapolate (``qbench.costmodel.levels``)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return strict_json({"schema": SCHEMA, **asdict(self)})
+        d = asdict(self)
+        if not d["topologies"]:  # one-level models are written as before issue 33
+            del d["topologies"]
+        return strict_json({"schema": SCHEMA, **d})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "model") -> CostModel:
@@ -198,6 +204,7 @@ class CostModel:
                 imbalance={str(k): float(v) for k, v in d.get("imbalance", {}).items()},
                 solo_comm={str(k): float(v) for k, v in d.get("solo_comm", {}).items()},
                 buckets=[BucketProfile(**b) for b in d.get("buckets", [])],
+                topologies=[str(t) for t in d.get("topologies", [])],
             )
         except (TypeError, ValueError) as e:
             raise UserError(f"{source}: malformed cost model ({e}); fit it again") from None

@@ -39,6 +39,7 @@ from qbench.costmodel.inputs import (
 from qbench.costmodel.model import ComputeFit, CostModel, imbalance_key, solo_key
 from qbench.costmodel.schemes import NONE, Scheme, full_precision, nominal_bits_per_value
 from qbench.errors import UserError
+from qbench.spec.network import Link
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,19 +151,41 @@ def run_config(r: Any, model: CostModel | None = None) -> tuple[Scheme, Config] 
     f = 0 if full_precision(comp) else _fp32_numel(n, float(r.payload_bytes), pbits)
     cfg = Config(
         scheme=scheme, compressor=comp, bits_per_value=bits, backend=str(r.backend),
-        network=r.link, world_size=k, numel=n, fp32_numel=f, workload=str(r.workload),
-        batch_size=int_or_none(r.batch_size), device=str(r.device), host_cores=run_host_cores(r),
+        network=r.link, world_size=k, topology=getattr(r, "topology", None), numel=n,
+        fp32_numel=f, workload=str(r.workload), batch_size=int_or_none(r.batch_size),
+        device=str(r.device), host_cores=run_host_cores(r),
     )  # fmt: skip
     return scheme, cfg
 
 
 def run_host_cores(r: Any) -> int | None:
-    """CPU cores the run's ranks shared: the host's cores x nodes (None on GPUs or unknown).
-    K CPU ranks on fewer cores compute K / cores times slower (``Config.host_cores``)."""
+    """CPU cores the run's ranks shared: the host's cores x nodes (None on GPUs or unknown;
+    emulated nodes share one host's cores). K CPU ranks on fewer cores compute K / cores times
+    slower (``Config.host_cores``)."""
     cores = int_or_none(getattr(r, "host_cores", None))
     if not cores or str(getattr(r, "device", "cpu")) != "cpu":
         return None
+    if getattr(r, "emulated", False) is True:
+        return cores
     return cores * (int_or_none(getattr(r, "nodes", None)) or 1)
+
+
+def level_link(cfg: Config) -> Link | None:
+    """The one link a run's comm phase crossed, which its fit point belongs to: its link
+    without a topology; with one, the intra link on one node, the inter link with one rank per
+    node; None when it crossed both (those runs are predicted, not fitted) or is hierarchical."""
+    topo = cfg.topology
+    if topo is None:
+        return None if cfg.scheme.name == "hierarchical" else cfg.network
+    if cfg.scheme.name == "hierarchical" or (topo.nodes > 1 and topo.ranks_per_node > 1):
+        return None
+    return topo.intra if topo.nodes == 1 else topo.inter
+
+
+def fitted_topologies(table: pd.DataFrame) -> list[str]:
+    """``NxG`` of the runs with a topology (``CostModel.topologies``)."""
+    topos = {t for t in table.get("topology", pd.Series(dtype=object)) if t is not None}
+    return sorted({f"{t.nodes}x{t.ranks_per_node}" for t in topos})
 
 
 def _row_share(r: Any) -> float:
@@ -239,13 +262,16 @@ def run_points(
             continue
         k, n = cfg.world_size, (cfg.numel or 0) - cfg.fp32_numel
         src, nbytes = str(r.source), 4 * (cfg.numel or 0)
+        if scheme.name == "hierarchical":  # timed from the flat fits (qbench.costmodel.levels)
+            continue
         for op in ("encode", "decode"):
             phases.append(PhasePoint(
                 backend=cfg.backend, scheme=scheme.name, compressor=cfg.compressor.label, op=op,
                 world_size=k, units=codec_units(scheme.name, k, n, op),
                 seconds=float(getattr(r, f"t_{op}")) / _cpu_share(cfg), source=src, bytes=nbytes,
             ))  # fmt: skip
-        if with_comm and k > 1:
+        link = level_link(cfg)
+        if with_comm and k > 1 and link is not None:
             items = _comm_items(scheme, cfg)
             if len({i.collective for i in items}) == 1:  # one key: the phase is one point
                 merged = CommItem(
@@ -253,7 +279,7 @@ def run_points(
                     tuple(c for i in items for c in i.calls),
                 )  # fmt: skip
                 comm.append(CommPoint(
-                    backend=cfg.backend, network=cfg.network.label, collective=merged.collective,
+                    backend=cfg.backend, network=link.label, collective=merged.collective,
                     world_size=k, msgs=merged.msgs, calls=measured_calls(merged, r.bytes_sent),
                     seconds=float(r.t_comm), scheme=scheme.label,
                     compressor=cfg.compressor.label, source=src, bytes=nbytes,

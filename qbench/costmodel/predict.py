@@ -29,6 +29,8 @@ from dataclasses import replace
 
 import pandas as pd
 
+from qbench.catalog import CompressorSpec
+from qbench.costmodel import levels
 from qbench.costmodel.config import Config, Prediction
 from qbench.costmodel.formulas import comm_plan
 from qbench.costmodel.model import CostModel, compute_fits, imbalance_key, solo_key
@@ -89,6 +91,8 @@ def predict(model: CostModel, cfg: Config) -> Prediction:
     scheme = cfg.scheme.per_bucket(cfg.overlap)
     if (why := incompatibility(scheme, cfg.compressor)) is not None:
         raise UserError(why)
+    if cfg.topology is not None:
+        cfg = replace(cfg, world_size=cfg.topology.world_size, network=cfg.topology.inter)
     k = cfg.world_size
     if k < 1:
         raise UserError(f"world size must be >= 1, got {k}")
@@ -96,7 +100,7 @@ def predict(model: CostModel, cfg: Config) -> Prediction:
         return predict_backward(model, cfg, scheme)
     numel = _numel(model, cfg)
     compute, step, batch, shared = _compute(model, cfg, numel)
-    notes: list[str] = []
+    notes: list[str] = _extrapolated(model, cfg)
     groups = [(cfg.compressor, numel - cfg.fp32_numel)]
     if cfg.fp32_numel > 0 and not full_precision(cfg.compressor):
         groups.append((NONE, cfg.fp32_numel))
@@ -106,18 +110,16 @@ def predict(model: CostModel, cfg: Config) -> Prediction:
             continue
         bits = wire_bits(model, cfg) if comp == cfg.compressor else 32.0
         for op in ("encode", "decode"):
-            t, why_ = codec_time(model, cfg.backend, scheme, comp.label, k, n, op, cfg.device)
+            t, why_ = _codec(model, cfg, scheme, comp.label, n, op)
             notes += why_
             if op == "encode":
                 enc += t
             else:
                 dec += t
         if k > 1:
-            item = comm_plan(scheme, comp, k, n, bits, cfg.backend)
-            coll, why_ = collective_fit(model, cfg.backend, cfg.network, item.collective)
+            t, w, why_ = _comm(model, cfg, scheme, comp, n, bits)
             notes += why_
-            comm += coll.time(item.msgs, item.calls, cfg.network, cfg.tbf_burst)
-            wire += item.wire
+            comm, wire = comm + t, wire + w
     if k == 1:
         comm = model.solo_comm.get(solo_key(cfg.backend, scheme.label, cfg.workload), 0.0)
     cpu = max(1.0, k / cfg.host_cores) if cfg.host_cores else 1.0
@@ -137,6 +139,43 @@ def predict(model: CostModel, cfg: Config) -> Prediction:
         total_s=compute + agg + step + wait, wire_bytes=wire, wait_s=wait, comm_total_s=comm,
         codec_total_s=enc + dec, notes=tuple(dict.fromkeys(notes)),
     )  # fmt: skip
+
+
+def _comm(
+    model: CostModel, cfg: Config, scheme: Scheme, comp: CompressorSpec, n: float, bits: float
+) -> tuple[float, float, list[str]]:
+    """(seconds, wire bytes, notes) of the comm phase: on one link as before, or on the
+    configuration's two levels (``qbench.costmodel.levels``)."""
+    if scheme.name == "hierarchical":
+        got = levels.hierarchical_comm(model, cfg, scheme, n, bits)
+    elif cfg.topology is not None:
+        got = levels.flat_comm(model, cfg, scheme, comp, n, bits)
+    else:
+        item = comm_plan(scheme, comp, cfg.world_size, n, bits, cfg.backend)
+        coll, notes = collective_fit(model, cfg.backend, cfg.network, item.collective)
+        return coll.time(item.msgs, item.calls, cfg.network, cfg.tbf_burst), item.wire, notes
+    return got.seconds, got.wire, list(got.notes)
+
+
+def _extrapolated(model: CostModel, cfg: Config) -> list[str]:
+    """A note when the configuration's nodes x ranks per node is not one the model was fitted
+    on: its two levels come from other topologies."""
+    topo = cfg.topology
+    if topo is None or f"{topo.nodes}x{topo.ranks_per_node}" in model.topologies:
+        return []
+    fitted = ", ".join(model.topologies) or "none (one-level runs only)"
+    return [
+        f"{topo.nodes} nodes x {topo.ranks_per_node} ranks: extrapolated beyond the fitted "
+        f"topologies ({fitted}) by the two-level formulas"
+    ]
+
+
+def _codec(
+    model: CostModel, cfg: Config, scheme: Scheme, comp: str, n: float, op: str
+) -> tuple[float, list[str]]:
+    if scheme.name == "hierarchical":
+        return levels.hierarchical_codec(model, cfg, scheme, comp, n, op)
+    return codec_time(model, cfg.backend, scheme, comp, cfg.world_size, n, op, cfg.device)
 
 
 def _lag(model: CostModel, backend: str, scheme: Scheme, k: int) -> tuple[float, list[str]]:
@@ -179,7 +218,7 @@ def predict_frame(model: CostModel, configs: Sequence[Config]) -> pd.DataFrame:
             ddp: float = predict(model, replace(fp32, scheme=Scheme(DDP))).total_s
         except UserError:
             ddp = math.nan
-        one = predict(model, replace(cfg, world_size=1))
+        one = predict(model, replace(cfg, world_size=1, topology=None))
         c = p.config
         label = c.scheme.per_bucket(c.overlap).label
         batch = c.batch_size or 1

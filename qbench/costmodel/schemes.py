@@ -34,9 +34,12 @@ SCHEMES = (
     "simulated-lowprec",
     PROJECTED,
     DDP,
+    "hierarchical",
 )
 BACKWARD_SCHEMES = tuple(
-    n for n in SCHEMES if n in catalog.SCHEMES and catalog.SCHEMES[n].per_bucket
+    n
+    for n in SCHEMES
+    if n in catalog.SCHEMES and catalog.SCHEMES[n].per_bucket and n != "hierarchical"
 )
 """Flat schemes the model knows that can also run per DDP bucket during backward
 (``backward: true``; a plug-in's are not modelled)."""
@@ -54,6 +57,11 @@ class Scheme:
     """Per DDP bucket during backward (always for ``ddp``)."""
     bucket_cap_mb: float | None = None
     """DDP's bucket size cap as the run's label gives it (None: torch's default, 25 MB)."""
+    intra: str = "none"
+    """``hierarchical``: the codec of the sum inside a node (none = fp32, fp16, bf16)."""
+    inter: str = "reduce-scatter"
+    """``hierarchical``: the exchange between nodes (reduce-scatter, reduce-broadcast,
+    allgather among node leaders)."""
 
     def __post_init__(self) -> None:
         if self.name == DDP:  # DDP always communicates bucket by bucket during backward
@@ -70,16 +78,24 @@ class Scheme:
         overlap = int(p.get("overlap", 1))
         if backward and overlap > 1:
             raise UserError(f"scheme {name}: the cost model has no per-bucket pipeline")
+        if backward and name == "hierarchical":
+            raise UserError("scheme hierarchical: the cost model has no per-bucket hierarchical")
         given = spec.given.get("bucket_cap_mb")  # the label names the cap only when given
         cap = None if given is None else float(given)
-        return cls(DDP if backward and name == "allreduce" else name, overlap, backward, cap)
+        levels = {k: str(p[k]) for k in ("intra", "inter") if name == "hierarchical"}
+        name = DDP if backward and name == "allreduce" else name
+        return cls(name, overlap, backward, cap, **levels)
 
     @property
     def label(self) -> str:
         """As runs record it (``qbench.spec.matrix.scheme_label``)."""
         backward = "+backward" if self.backward and self.name != DDP else ""
         cap = f"+bucket_cap_mb{self.bucket_cap_mb}" if self.bucket_cap_mb is not None else ""
-        return self.name + backward + cap + (f"+overlap{self.overlap}" if self.overlap > 1 else "")
+        levels = (f"+intra{self.intra}" if self.intra != "none" else "") + (
+            f"+{self.inter}" if self.inter != "reduce-scatter" else ""
+        )
+        pipe = f"+overlap{self.overlap}" if self.overlap > 1 else ""
+        return self.name + backward + cap + levels + pipe
 
     @property
     def mode(self) -> str:

@@ -1,0 +1,147 @@
+"""The two-level cost model (issue 33): a flat ring and a direct exchange across nodes, the
+hierarchical scheme, fitting each level from one-level runs, and the CLI's cluster options.
+Expected values are written from the formulas' definitions (docs/costmodel.md), not computed
+by qbench."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from qbench import catalog
+from qbench.cli.cost import cost as cost_cli
+from qbench.costmodel import Config, CostModel
+from qbench.costmodel.fit import fit_collectives
+from qbench.costmodel.formulas import comm_plan
+from qbench.costmodel.model import CollectiveFit
+from qbench.costmodel.points import CommPoint, level_link
+from qbench.costmodel.predict import predict
+from qbench.costmodel.schemes import NONE, Scheme
+from qbench.errors import UserError
+from qbench.spec.network import Link, Topology
+
+GBIT = Link(1e9, "1gbit")
+A_IN, B_IN = 1e-5, 1e-10  # intra: 10 us per message step, 80 Gbit/s
+A_OUT, B_OUT = 1e-4, 8e-9  # inter: 100 us per message step, 1 Gbit/s
+
+
+def _fit(network: str, collective: str, alpha: float, beta: float) -> CollectiveFit:
+    return CollectiveFit(
+        backend="gloo", network=network, collective=collective, alpha_s=alpha,
+        beta_s_per_byte=beta, r2=1.0, points=2, rel_err_median=0.0, rel_err_max=0.0,
+    )  # fmt: skip
+
+
+def _model() -> CostModel:
+    return CostModel(collectives=[
+        _fit(net, key, a, b)
+        for net, a, b in (("unshaped", A_IN, B_IN), ("1gbit", A_OUT, B_OUT))
+        for key in ("allreduce", "exchange")
+    ])  # fmt: skip
+
+
+def _comm(scheme: Scheme, nodes: int, per_node: int, n: int = 1000) -> float:
+    cfg = Config(
+        scheme=scheme, topology=Topology(nodes, per_node, GBIT), numel=n, compute_s=0.0,
+        step_s=0.0, tbf_burst=False,
+    )  # fmt: skip
+    return predict(_model(), cfg).comm_s
+
+
+def test_a_ring_across_nodes_is_bounded_by_the_link_between_them() -> None:
+    # 2 nodes x 2 ranks, 4000 bytes: 2 (K-1) = 6 steps, each rank sends 2 (K-1)/K S = 6000 B;
+    # every step waits for the ring edge that crosses nodes.
+    assert _comm(Scheme("allreduce"), 2, 2) == pytest.approx(6 * A_OUT + 6000 * B_OUT)
+    # one node: all edges inside it
+    assert _comm(Scheme("allreduce"), 1, 4) == pytest.approx(6 * A_IN + 6000 * B_IN)
+
+
+def test_a_direct_exchange_across_nodes_shares_the_node_link() -> None:
+    # reduce-broadcast 2 x 2: two calls of 1000 B to each of 3 peers; the node link carries its
+    # 2 ranks' sends to the other node's 2 ranks: 2 x 2 x 1000 = 4000 B per call.
+    assert _comm(Scheme("reduce-broadcast"), 2, 2) == pytest.approx(6 * A_OUT + 8000 * B_OUT)
+
+
+def test_hierarchical_sums_inside_then_exchanges_between_nodes() -> None:
+    # inside (G = 2, 4000 B fp32): half to the other rank, half back: 2 steps, 2 x 2000 B;
+    # between (N = 2): 2 lanes of 2000 B, each sending half of it twice, on one link: 2 x 2000 B
+    inside, between = 2 * A_IN + 4000 * B_IN, 2 * A_OUT + 4000 * B_OUT
+    assert _comm(Scheme("hierarchical"), 2, 2) == pytest.approx(inside + between)
+    assert _comm(Scheme("hierarchical"), 1, 2) == pytest.approx(inside)  # no inter level
+    assert _comm(Scheme("hierarchical"), 2, 1) == pytest.approx(between)  # no intra level
+
+
+def test_each_level_is_fitted_from_its_own_one_level_runs() -> None:
+    truth = {"unshaped": (A_IN, B_IN), "1gbit": (A_OUT, B_OUT)}
+    points = []
+    for nodes, per_node in ((1, 2), (1, 4), (2, 1), (4, 1)):
+        for n in (10_000, 100_000):
+            cfg = Config(topology=Topology(nodes, per_node, GBIT), world_size=nodes * per_node)
+            link = level_link(cfg)
+            assert link is not None
+            item = comm_plan(Scheme("allreduce"), NONE, cfg.world_size, n, 32.0, "gloo")
+            alpha, beta = truth[link.label]
+            points.append(CommPoint(
+                backend="gloo", network=link.label, collective="allreduce",
+                world_size=cfg.world_size, msgs=item.msgs, calls=item.calls,
+                seconds=item.msgs * alpha + item.wire * beta, source="synthetic",
+                scheme="allreduce", compressor="fp32", bytes=4 * n,
+            ))  # fmt: skip
+    both = Config(topology=Topology(2, 2, GBIT), world_size=4)
+    assert level_link(both) is None  # crosses both levels: predicted, never fitted
+    fits = {f.network: f for f in fit_collectives(points)}
+    assert set(fits) == set(truth)
+    for net, (alpha, beta) in truth.items():
+        assert fits[net].alpha_s == pytest.approx(alpha, rel=1e-6)
+        assert fits[net].beta_s_per_byte == pytest.approx(beta, rel=1e-6)
+
+
+def test_a_topology_not_fitted_is_noted_as_extrapolated() -> None:
+    m = _model()
+    m.topologies = ["1x2", "2x1"]
+    cfg = Config(topology=Topology(16, 8, GBIT), numel=1000, compute_s=0.0, step_s=0.0)
+    assert any("16 nodes x 8 ranks: extrapolated" in n for n in predict(m, cfg).notes)
+    fitted = Config(topology=Topology(2, 1, GBIT), numel=1000, compute_s=0.0, step_s=0.0)
+    assert not any("extrapolated" in n for n in predict(m, fitted).notes)
+
+
+def test_hierarchical_levels_are_read_from_the_catalog_spec() -> None:
+    s = Scheme.of(catalog.scheme({"name": "hierarchical", "inter": "allgather", "intra": "bf16"}))
+    assert (s.intra, s.inter) == ("bf16", "allgather")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--nodes", "2"], "give --nodes and --ranks-per-node together"),
+     (["--nodes", "0", "--ranks-per-node", "8"], "--nodes must be >= 1, got 0"),
+     (["--intra-bandwidth", "1gbit"], "--intra-bandwidth needs --nodes and --ranks-per-node"),
+     (["--nodes", "2", "--ranks-per-node", "2", "--world-size", "4"], "--world-size is --nodes"),
+     (["--nodes", "2", "--ranks-per-node", "2", "--intra-bandwidth", "fast"],
+      "--intra-bandwidth must be a rate in kbit/mbit/gbit or `unshaped`, got 'fast'")],
+)  # fmt: skip
+def test_cluster_options_refuse_bad_values_in_one_line(
+    tmp_path: Path, argv: list[str], message: str
+) -> None:
+    path = tmp_path / "model.json"
+    _model().save(path)
+    res = CliRunner().invoke(cost_cli, ["predict", str(path), "--model-numel", "1M", *argv])
+    # qbench's entry point prints a UserError as one line on stderr and exits 2
+    assert isinstance(res.exception, UserError), res.output
+    assert message in str(res.exception) and "\n" not in str(res.exception)
+
+
+def test_predict_asks_about_a_large_cluster(tmp_path: Path) -> None:
+    path = tmp_path / "model.json"
+    _model().save(path)
+    res = CliRunner().invoke(cost_cli, [
+        "predict", str(path), "--model-numel", "1000", "--compute-s", "0", "--step-s", "0",
+        "--nodes", "16", "--ranks-per-node", "8", "--bandwidth", "1gbit", "--no-tbf-burst",
+        "--scheme", "allreduce", "--compressor", "none", "--format", "csv",
+    ])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    row = res.stdout.strip().splitlines()[1].split(",")
+    # K = 128 ranks, ring of 4000 B: 254 steps, 2 x 127/128 x 4000 B, bounded by the 1gbit level
+    assert row[2] == "128"
+    assert float(row[10]) == pytest.approx(254 * A_OUT + 2 * 127 / 128 * 4000 * B_OUT)
