@@ -63,7 +63,7 @@ def test_quick_covers_every_axis_value_at_the_first_seed() -> None:
         for axis in first[0]:
             assert {repr(c[axis]) for c in kept} == {repr(c[axis]) for c in first}, (path, axis)
         total += len(kept)
-    assert total <= 100  # the first seeds' cross products hold 226: utility alone 96
+    assert total <= 120  # the first seeds' cross products hold 303: utility alone 96
 
 
 @pytest.mark.slow
