@@ -61,7 +61,7 @@ def sweep(
     (``qbench sweep --rerun-disturbed``).
     """
     from qbench.cli import console
-    from qbench.launch import decision, local
+    from qbench.launch import decision
     from qbench.launch import sweep as sweep_mod
     from qbench.spec import matrix as matrix_mod
     from qbench.spec import scenario as scenario_mod
@@ -78,13 +78,7 @@ def sweep(
         from qbench.run import workload
 
         workload.preflight(m.runs)
-    if launch.kind == "local":
-        shaped = any(s.emulated_hosts for s in m.runs)  # namespaces need root, ip and tc
-        local.check_available(sc.backend, max(sc.world_size), shaped=shaped)
-    else:
-        from qbench.launch.slurm import available
-
-        available.check_available()
+    decision.check_available(launch, sc, m)
     if rerun_disturbed < 0:
         raise UserError(f"rerun_disturbed must be 0 or more, got {rerun_disturbed}; e.g. 2")
     todo = len(sweep_mod.plan(m, _store(target), retry_failed).todo)

@@ -25,7 +25,8 @@ import pandas as pd
 import pytest
 
 from qbench.errors import UserError
-from qbench.launch import group, runfiles, sweep
+from qbench.launch import group, local, runfiles, sweep
+from qbench.launch.launcher import Launch
 from qbench.records.store import ResultStore
 from qbench.spec import matrix as matrix_mod
 from qbench.spec import scenario as scenario_mod
@@ -93,7 +94,7 @@ def test_a_local_group_meets_in_a_fresh_file_not_at_a_port(tmp_path: Path) -> No
     spec = _specs(world_size=2)[0]
     methods = []
     for _ in range(2):
-        with group._jobs(spec, tmp_path / "plan.json") as jobs:
+        with local.Local().group_jobs(spec, tmp_path / "plan.json") as jobs:
             assert [env["RANK"] for _, env in jobs] == ["0", "1"]
             assert not any("MASTER_PORT" in env or "MASTER_ADDR" in env for _, env in jobs)
             found = {env[INIT_METHOD_ENV] for _, env in jobs}
@@ -141,12 +142,14 @@ def fake_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[list[str
     launches: list[list[str]] = []
 
     @contextmanager
-    def jobs(spec: RunSpec, plan: Path) -> Iterator[list[tuple[list[str], dict[str, str]]]]:
+    def jobs(
+        self: local.Local, spec: RunSpec, plan: Path
+    ) -> Iterator[list[tuple[list[str], dict[str, str]]]]:
         argv = [sys.executable, str(program), str(plan)]
         launches.append([s["run_id"] for s in json.loads(plan.read_text())["configs"]])
         yield [(argv, dict(os.environ))]
 
-    monkeypatch.setattr(group, "_jobs", jobs)
+    monkeypatch.setattr(local.Local, "group_jobs", jobs)
     return launches
 
 
@@ -156,7 +159,8 @@ def _run(tmp_path: Path, specs: list[RunSpec]) -> tuple[dict[str, str], list[tup
     summary = sweep.SweepSummary(out=store.root, total=len(specs))
     ticks: list[tuple[str, bool]] = []
     group.run_groups(specs, store, prov, summary,
-                     lambda s, rec: ticks.append((s.run_id, rec is None)))  # fmt: skip
+                     lambda s, rec: ticks.append((s.run_id, rec is None)),
+                     Launch(isolation="group"))  # fmt: skip
     return summary.statuses, ticks
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from qbench.launch import preflight
+from qbench.launch.launcher import Launch
 from qbench.spec import matrix, quick, scenario
 
 ROOT = Path(__file__).resolve().parents[1] / "scenarios"
@@ -71,7 +72,7 @@ def test_quick_covers_every_axis_value_at_the_first_seed() -> None:
 def test_shipped_scenario_runs_end_to_end(path: Path, tmp_path: Path) -> None:
     sc = scenario.loads(quick.quick(path.read_text(), str(path)))
     runs = matrix.expand(sc).runs
-    verdicts = preflight.check(runs, launcher=sc.launcher)
+    verdicts = preflight.check(runs, launch=Launch(sc.launcher))
     missing = [m for m in verdicts.missing() if m.kind not in TOLERATED]
     broken = [m.line() for m in missing if not m.make]
     assert not broken, f"{path.name} cannot run on this machine: {broken}"

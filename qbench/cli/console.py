@@ -59,7 +59,7 @@ def sweep(
 
     launch = decision.launch_for(sc, launcher, m, isolation)
     if dry_run:
-        verdicts = preflight.check(m.runs, launcher=launch.kind)
+        verdicts = preflight.check(m.runs, launch=launch)
         _print_matrix(m, target, verdicts)
         if factories(m):
             err.print("note: --dry-run does not import model, dataset or loss factories; a "
@@ -72,7 +72,7 @@ def sweep(
     from qbench.records.store import ResultStore
 
     p = sweep_mod.plan(m, ResultStore(target), retry_failed)
-    verdicts = preflight.check(p.todo, launcher=launch.kind, out=target)
+    verdicts = preflight.check(p.todo, launch=launch, out=target)
     if check:
         _print_check(verdicts, len(m.runs))
         return

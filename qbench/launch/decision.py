@@ -1,9 +1,11 @@
-"""The launch decision: which launcher starts the runs and how they are isolated.
+"""The launch decision, made here only: which launcher starts the runs and how they are isolated.
 
 ``--launcher`` / ``launcher=`` over the scenario's ``launcher:``, ``--isolation`` /
 ``isolation=`` over ``isolation:``; ``auto`` is ``group`` with the local launcher and ``process``
 under Slurm, where each run is a job of its own. The command line (``qbench.cli.console``) and
-the Python API (``qbench.api``) both call :func:`launch_for`, so they decide alike.
+the Python API (``qbench.api``) both call :func:`launch_for`, so they decide alike; the sweep
+driver, rank groups and pre-flight ask :func:`launcher_for` which launcher
+(``qbench.launch.launcher.Launcher``) starts each run.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from __future__ import annotations
 import dataclasses
 
 from qbench.errors import UserError
-from qbench.launch.sweep import Launch
+from qbench.launch import local, shaped
+from qbench.launch.launcher import Launch, Launcher
 from qbench.spec import scenario as scenario_mod
-from qbench.spec.matrix import Matrix
+from qbench.spec.matrix import Matrix, RunSpec
 
 
 def launch_for(
@@ -50,6 +53,31 @@ def launch_for(
     from qbench.launch.slurm.options import SlurmOptions
 
     return Launch("slurm", SlurmOptions.parse(sc.slurm), isolation="process")
+
+
+def launcher_for(launch: Launch, spec: RunSpec) -> Launcher:
+    """The launcher that starts ``spec`` in a sweep launched as ``launch``: Slurm's; on this
+    host, emulated hosts for a run with ``network:`` (each node a network namespace; a flat
+    star: each rank), else torchrun / mpirun."""
+    if launch.kind == "slurm":
+        from qbench.launch.slurm.launcher import Slurm
+
+        return Slurm(launch.slurm)
+    if spec.emulated_hosts:
+        return shaped.Emulated()
+    return local.Local()
+
+
+def check_available(launch: Launch, sc: scenario_mod.Scenario, m: Matrix) -> None:
+    """The API's pre-flight: the scenario's backends on this host (root, ip and tc for
+    emulated hosts), or Slurm's tools and controller."""
+    if launch.kind == "local":
+        emulated = any(s.emulated_hosts for s in m.runs)
+        local.check_available(sc.backend, max(sc.world_size), shaped=emulated)
+        return
+    from qbench.launch.slurm import available
+
+    available.check_available()
 
 
 def resolved(sc: scenario_mod.Scenario, launch: Launch) -> dict[str, object]:

@@ -26,8 +26,6 @@ blurred:
 
 from __future__ import annotations
 
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,7 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from qbench.launch import local, procs, runfiles, shaped
+from qbench.launch import procs, runfiles
+from qbench.launch.decision import launcher_for
+from qbench.launch.launcher import Launch
 from qbench.launch.runfiles import Provenance
 from qbench.records.schema import RunRecord
 from qbench.records.store import (
@@ -67,11 +67,13 @@ def groups(specs: list[RunSpec]) -> list[list[RunSpec]]:
 
 
 def run_groups(
-    specs: list[RunSpec], store: ResultStore, prov: Provenance, summary: Any, on_progress: Progress
-) -> None:
-    """Every run of ``specs``, one rank group after the other (``summary``: a SweepSummary)."""
+    specs: list[RunSpec], store: ResultStore, prov: Provenance, summary: Any, on_progress: Progress,
+    launch: Launch,
+) -> None:  # fmt: skip
+    """Every run of ``specs``, one rank group after the other (``summary``: a SweepSummary),
+    each launched by the launcher ``launch`` gives its runs (all of a group's alike: same key)."""
     for members in groups(specs):
-        Group(members, store, prov, summary, on_progress).run()
+        Group(members, store, prov, summary, on_progress, launch).run()
 
 
 @dataclass
@@ -91,10 +93,11 @@ class Group:
 
     def __init__(
         self, members: list[RunSpec], store: ResultStore, prov: Provenance, summary: Any,
-        on_progress: Progress,
+        on_progress: Progress, launch: Launch,
     ) -> None:  # fmt: skip
         self.members, self.store, self.prov = members, store, prov
         self.summary, self.on_progress = summary, on_progress
+        self.launcher = launcher_for(launch, members[0])
         self.index = {s.run_id: i for i, s in enumerate(members)}
 
     def run(self) -> None:
@@ -114,7 +117,8 @@ class Group:
         live = list(records)  # what Ctrl-C marks interrupted: the runs not finished yet
         with runfiles.interrupt_marks(self.store, live):
             gdir = self.store.group_dir(name)
-            with _jobs(pending[0], plan) as jobs, _logs(gdir) as (out, err):
+            jobs_of = self.launcher.group_jobs(pending[0], plan)
+            with jobs_of as jobs, _logs(gdir) as (out, err):
                 ranks: list[Any] = []
                 try:
                     procs.start(jobs, ranks, out, err)
@@ -133,7 +137,9 @@ class Group:
     def _start(self, spec: RunSpec, launch: str, position: int) -> RunRecord:
         where = {"launch": launch, "position": position, "index": self.index[spec.run_id],
                  "size": len(self.members)}  # fmt: skip
-        return runfiles.start_record(spec, self.store, self.prov, isolation="group", group=where)
+        return runfiles.start_record(
+            spec, self.store, self.prov, isolation="group", group=where, launcher=self.launcher
+        )
 
     def _watch(
         self, pending: list[RunSpec], records: list[RunRecord], live: list[RunRecord],
@@ -184,27 +190,6 @@ class Group:
         self.summary.statuses[spec.run_id] = record.status
         if self.on_progress:
             self.on_progress(spec, record)
-
-
-@contextmanager
-def _jobs(spec: RunSpec, plan: Path) -> Iterator[list[procs.Job]]:
-    """The group's launch, every rank given the plan: mpirun for mpi; for the
-    torch.distributed backends one process per rank started here (``local.direct_rank_env``,
-    no torchrun interpreter to pay for, a file rendezvous); behind emulated links one process per
-    rank in its node's namespace (which lives as long as the block), or mpirun in the hub's."""
-    program = [sys.executable, *local.WORKER, str(plan)]
-    if spec.emulated_hosts:
-        with shaped.shaped_jobs(spec.backend, spec.topology, program) as jobs:
-            yield jobs
-        return
-    if spec.backend == "mpi":
-        yield [(local.argv_for(spec.backend, plan, spec.world_size), local.worker_env())]
-        return
-    base = local.worker_env()
-    with tempfile.TemporaryDirectory(prefix="qbench-store-") as tmp:  # local disk, fresh per launch
-        store = Path(tmp) / "store"
-        yield [(program, local.direct_rank_env(base, r, spec.world_size, store))
-               for r in range(spec.world_size)]  # fmt: skip
 
 
 @contextmanager

@@ -1,6 +1,8 @@
 """Local launcher: one run = one torchrun (torch.distributed backends) or mpirun (mpi4py) job.
 
-The argv builders are pure and return argument lists (never shell strings).
+The argv builders are pure and return argument lists (never shell strings); :class:`Local`
+starts them (the ``qbench.launch.launcher.Launcher`` of runs on this host without emulated
+hosts).
 """
 
 from __future__ import annotations
@@ -10,11 +12,19 @@ import re
 import shutil
 import socket
 import sys
-from collections.abc import Iterable, Mapping
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from qbench.comm import INIT_METHOD_ENV
 from qbench.errors import UserError
+from qbench.launch import procs
+
+if TYPE_CHECKING:
+    from qbench.launch.launcher import Item, Outcome
+    from qbench.spec.matrix import RunSpec
 
 WORKER = ["-m", "qbench.run.worker"]
 
@@ -127,3 +137,36 @@ def check_available(backends: Iterable[str], max_world_size: int, shaped: bool =
                 f"backend nccl needs {max_world_size} CUDA GPUs (one per rank), found {n}; "
                 "remove nccl from `backend:` or run on a GPU node"
             )
+
+
+class Local:
+    """Runs on this host: torchrun or mpirun per run; a rank group's ranks started directly."""
+
+    name = "local"
+
+    def run(self, spec: RunSpec, spec_path: Path, run_dir: Path) -> Outcome:
+        argv = argv_for(spec.backend, spec_path, spec.world_size)
+        return procs.run_jobs([(argv, worker_env())], run_dir, spec.timeout)
+
+    @contextmanager
+    def group_jobs(self, spec: RunSpec, plan: Path) -> Iterator[list[procs.Job]]:
+        """mpirun for mpi; for the torch.distributed backends one process per rank started
+        here (:func:`direct_rank_env`, no torchrun interpreter to pay for, a file rendezvous)."""
+        if spec.backend == "mpi":
+            yield [(argv_for(spec.backend, plan, spec.world_size), worker_env())]
+            return
+        program = [sys.executable, *WORKER, str(plan)]
+        base = worker_env()
+        with tempfile.TemporaryDirectory(prefix="qbench-store-") as tmp:  # local disk, per launch
+            store = Path(tmp) / "store"
+            yield [(program, direct_rank_env(base, r, spec.world_size, store))
+                   for r in range(spec.world_size)]  # fmt: skip
+
+    def run_array(self, items: list[Item], work_dir: Path) -> list[Outcome]:
+        raise NotImplementedError("job arrays are Slurm's; a local sweep runs its runs in turn")
+
+    def network(self, spec: RunSpec) -> dict[str, Any]:
+        return {"shaped": False}
+
+    def needs(self, spec: RunSpec) -> tuple[str, ...]:
+        return ("cuda",) if spec.device_kind == "cuda" else ()

@@ -27,12 +27,14 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from qbench.catalog import datasets, toolchain
 from qbench.errors import UserError
+from qbench.launch.decision import launcher_for
+from qbench.launch.launcher import LOCAL, Launch, Launcher
 from qbench.spec.matrix import RunSpec
 
 DISK_PER_RUN = 4 * 2**20  # bytes: iterations, logs and parts of a run, with room to spare
@@ -237,20 +239,24 @@ class Probe:
         )
 
 
-def needs(spec: RunSpec, launcher: str, probe: Probe) -> tuple[Missing, ...]:
-    """What ``spec`` lacks on this machine (empty when it can start)."""
+def needs(spec: RunSpec, launcher: Launcher, probe: Probe) -> tuple[Missing, ...]:
+    """What ``spec`` lacks on this machine (empty when it can start); ``launcher`` (the one
+    that starts it) names the checks of its own (:meth:`Launcher.needs`)."""
     found: list[Missing | None] = [probe.dataset(spec.dataset)]
     if spec.backend == "mpi":
         found.append(probe.mpi())
-    if spec.network and launcher == "local":
-        found.extend(probe.shaped())
-    if spec.device_kind == "cuda" and launcher == "local":
-        found.extend(probe.cuda(spec.world_size, spec.backend == "nccl"))
-    if launcher == "slurm":
-        found.append(probe.slurm())
+    for check in launcher.needs(spec):
+        found.extend(_LAUNCHER_CHECKS[check](probe, spec))
     if spec.device_kind == "cpu" and _compiled(spec):
         found.append(probe.compiler())
     return tuple(m for m in found if m is not None)
+
+
+_LAUNCHER_CHECKS: dict[str, Callable[[Probe, RunSpec], Iterable[Missing | None]]] = {
+    "netns": lambda probe, spec: probe.shaped(),  # emulated hosts: root, ip, tc
+    "cuda": lambda probe, spec: probe.cuda(spec.world_size, spec.backend == "nccl"),
+    "slurm": lambda probe, spec: (probe.slurm(),),
+}
 
 
 def _compiled(spec: RunSpec) -> bool:
@@ -260,13 +266,14 @@ def _compiled(spec: RunSpec) -> bool:
 
 
 def check(
-    runs: Iterable[RunSpec], *, launcher: str = "local", out: Path | None = None,
+    runs: Iterable[RunSpec], *, launch: Launch = LOCAL, out: Path | None = None,
     probe: Probe | None = None,
 ) -> Verdicts:  # fmt: skip
-    """The verdict of every run; with ``out``, also free disk for the runs' results."""
+    """The verdict of every run, started as ``launch`` says; with ``out``, also free disk for
+    the runs' results."""
     probe = probe or Probe()
     runs = list(runs)
-    verdicts = Verdicts({s.run_id: needs(s, launcher, probe) for s in runs})
+    verdicts = Verdicts({s.run_id: needs(s, launcher_for(launch, s), probe) for s in runs})
     disk = probe.disk(out, len(runs)) if out is not None and runs else None
     if disk is not None:
         verdicts.runs = {k: (*v, disk) for k, v in verdicts.runs.items()}

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from qbench.launch import local, machine, procs, shaped
+from qbench.launch import local, machine, procs
 from qbench.records import interference
 from qbench.records.schema import WORKER_FAILED as FAILED_TAG
 from qbench.records.schema import RunRecord
@@ -35,6 +35,9 @@ from qbench.records.store import (
 )
 from qbench.spec.matrix import RunSpec
 
+if TYPE_CHECKING:
+    from qbench.launch.launcher import Launcher
+
 STDERR_TAIL_LINES = 30
 SKIPPED = "skipped"  # a prerequisite was missing and the user asked to skip (--skip-unavailable)
 
@@ -50,36 +53,27 @@ class Provenance:
         return cls(machine.collect(), machine.versions(), machine.git_commit())
 
 
-def machine_doc(
-    prov: Provenance, spec: RunSpec | None = None, launcher: str = "local"
-) -> dict[str, Any]:
+def machine_doc(prov: Provenance, network: dict[str, Any] | None = None) -> dict[str, Any]:
+    """machine.json: the sweep's, or with ``network`` (``Launcher.network``: emulated hosts and
+    links as built here, or a Slurm allocation's own) a run's; each rank's host is in its
+    ``parts/host-<rank>.json``."""
     doc: dict[str, Any] = {
         **prov.machine, "versions": prov.versions, "git_commit": prov.git_commit,
     }  # fmt: skip
-    if spec is not None:
-        doc["network"] = _network_doc(spec, launcher)
+    if network is not None:
+        doc["network"] = network
         doc["driver_host"] = prov.machine.get("hostname")
     return doc
 
 
-def _network_doc(spec: RunSpec, launcher: str) -> dict[str, Any]:
-    """Emulated hosts and links as built here, or (Slurm) the allocation's own; each rank's
-    host is in its ``parts/host-<rank>.json``."""
-    if spec.emulated_hosts and launcher == "local":
-        return shaped.describe(spec)
-    if launcher == "slurm" and spec.nodes > 1:
-        return {"shaped": False, "setting": dict(spec.network), "nodes": spec.nodes,
-                "method": "the Slurm allocation's hosts and links, not emulated"}  # fmt: skip
-    return {"shaped": False}
-
-
 def start_record(
-    spec: RunSpec, store: ResultStore, prov: Provenance, isolation: str = "process",
-    group: dict[str, Any] | None = None, launcher: str = "local",
+    spec: RunSpec, store: ResultStore, prov: Provenance, *, launcher: Launcher,
+    isolation: str = "process", group: dict[str, Any] | None = None,
 ) -> RunRecord:  # fmt: skip
     """A clean run directory (spec.json, machine.json) and run.json saying ``running``."""
     reset_run_dir(store, spec)
-    atomic_write_json(store.machine_path(spec.run_id), machine_doc(prov, spec, launcher))
+    doc = machine_doc(prov, launcher.network(spec))
+    atomic_write_json(store.machine_path(spec.run_id), doc)
     record = RunRecord(
         run_id=spec.run_id, status="running", labels=spec.labels(), spec=spec.to_dict(),
         started=now(), machine=prov.machine, versions=prov.versions, git_commit=prov.git_commit,

@@ -20,11 +20,15 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from qbench.errors import UserError
 from qbench.launch import local, netns, procs
 from qbench.spec import network
 from qbench.spec.matrix import RunSpec
+
+if TYPE_CHECKING:
+    from qbench.launch.launcher import Item, Outcome
 
 MASTER_PORT = 29500  # rank 0's own namespace: nothing else listens there
 POLL_S = 0.05
@@ -142,10 +146,37 @@ def mpirun_env(base: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+class Emulated:
+    """Runs on emulated hosts of this machine (``network:``): the
+    ``qbench.launch.launcher.Launcher`` that the local launcher's runs with a network get."""
+
+    name = "local"  # the sweep's launcher: emulated hosts are this host's
+
+    def run(self, spec: RunSpec, spec_path: Path, run_dir: Path) -> Outcome:
+        return run_shaped(spec, spec_path, run_dir, spec.timeout)
+
+    @contextmanager
+    def group_jobs(self, spec: RunSpec, plan: Path) -> Iterator[list[procs.Job]]:
+        """One process per rank in its node's namespace (which lives as long as the block),
+        or mpirun in the hub's."""
+        program = [sys.executable, *local.WORKER, str(plan)]
+        with shaped_jobs(spec.backend, spec.topology, program) as jobs:
+            yield jobs
+
+    def run_array(self, items: list[Item], work_dir: Path) -> list[Outcome]:
+        raise NotImplementedError("job arrays are Slurm's; a local sweep runs its runs in turn")
+
+    def network(self, spec: RunSpec) -> dict[str, Any]:
+        return describe(spec)
+
+    def needs(self, spec: RunSpec) -> tuple[str, ...]:
+        return ("netns", "cuda") if spec.device_kind == "cuda" else ("netns",)
+
+
 def run_shaped(
     spec: RunSpec, spec_path: Path, run_dir: Path, timeout: float
 ) -> tuple[str, int | None]:
-    """Same contract as ``sweep._launch``: logs in run_dir, status ok / failed / timeout."""
+    """One run on emulated hosts: logs in run_dir, status ok / failed / timeout."""
     program = [sys.executable, *local.WORKER, str(spec_path)]
     nodes = "nodes" in spec.network  # a cluster starts as clusters do; a flat star: the ranks
     return run_program(spec.backend, spec.topology, program, run_dir, timeout, cluster=nodes)

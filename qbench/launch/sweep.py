@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qbench.launch import local, procs, runfiles, shaped
+from qbench.launch import runfiles
+from qbench.launch.decision import launcher_for
+from qbench.launch.launcher import LOCAL, Launch
 from qbench.launch.runfiles import Provenance
 from qbench.records import interference
 from qbench.records.schema import RunRecord
@@ -28,31 +30,6 @@ from qbench.records.store import (
     atomic_write_json,
 )
 from qbench.spec.matrix import Matrix, RunSpec
-
-
-@dataclass(frozen=True)
-class Launch:
-    """How runs start: ``local`` (torchrun / mpirun on this host) or ``slurm``."""
-
-    kind: str = "local"
-    slurm: Any = None
-    """qbench.launch.slurm.options.SlurmOptions when kind is slurm."""
-    isolation: str = "process"
-    """``group``: one launch per rank group runs its configurations in turn
-    (qbench.launch.group); ``process``: one launch per run. Slurm runs are always process."""
-
-    @property
-    def grouped(self) -> bool:
-        return self.isolation == "group" and self.kind == "local"
-
-    @property
-    def effective_isolation(self) -> str:
-        """What the runs get: ``group`` or ``process`` (Slurm runs always the latter)."""
-        return "group" if self.grouped else "process"
-
-    @property
-    def array(self) -> bool:
-        return self.kind == "slurm" and bool(getattr(self.slurm, "array", False))
 
 
 @dataclass
@@ -106,7 +83,7 @@ def run_sweep(
     scenario_text: str,
     on_progress: Callable[[RunSpec, RunRecord | None], None] | None = None,
     *,
-    launch: Launch = Launch(),
+    launch: Launch = LOCAL,
     retry_failed: bool = False,
     resolved: dict[str, Any] | None = None,
     skip: dict[str, str] | None = None,
@@ -152,14 +129,14 @@ def _run_pass(
     specs: list[RunSpec], store: ResultStore, prov: Provenance, launch: Launch,
     summary: SweepSummary, on_progress: Callable[[RunSpec, RunRecord | None], None] | None,
 ) -> None:  # fmt: skip
-    """Run ``specs`` once, the way ``launch`` says: a Slurm array, rank groups or one by one."""
+    """Run ``specs`` once, the way ``launch`` says: as job arrays, rank groups or one by one."""
     if launch.array and specs:
         _run_array(specs, store, prov, launch, summary, on_progress)
         return
     if launch.grouped:
         from qbench.launch.group import run_groups
 
-        run_groups(specs, store, prov, summary, on_progress)
+        run_groups(specs, store, prov, summary, on_progress, launch)
         return
     for spec in specs:
         if on_progress:
@@ -250,45 +227,31 @@ def _write_sweep_files(
 
 
 def execute(
-    spec: RunSpec, store: ResultStore, prov: Provenance, launch: Launch = Launch()
+    spec: RunSpec, store: ResultStore, prov: Provenance, launch: Launch = LOCAL
 ) -> RunRecord:
     """Launch one run, wait for it (with its timeout) and write run.json + iterations.parquet."""
-    record = runfiles.start_record(spec, store, prov, launcher=launch.kind)
+    launcher = launcher_for(launch, spec)
+    record = runfiles.start_record(spec, store, prov, launcher=launcher)
     t0 = time.monotonic()
     with runfiles.interrupt_marks(store, [record]):
-        status, code = _launch(spec, store, launch)
+        status, code = launcher.run(spec, store.spec_path(spec.run_id), store.run_dir(spec.run_id))
     return runfiles.finish(spec, store, record, status, code, time.monotonic() - t0)
-
-
-def _launch(spec: RunSpec, store: ResultStore, launch: Launch) -> tuple[str, int | None]:
-    run_dir, spec_path = store.run_dir(spec.run_id), store.spec_path(spec.run_id)
-    if launch.kind == "slurm":
-        from qbench.launch.slurm import runs
-
-        return runs.run(spec, spec_path, run_dir, spec.timeout, launch.slurm)
-    if spec.emulated_hosts:  # each node (flat star: each rank) a network namespace
-        return shaped.run_shaped(spec, spec_path, run_dir, spec.timeout)
-    argv = local.argv_for(spec.backend, spec_path, spec.world_size)
-    return procs.run_jobs([(argv, local.worker_env())], run_dir, spec.timeout)
 
 
 def _run_array(
     specs: list[RunSpec], store: ResultStore, prov: Provenance, launch: Launch,
     summary: SweepSummary, on_progress: Callable[[RunSpec, RunRecord | None], None] | None,
 ) -> None:  # fmt: skip
-    """All pending runs as one Slurm job array; the records are finished when it ends."""
-    from qbench.launch.slurm import runs
-
-    records = [runfiles.start_record(spec, store, prov, launcher="slurm") for spec in specs]
+    """All pending runs as job arrays; the records are finished when they end."""
+    launcher = launcher_for(launch, specs[0])  # the sweep's: arrays are one launcher's
+    records = [runfiles.start_record(s, store, prov, launcher=launcher) for s in specs]
     items = [(s, store.spec_path(s.run_id), store.run_dir(s.run_id)) for s in specs]
     t0 = time.monotonic()
     for spec in specs:
         if on_progress:
             on_progress(spec, None)
     with runfiles.interrupt_marks(store, records):
-        results = runs.run_array(
-            items, max(s.timeout for s in specs), launch.slurm, work_dir=store.slurm_dir()
-        )
+        results = launcher.run_array(items, store.slurm_dir())
     elapsed = time.monotonic() - t0
     for spec, record, (status, code) in zip(specs, records, results, strict=True):
         record = runfiles.finish(spec, store, record, status, code, elapsed)
