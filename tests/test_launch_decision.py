@@ -13,6 +13,7 @@ import pytest
 
 from qbench.errors import UserError
 from qbench.launch import decision
+from qbench.launch.launcher import Launch
 from qbench.spec import matrix as matrix_mod
 from qbench.spec import scenario as scenario_mod
 
@@ -77,3 +78,34 @@ def test_a_bad_isolation_gets_the_scenarios_message_everywhere(tmp_path: Path) -
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert BAD in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "api").exists() and not (tmp_path / "cli").exists()
+
+
+# network setting -> (launcher of a local sweep's run, machine.json network's method (None:
+# not recorded), its pre-flight checks); under Slurm a run is Slurm's whatever its network
+RUNS = [
+    ("", "Local", None, ()),
+    ("world_size: 1\nnetwork: {bandwidth: 1gbit}\n", "Emulated",
+     "netns + veth per node, tc tbf both directions between nodes", ("netns",)),
+    ("world_size: 2\nnetwork: {nodes: 2}\n", "Emulated",
+     "netns + veth per node, tc tbf both directions between nodes", ("netns",)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("net", "name", "method", "checks"), RUNS)
+def test_each_run_gets_its_launcher(
+    net: str, name: str, method: str | None, checks: tuple[str, ...]
+) -> None:
+    sc = scenario_mod.loads(BASE.replace("world_size: 1\n", "") + (net or "world_size: 1\n"), "t")
+    (spec,) = matrix_mod.expand(sc).runs
+    assert spec.nodes == (2 if "nodes" in net else 1)  # network.nodes: the run's nodes
+    local = decision.launch_for(sc, "local", matrix_mod.expand(sc))
+    launcher = decision.launcher_for(local, spec)
+    assert (type(launcher).__name__, launcher.name) == (name, "local")
+    assert launcher.network(spec).get("method") == method
+    assert launcher.needs(spec) == checks
+    slurm = decision.launcher_for(Launch("slurm"), spec)
+    assert (type(slurm).__name__, slurm.name, slurm.needs(spec)) == ("Slurm", "slurm", ("slurm",))
+    assert slurm.network(spec) == (
+        {"shaped": False} if spec.nodes == 1 else {"shaped": False, "setting": {"nodes": 2},
+         "nodes": 2, "method": "the Slurm allocation's hosts and links, not emulated"}
+    )  # fmt: skip
