@@ -17,15 +17,16 @@ from qbench.spec.network import Link, Topology
     ("setting", "label", "topo"),
     [({}, "unshaped", Topology(1, 4)),
      ({"bandwidth": "1gbit"}, "1gbit", Topology(4, 1, Link(1e9, "1gbit"))),
-     ({"nodes": 2}, "unshaped", Topology(2, 2)),
-     ({"nodes": 2, "inter": "1gbit"}, "1gbit", Topology(2, 2, Link(1e9, "1gbit"))),
-     ({"nodes": 4, "inter": "100mbit", "intra": "10 gbit"}, "100mbit-intra10gbit",
+     ({"nodes": 2}, "2nodes-unshaped", Topology(2, 2)),
+     ({"nodes": 2, "inter": "1gbit"}, "2nodes-1gbit", Topology(2, 2, Link(1e9, "1gbit"))),
+     ({"nodes": 4, "inter": "100mbit", "intra": "10 gbit"}, "4nodes-100mbit-intra10gbit",
       Topology(4, 1, Link(1e8, "100mbit"), Link(1e10, "10gbit"))),
-     ({"nodes": 2, "inter": "unshaped", "intra": "unshaped"}, "unshaped", Topology(2, 2))],
+     ({"nodes": 2, "inter": "unshaped", "intra": "unshaped"}, "2nodes-unshaped",
+      Topology(2, 2))],
 )  # fmt: skip
 def test_settings_make_topologies_of_four_ranks(setting: dict, label: str, topo: Topology) -> None:
     assert network.topology(setting, 4) == topo
-    assert network.link(setting).label == label
+    assert network.link(setting).label == label  # a cluster is not the flat star at its rate
     assert network.link(setting).bits_per_s == topo.inter.bits_per_s  # the run's link: between
     assert [topo.node_of(r) for r in range(4)] == [r // topo.ranks_per_node for r in range(4)]
 

@@ -66,7 +66,7 @@ class Topology:
 def link(net: Mapping[str, Any]) -> Link:
     """The link between hosts of a network setting (``{}``, ``{bandwidth: 1gbit}`` or
     ``{nodes: 2, inter: 1gbit}``; UserError if bad). Its label names the whole setting in run
-    ids: the rate, and ``-intra<rate>`` when the nodes' loopback is shaped too."""
+    ids and tables (:func:`label`)."""
     _check_keys(net)
     if "bandwidth" in net:
         return Link(bits_per_s(net["bandwidth"]), label(net))
@@ -174,11 +174,16 @@ def bits_per_s(rate: Any, key: str = "network.bandwidth") -> float:
 
 
 def label(net: Mapping[str, Any]) -> str:
-    """``1gbit`` (flat star or between nodes), ``unshaped``, ``1gbit-intra10gbit``."""
+    """``unshaped``, ``1gbit`` (a flat star), and for a cluster its nodes and links:
+    ``2nodes-1gbit``, ``2nodes-unshaped``, ``2nodes-100mbit-intra10gbit``, so that tables and
+    run ids tell a cluster from the flat star at the same rate."""
     if net.get("bandwidth"):
         return _rate_label(net["bandwidth"])
+    if "nodes" not in net:
+        return UNSHAPED
     inter, intra = inter_link(net).label, intra_link(net)
-    return f"{inter}-intra{intra.label}" if intra.shaped else inter
+    links = f"{inter}-intra{intra.label}" if intra.shaped else inter
+    return f"{net['nodes']}nodes-{links}"
 
 
 def _rate_label(rate: Any) -> str:
