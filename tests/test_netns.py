@@ -341,6 +341,13 @@ def _p2p(
     return rates
 
 
+def _assert_node_mate_off_the_link(rates: dict[str, float]) -> None:
+    """Rank 0 to ranks 2 and 3 (the other node) at the 100 Mbit/s link's rate (2-105 %), to
+    rank 1 (its node-mate) at least 10x faster."""
+    assert 0.02 < rates["2"] < 0.105 and 0.02 < rates["3"] < 0.105, rates
+    assert rates["1"] > 10 * max(rates["2"], rates["3"]), rates
+
+
 @pytest.mark.slow
 @needs_root
 def test_traffic_inside_a_node_never_crosses_the_link_between_nodes(
@@ -349,9 +356,9 @@ def test_traffic_inside_a_node_never_crosses_the_link_between_nodes(
     """2 nodes x 2 ranks at 100 Mbit/s between them: rank 0 -> 1 stays on node 0's loopback,
     rank 0 -> 2 and 0 -> 3 cross the link. Then the loopback shaped at 100 Mbit/s and the link
     left free: the other way round."""
-    between = _p2p(network.Topology(2, 2, inter=network.at_rate(100e6)), tmp_path)
-    assert 0.02 < between["2"] < 0.105 and 0.02 < between["3"] < 0.105, between
-    assert between["1"] > 10 * max(between["2"], between["3"]), between
+    _assert_node_mate_off_the_link(
+        _p2p(network.Topology(2, 2, inter=network.at_rate(100e6)), tmp_path)
+    )
     inside = _p2p(network.Topology(2, 2, intra=network.at_rate(100e6)), tmp_path)
     assert 0.02 < inside["1"] < 0.105, inside
     assert min(inside["2"], inside["3"]) > 10 * inside["1"], inside
@@ -367,6 +374,4 @@ def test_a_cluster_launch_keeps_a_nodes_ranks_together(
     the namespace agent. Rank 0's node-mate (rank 1) is on its loopback or shared memory, ranks
     2 and 3 behind the 100 Mbit/s link, whatever order the nodes joined in."""
     topo = network.Topology(2, 2, inter=network.at_rate(100e6))
-    rates = _p2p(topo, tmp_path, cluster=True, backend=backend)
-    assert 0.02 < rates["2"] < 0.105 and 0.02 < rates["3"] < 0.105, rates
-    assert rates["1"] > 10 * max(rates["2"], rates["3"]), rates
+    _assert_node_mate_off_the_link(_p2p(topo, tmp_path, cluster=True, backend=backend))
