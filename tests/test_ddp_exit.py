@@ -4,7 +4,7 @@ A daemon thread still inside torch's C++ code when Python shuts down aborts the 
 ("terminate called without an active exception"): README's hook example failed that way in
 2 of 10 launches. The fast tests stop the thread every way it can end (``close()``, the state
 collected, the model and process group gone, interpreter exit with a bucket in flight or stuck);
-the slow test launches README's shape of script 20 times and wants exit code 0 every time.
+the slow test launches README's shape of script 8 times and wants exit code 0 every time.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from tests.ddp_exit_prog import THREAD_ENDED, Busy, Stuck, plant, state
 from tests.distributed import here
 
 ROOT = Path(__file__).parent.parent
-LAUNCHES = 20
+LAUNCHES = 8
+"""The old failure (2 in 10) shows in 8 launches 5 times in 6 (1 - 0.8^8); each exit path is held
+for certain by the fast tests above, so the suite spends 8 launches (about 80 s), not 20."""
 
 
 def _thread(st: scheme_hook.SchemeHookState) -> threading.Thread:
