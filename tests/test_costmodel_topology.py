@@ -145,3 +145,19 @@ def test_predict_asks_about_a_large_cluster(tmp_path: Path) -> None:
     # K = 128 ranks, ring of 4000 B: 254 steps, 2 x 127/128 x 4000 B, bounded by the 1gbit level
     assert row[2] == "128"
     assert float(row[10]) == pytest.approx(254 * A_OUT + 2 * 127 / 128 * 4000 * B_OUT)
+
+
+def test_hold_out_names_a_topology_by_its_shape() -> None:
+    """`--hold-out shape=2x2` leaves out the 2-node runs of 2 ranks each, not the 2-node runs
+    of one rank (same network label) nor the one-node runs of 4 (same world size)."""
+    import pandas as pd
+
+    from qbench.costmodel.inputs import held_out
+
+    shapes = [Topology(2, 2, GBIT), Topology(2, 1, GBIT), Topology(1, 4), None]
+    table = pd.DataFrame({"world_size": [4, 2, 4, 2], "network": ["2nodes-1gbit"] * 2 + ["x"] * 2,
+                          "shape": [t.shape if t else "" for t in shapes]})  # fmt: skip
+    assert list(table["shape"]) == ["2x2", "2x1", "1x4", ""]
+    assert list(held_out(table, [("shape", "2x2")])["shape"]) == ["2x1", "1x4", ""]
+    with pytest.raises(UserError, match="shape"):
+        held_out(table.drop(columns="shape"), [("shape", "2x2")])

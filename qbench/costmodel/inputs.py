@@ -171,6 +171,7 @@ def run_table(root: Path | str) -> pd.DataFrame:
     table["link"] = [_link(r, str(n)) for r, n in zip(records, table["network"], strict=True)]
     ks = table["world_size"]
     table["topology"] = [_topology(r, int(k)) for r, k in zip(records, ks, strict=True)]
+    table["shape"] = [t.shape if t else "" for t in table["topology"]]  # --hold-out shape=2x2
     table["emulated"] = [_emulated(Path(root) / str(i)) for i in table["run_id"]]
     return table.reset_index(drop=True)
 
@@ -267,7 +268,8 @@ def held_out(table: pd.DataFrame, hold_out: Sequence[tuple[str, str]]) -> pd.Dat
         if key not in table.columns:
             raise UserError(
                 f"--hold-out {key}={value}: no run label {key!r}; use one of world_size, "
-                "network, backend, scheme, compressor, model, batch_size"
+                "network, shape (nodes x ranks per node, e.g. 2x2), backend, scheme, "
+                "compressor, model, batch_size"
             )
         keep &= table[key].astype(str) != value
     return table[keep].reset_index(drop=True)

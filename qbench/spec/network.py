@@ -62,6 +62,11 @@ class Topology:
     def world_size(self) -> int:
         return self.nodes * self.ranks_per_node
 
+    @property
+    def shape(self) -> str:
+        """``NxG``: N nodes of G ranks (``2x2``), how tables and ``--hold-out`` name it."""
+        return f"{self.nodes}x{self.ranks_per_node}"
+
 
 def link(net: Mapping[str, Any]) -> Link:
     """The link between hosts of a network setting (``{}``, ``{bandwidth: 1gbit}`` or
