@@ -32,6 +32,7 @@ from qbench.records.store import (
     interference_parts,
     model_part,
     rank_parts,
+    timeline_beside,
 )
 from qbench.spec.matrix import RunSpec
 
@@ -129,6 +130,7 @@ def reset_run_dir(store: ResultStore, spec: RunSpec) -> None:
     for kind in RANK_PARTS:
         store.merged_path(spec.run_id, kind).unlink(missing_ok=True)
     store.epochs_path(spec.run_id).unlink(missing_ok=True)
+    timeline_beside(parts).unlink(missing_ok=True)  # the peers of a replayed run wait for it
     for log in (store.stdout_path(spec.run_id), store.stderr_path(spec.run_id)):
         log.unlink(missing_ok=True)  # group mode appends: no lines of an earlier attempt
     atomic_write_json(store.spec_path(spec.run_id), spec.to_dict())

@@ -3,7 +3,7 @@
 A results directory::
 
     DIR/scenario.yaml scenario.resolved.json machine.json sweep.json .qbench.lock
-    DIR/<run id>/spec.json run.json machine.json stdout.log stderr.log
+    DIR/<run id>/spec.json run.json machine.json stdout.log stderr.log [timeline.json]
                  iterations.parquet [epochs telemetry buckets].parquet
                  profile/rank-<rank>.pt.trace.json (profile: true)
                  parts/<kind>-<rank>.parquet host-<rank>.json model.json epochs.parquet
@@ -37,6 +37,7 @@ SCENARIO_YAML = "scenario.yaml"  # the scenario as run, --set overrides applied
 SCENARIO_RESOLVED = "scenario.resolved.json"  # every default filled in, and the run matrix
 MACHINE_JSON = "machine.json"  # the driver's machine; in a run dir, with the ranks' hosts
 SWEEP_JSON = "sweep.json"
+TIMELINE = "timeline.json"  # in a run dir: the compute a replayed run stood in for
 LOCK_FILE = ".qbench.lock"  # one sweep at a time (qbench.records.lock)
 SLURM_DIR = ".slurm"  # Slurm job arrays' scripts and logs
 GROUPS_DIR = ".groups"  # warm rank groups: each launch's plan and its launcher's logs
@@ -141,6 +142,12 @@ def epochs_part(parts: Path) -> Path:
 def model_part(parts: Path) -> Path:
     """Where rank 0 writes the model's size and FLOPs (labels the driver adds to run.json)."""
     return parts / "model.json"
+
+
+def timeline_beside(parts: Path) -> Path:
+    """A replayed run's compute timeline (``compute: replay``, ``qbench.run.replay``): rank 0
+    measures it, every rank replays it; it stays in the run directory as what the run rests on."""
+    return parts.parent / TIMELINE
 
 
 def done_marker(parts: Path) -> Path:

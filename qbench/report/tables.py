@@ -213,7 +213,7 @@ _TERMINAL_COLUMNS = (  # the breakdown's other parts: summary.md, summary.csv, b
 )
 
 _FINE = ("ok", stats.PROFILED)  # a profiled run finished: measured, only not compared
-_TEXTUAL = (*_LABEL_COLUMNS, "compressor", "status", "baseline")
+_TEXTUAL = (*_LABEL_COLUMNS, "compressor", "precision", "status", "baseline")
 
 
 def _cells(summary: pd.DataFrame, columns: tuple[str, ...]) -> list[list[str]]:
@@ -301,6 +301,11 @@ def _print_table(summary: pd.DataFrame, out: TextIO) -> None:
         columns = _after(columns, "status", "skipped_steps")
     people = for_people(summary.iloc[:1])
     caption = " · ".join(f"{c}={text_cell(people[c].iloc[0])}" for c in constant)
+    compute = summary["precision"].fillna("fp32").astype(str)
+    if compute.nunique() > 1:  # e.g. real next to replayed compute: every row says which
+        columns = _after(columns, "world_size", "precision")
+    elif compute.iloc[0] != "fp32":
+        caption += f" · compute={compute.iloc[0]}"
     table = Table(title="qbench summary", caption=caption or None, header_style="bold")
     for column in columns:
         textual = column in _TEXTUAL  # text may fold; numbers never wrap

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from qbench import catalog, comm
@@ -45,13 +46,7 @@ _DDP_KEYS = frozenset({schemes.BACKWARD.name, *(p.name for p in schemes.DDP_OPTI
 class DDPRun(Training):
     def __init__(self, spec: RunSpec, cm: comm.Comm) -> None:
         super().__init__(spec, cm)
-        opts = catalog.scheme({"name": spec.scheme, **spec.scheme_params}).params
-        self.ddp = DistributedDataParallel(
-            self.model,
-            device_ids=[self.device] if self.device.type == "cuda" else None,
-            bucket_cap_mb=opts["bucket_cap_mb"],
-            gradient_as_bucket_view=opts["gradient_as_bucket_view"],
-        )
+        self.options = catalog.scheme({"name": spec.scheme, **spec.scheme_params}).params
         self.state: TorchHookState | SchemeHookState
         if spec.scheme == schemes.DDP.name:
             self.state = self._torch_state()
@@ -62,10 +57,21 @@ class DDPRun(Training):
             hook = scheme_hook
         names = {id(p): n for n, p in self.named.items()}
         self.finite = FiniteHookState(self.state, hook, names)  # no NaN or inf handed on
-        self.ddp.register_comm_hook(self.finite, finite_hook)
+        self.ddp = self._wrap()
         self.guard = nonfinite.Guard(spec.nonfinite, cm, cm.rank, device=self.device)
         self.grad_bytes = 4 * sum(p.numel() for p in self.named.values())
         self.bucket_rows: list[dict[str, Any]] = []
+
+    def _wrap(self) -> DistributedDataParallel | None:
+        """The model in torch's DDP, every bucket through the hook (a replayed run has none)."""
+        ddp = DistributedDataParallel(
+            self.model,
+            device_ids=[self.device] if self.device.type == "cuda" else None,
+            bucket_cap_mb=self.options["bucket_cap_mb"],
+            gradient_as_bucket_view=self.options["gradient_as_bucket_view"],
+        )
+        ddp.register_comm_hook(self.finite, finite_hook)
+        return ddp
 
     def _torch_state(self) -> TorchHookState:
         c = from_spec(self.spec.compressor)
@@ -91,12 +97,20 @@ class DDPRun(Training):
         profile.phase("forward")
         self.opt.zero_grad()  # as a plain DDP loop does (grads to None)
         with precision.autocast(self.spec.compute, self.device):
+            assert self.ddp is not None  # only a replayed run has none, and its own loop
             loss = self.loss_fn(self.ddp(x), y)
         timer.mark("compute")
         forward_end = timer.last_mark
         profile.phase("backward")
         loss.backward()  # DDP communicates each bucket as backward completes it
         timer.mark("comm")
+        self._after_backward(it, timer, forward_end, loss.detach())
+
+    def _after_backward(
+        self, it: int, timer: PhaseTimer, forward_end: float, loss: torch.Tensor
+    ) -> None:
+        """The step (unless a NaN or inf skips it) and the iteration's records; ``timer``'s
+        last mark is backward's end, every bucket exchanged."""
         backward_end = timer.last_mark
         stepped = self.guard.decide(it, self.finite.take(), timer)  # fail, or all skip
         agree = timer.last_mark - backward_end  # skip: the ranks' agreement, exposed
@@ -105,7 +119,7 @@ class DDPRun(Training):
             self._step()
         timer.mark("step")
         profile.phase(None)
-        self._losses.append(loss.detach())
+        self._losses.append(loss)
         self._record(it, timer, (forward_end, backward_end, agree), skipped=not stepped)
         for row in self.state.timeline.rows(origin=forward_end):
             self.bucket_rows.append({

@@ -132,17 +132,20 @@ class Run(Training):
             if mean.data_ptr() != view.data_ptr():
                 view.copy_(mean)
         profile.phase("step")
-        self.opt.step()
-        if self.spec.weight_bits:  # seed 000 section 5.4: the model itself in low precision
-            precision.quantize_weights_(
-                self.params, self.sizes, self.spec.weight_bits, self.weight_draws
-            )
+        self._optimizer_step()
         timer.mark("step")
         profile.phase(None)
         for part, agg in self.aggs:
             agg.after_step(self.params[part], it, timer)  # decentralized schemes mix models
         if self.telemetry is not None and grad is not None:  # after the last mark: not timed
             self.telemetry.observe(it, grad)
+
+    def _optimizer_step(self) -> None:
+        self.opt.step()
+        if self.spec.weight_bits:  # seed 000 section 5.4: the model itself in low precision
+            precision.quantize_weights_(
+                self.params, self.sizes, self.spec.weight_bits, self.weight_draws
+            )
 
     def _record(self, it: int, timer: PhaseTimer, skipped: bool = False) -> None:
         t = dict(timer.totals)

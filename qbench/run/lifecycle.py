@@ -33,6 +33,7 @@ from qbench.run import async_ps, interference, profile, workload
 from qbench.run.flat_loop import Run, async_parts
 from qbench.run.training import Training
 from qbench.spec.matrix import RunSpec
+from qbench.spec.scenario import REPLAY
 from qbench.timing import PhaseTimer
 
 
@@ -104,7 +105,7 @@ def run_config(
             watch.stop()
             cm.barrier()
             return True
-        run = training_loop(spec, cm)
+        run = training_loop(spec, cm, parts)
         timer = PhaseTimer(run.device)
         trace = trace_path(parts, cm.rank) if spec.profile else None
         tracer = profile.Tracer(trace, spec.warmup, run.total_iterations - spec.warmup,
@@ -136,9 +137,19 @@ def run_config(
             _write_parts(parts, cm.rank, run)
 
 
-def training_loop(spec: RunSpec, cm: comm.Comm) -> Training:
-    """The loop the spec asks for: DDP's buckets during backward, or flat after it."""
-    if rules.overlap(spec.scheme, spec.scheme_params) == "backward":
+def training_loop(spec: RunSpec, cm: comm.Comm, parts: Path) -> Training:
+    """The loop the spec asks for: DDP's buckets during backward, or flat after it; each with
+    the model's work replayed for ``compute: replay`` (its timeline beside ``parts``)."""
+    ddp = rules.overlap(spec.scheme, spec.scheme_params) == "backward"
+    if spec.compute == REPLAY:
+        from qbench.run import replay_loops
+
+        return (
+            replay_loops.ReplayDDPRun(spec, cm, parts)
+            if ddp
+            else replay_loops.ReplayRun(spec, cm, parts)
+        )
+    if ddp:
         from qbench.run.ddp_loop import DDPRun  # torch's DDP machinery only where it runs
 
         return DDPRun(spec, cm)

@@ -23,7 +23,7 @@ from qbench.errors import UserError
 from qbench.spec import checks, network
 from qbench.spec import workload as user
 from qbench.spec.network import Link, Topology
-from qbench.spec.scenario import ROUNDED_COMPUTE, Scenario
+from qbench.spec.scenario import REPLAY, ROUNDED_COMPUTE, Scenario
 
 # Fields added after results existed: left out of the hash while they hold their default.
 _OPTIONAL_ID_FIELDS: dict[str, Any] = {
@@ -116,7 +116,8 @@ class RunSpec:
         parts = (self.model, self.backend, self.scheme_label, self.compressor_label)
         nodes = f"n{self.nodes}" if self.nodes > 1 else ""
         rep = f"-r{self.repeat}" if self.repeat else ""
-        return f"{'-'.join(parts)}-w{self.world_size}{nodes}{rep}-{digest}"
+        replayed = f"-{REPLAY}" if self.compute == REPLAY else ""  # seen in every progress line
+        return f"{'-'.join(parts)}-w{self.world_size}{nodes}{rep}{replayed}-{digest}"
 
     @property
     def scheme_label(self) -> str:

@@ -29,7 +29,8 @@ LAUNCHERS = ("local", "slurm")
 ISOLATIONS = ("auto", "group", "process")  # auto: group locally, process under Slurm
 DEVICES = ("auto", "cpu", "cuda")
 # qbench.run.precision.COMPUTE and qbench.run.evonorm.NORMS (no torch import here)
-COMPUTE = ("fp32", "bf16", "fp16", "int8", "int8-asym")
+COMPUTE = ("fp32", "bf16", "fp16", "int8", "int8-asym", "replay")
+REPLAY = "replay"  # fp32 compute replayed from a measured timeline (qbench.run.replay)
 NORMS = ("batchnorm", "range-evonorm", "range-evonorm-gs2")
 ROUNDING = ("per-rank", "shared")  # qbench.run.rounding
 ROUNDED_COMPUTE = ("int8", "int8-asym")  # compute that rounds stochastically (precision.INT8)
@@ -208,6 +209,12 @@ class Scenario:
                     "use `iterations:` in iteration mode"
                 )
         checks.check_choices("compute", self.compute, COMPUTE)
+        if REPLAY in self.compute and self.epochs:
+            raise UserError(
+                "compute: replay stands in for the model's work, so it learns nothing: accuracy "
+                "mode (`epochs:`) cannot use it; drop `replay` from compute, or use "
+                "`iterations:`"
+            )
         checks.check_choices("norm", (self.norm,), NORMS)
         checks.check_choices("nonfinite", (self.nonfinite,), NONFINITE)
         for w in self.weights:

@@ -1,0 +1,188 @@
+"""Replayed compute (``compute: replay``): a rank sleeps through the model's work instead of
+doing it, and does everything else for real.
+
+On one machine every rank computes on the same cores, so past the core count a scalability
+sweep measures CPU contention, not communication. Network emulation met that wall long ago and
+answered it by standing in for the work that is not under study (Gupta et al., "To Infinity and
+Beyond: Time-Warped Network Emulation", NSDI 2006; DieCast, NSDI 2008). Here:
+
+* **stood in**: the forward pass, backward's computation and the optimizer step. Each is a
+  sleep of the time the **timeline** says: one rank alone, the same model, batch and device,
+  measured before the sweep's first replayed run of that workload (:func:`measure`; every rank
+  of every replayed run of the sweep then replays the same timeline, so methods compare at equal
+  compute). A sleeping rank uses no CPU: 16 ranks fit on 2 cores.
+* **real**: this rank's gradient (of its own first batch, computed once before the run, then
+  handed over every iteration), the scheme or DDP hook, every collective and codec and their
+  bytes, and the instants at which DDP's buckets are handed over during backward (each bucket
+  when its last gradient was ready in the timeline, in DDP's bucket order) with the overlap
+  that follows.
+
+What it cannot stand for: a model that learns (the parameters never change, so accuracy mode
+refuses replay), and the CPU the real codecs and collectives still use (at 16 ranks on 2 cores
+they share the cores: the timeline stands in for compute only). The timeline of a run is
+``timeline.json`` in its run directory, what its compute times rest on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qbench.records.store import atomic_write_json, timeline_beside
+from qbench.spec.matrix import RunSpec
+
+MEASURE_WARMUP = 3
+MEASURE_ITERATIONS = 10
+POLL_S = 0.05
+TIMELINES = ".timelines"  # in a results directory: one per workload, shared by its runs
+
+
+@dataclass(frozen=True)
+class ParamTime:
+    name: str
+    numel: int
+    ready_s: float
+    """When backward had accumulated its gradient, seconds after backward began."""
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The compute a replayed run stands in for (medians over measured iterations)."""
+
+    forward_s: float
+    backward_s: float
+    step_s: float
+    params: tuple[ParamTime, ...]
+    """In the order backward made their gradients ready."""
+    source: str
+    device: str
+    iterations: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Timeline:
+        params = tuple(ParamTime(**p) for p in d["params"])
+        return cls(**{**d, "params": params})
+
+
+def key(spec: RunSpec) -> str:
+    """Runs whose compute is the same: workload, batch, device and data (not the scheme)."""
+    what = {"model": spec.model, "params": spec.model_params, "workload": spec.workload,
+            "dataset": spec.dataset, "batch": spec.batch_size, "device": spec.device_kind,
+            "norm": spec.norm}  # fmt: skip
+    text = json.dumps(what, sort_keys=True, default=str)
+    return f"{spec.model}-b{spec.batch_size}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def gradient(model: torch.nn.Module, named: dict[str, torch.nn.Parameter], loss: Any) -> None:
+    """Fill the parameters' gradients by one backward of ``loss`` (zeroed first, in place, so
+    that flat gradient buffers stay the parameters' .grad)."""
+    for p in named.values():
+        if p.grad is not None:
+            p.grad.zero_()
+    loss.backward()
+
+
+def measure(run: Any) -> Timeline:
+    """Time ``run``'s model (a ``Training``) on this rank alone: forward, each parameter's
+    gradient ready instant during backward, backward, the optimizer step."""
+    named, device = run.named, run.device
+    ready: dict[str, float] = {}
+
+    def hook(name: str) -> Any:
+        return lambda _p: ready.__setitem__(name, time.perf_counter())
+
+    handles = [p.register_post_accumulate_grad_hook(hook(n)) for n, p in named.items()]
+    rows: list[tuple[float, float, float, dict[str, float]]] = []
+    try:
+        for it in range(MEASURE_WARMUP + MEASURE_ITERATIONS):
+            x, y = run.data.batch(it)
+            _sync(device)
+            t0 = time.perf_counter()
+            loss = run.loss_fn(run.model(x), y)
+            _sync(device)
+            t1 = time.perf_counter()
+            ready.clear()
+            gradient(run.model, named, loss)
+            _sync(device)
+            t2 = time.perf_counter()
+            run.opt.step()
+            _sync(device)
+            t3 = time.perf_counter()
+            if it >= MEASURE_WARMUP:
+                rows.append((t1 - t0, t2 - t1, t3 - t2, {n: r - t1 for n, r in ready.items()}))
+    finally:
+        for h in handles:
+            h.remove()
+    med = lambda xs: float(statistics.median(xs))  # noqa: E731
+    params = [ParamTime(n, named[n].numel(), med([r[3][n] for r in rows])) for n in named
+              if all(n in r[3] for r in rows)]  # fmt: skip
+    params.sort(key=lambda p: p.ready_s)
+    return Timeline(
+        forward_s=med([r[0] for r in rows]), backward_s=med([r[1] for r in rows]),
+        step_s=med([r[2] for r in rows]), params=tuple(params),
+        source="measured: one rank alone before the sweep's first replayed run of this "
+        "workload", device=str(device), iterations=MEASURE_ITERATIONS,
+    )  # fmt: skip
+
+
+def shared(run: Any, parts: Path) -> Timeline:
+    """The run's timeline: the sweep's for this workload (``OUT/.timelines``) or, for its first
+    replayed run, measured by rank 0 once every rank has its gradient (the others sleep, so it
+    measures alone). Every rank waits for it; rank 0 copies it into the run directory."""
+    cm, spec = run.comm, run.spec
+    cache = parts.parent.parent / TIMELINES / f"{key(spec)}.json"
+    atomic_write_json(parts / f"replay-ready-{cm.rank}.json", {"rank": cm.rank})
+    if cm.rank == 0:
+        if not cache.exists():
+            _wait(lambda: all((parts / f"replay-ready-{r}.json").exists()
+                              for r in range(cm.world_size)), spec.timeout)  # fmt: skip
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(cache, measure(run).to_dict())
+        atomic_write_json(timeline_beside(parts), json.loads(cache.read_text()))
+    else:
+        _wait(timeline_beside(parts).exists, spec.timeout)
+    return Timeline.from_dict(json.loads(timeline_beside(parts).read_text()))
+
+
+def _wait(cond: Any, timeout: float) -> None:
+    """Poll (sleeping: no CPU while rank 0 measures) until ``cond()``; TimeoutError after."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no replay timeline after {timeout:g} s")
+        time.sleep(POLL_S)
+
+
+def sleep_until(deadline: float) -> None:
+    """Sleep to a ``time.perf_counter`` instant (deadlines, so oversleeping never adds up)."""
+    left = deadline - time.perf_counter()
+    if left > 0:
+        time.sleep(left)
+
+
+def ddp_buckets(timeline: Timeline, cap_mb: float) -> list[list[str]]:
+    """DDP's buckets after its rebuild: gradient-ready order, each bucket closed once it holds
+    ``cap_mb`` or more, as torch's own assignment makes them; names per bucket. (DDP's smaller
+    first bucket of 1 MiB applies only when ``bucket_cap_mb`` is left unset; qbench always sets
+    it, so every bucket has the cap.)"""
+    import torch.distributed as dist
+
+    tensors = [torch.empty(p.numel) for p in timeline.params]
+    limits = [int(cap_mb * 2**20)]
+    indices, _ = dist._compute_bucket_assignment_by_size(tensors, limits, [False] * len(tensors))
+    return [[timeline.params[i].name for i in bucket] for bucket in indices]
