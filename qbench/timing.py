@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 PHASES = ("compute", "encode", "comm", "decode", "step")
+STRETCHED = ("encode", "decode")  # the codecs' phases, which time dilation stretches
 
 
 def _sync_for(device: torch.device) -> Callable[[], None]:
@@ -24,8 +25,12 @@ def _sync_for(device: torch.device) -> Callable[[], None]:
 class PhaseTimer:
     """Accumulates seconds per phase within one iteration: ``mark(phase)`` closes a phase."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, stretch: float = 1.0) -> None:
+        """``stretch``: time dilation (qbench.run.replay): each encode and decode phase is
+        padded by a sleep to ``stretch`` times its length, so that codecs slow down with the
+        links and the replayed compute, and reports that divide by it see their real time."""
         self._sync = _sync_for(device)
+        self._stretch = stretch
         self.totals = dict.fromkeys(PHASES, 0.0)
         self._start = self._last = self._excluded = 0.0
 
@@ -40,6 +45,9 @@ class PhaseTimer:
         """Charge the time since the previous mark (or start) to ``phase``."""
         self._sync()
         now = time.perf_counter()
+        if self._stretch != 1 and phase in STRETCHED:
+            time.sleep((self._stretch - 1) * (now - self._last))
+            now = time.perf_counter()
         self.totals[phase] += now - self._last
         self._last = now
 

@@ -22,13 +22,14 @@ from qbench.catalog import toolchain
 _TORCH_CODECS = pytest.StashKey[bool]()
 
 LONGEST_FIRST = (
-    "test_scenarios_quick.py", "test_group.py", "test_resume.py", "test_ddp_exit.py",
-    "test_slurm.py", "test_failures.py", "test_netns.py", "test_async_ps.py", "test_cli.py",
-    "test_gossip.py", "test_push_sum.py", "test_ddp.py", "test_schemes_dist.py",
+    "test_scenarios_quick_rest.py", "test_group.py", "test_scenarios_quick.py",
+    "test_resume.py", "test_failures.py", "test_ddp_exit.py", "test_netns.py", "test_async_ps.py",
+    "test_cli.py", "test_slurm_nodes.py", "test_api.py", "test_resume_nodes.py",
+    "test_interference_e2e.py", "test_ddp.py", "test_gossip.py", "test_slurm.py",
 )  # fmt: skip
-"""The slow files by their time in a fresh clone's `make test` (2026-11-26: 351 s for the
-first, 190, 119, about 90 since it launches 8 times, 94, 72, 51, 43, 43, 34, 34, 33, 30); the
-rest keep their order after."""
+"""The slow files by their time in `make test` beside other work (2026-11-26, at 8dddf1a: about
+260 s, 247, 225, 179, 111, 77, 68, 51, 46, 46, 45, 43, 41, 41, 41, 35); the rest keep their
+order after."""
 
 
 def pytest_configure(config: pytest.Config) -> None:

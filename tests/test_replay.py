@@ -163,3 +163,63 @@ def test_grad_bucket_views_its_buffer() -> None:
     b.buffer().mul_(3)
     assert b.gradients()[1].tolist() == [6.0] * 4 and b.gradients()[0].shape == (2, 3)
     assert grads[0].tolist() == [[1.0] * 3] * 2  # copies: the replayed gradient stays as it was
+
+
+# -- time dilation ------------------------------------------------------------------------------
+def _matrix(extra: str) -> Any:
+    text = f"name: t\nmodel: mlp\nworld_size: 2\ncompute: replay\nwarmup: 0\niterations: 2\n{extra}"
+    return expand(scenario.loads(text))
+
+
+def test_dilation_needs_replayed_compute() -> None:
+    with pytest.raises(UserError, match="real compute cannot slow down"):
+        scenario.loads("name: t\nmodel: mlp\ncompute: [fp32, replay]\ndilation: 10\n")
+
+
+def test_dilation_runs_only_where_it_can_slow_everything_down() -> None:
+    m = _matrix(
+        "dilation: 10\nnetwork: [{bandwidth: 1gbit}, {nodes: 1}, {nodes: 2, inter: 1gbit}]\n"
+        "scheme: [reduce-broadcast, {name: reduce-broadcast, backward: true}]\n"
+        "compressor: [none, {name: qsgd, bits: 4}]\n"
+    )
+    reasons = {e.reason.split(";")[0] for e in m.excluded}
+    assert reasons == {
+        "dilation: 10 slows shaped links only, and this network has an unshaped one",
+        "dilation: 10 stretches the codecs' time in the flat loop only",
+    }
+    kept = {(r.link.label, r.scheme_label, r.compressor_label) for r in m.runs}
+    assert kept == {
+        (net, scheme, comp) for net in ("1gbit", "2nodes-1gbit")
+        for scheme, comp in (("reduce-broadcast", "fp32"), ("reduce-broadcast", "qsgd-4b-b512"),
+                             ("reduce-broadcast+backward", "fp32"))
+    }  # fmt: skip
+    shaped = {r.link.label: r.shaped_topology for r in m.runs}
+    assert shaped["1gbit"].inter.bits_per_s == 1e8 and shaped["1gbit"].inter.label == "1gbit"
+    assert all(r.dilation == 10 and r.labels()["dilation"] == 10 for r in m.runs)
+    assert "dilation" not in _matrix("").runs[0].labels()  # undilated ids and labels unchanged
+
+
+def test_a_dilated_timeline_and_codec_phases_stretch() -> None:
+    tl = replay.Timeline(0.01, 0.02, 0.003, (replay.ParamTime("w", 4, 0.015),), "s", "cpu", 1)
+    slow = tl.dilated(10)
+    assert (slow.forward_s, slow.backward_s, slow.step_s) == pytest.approx((0.1, 0.2, 0.03))
+    assert slow.params[0].ready_s == pytest.approx(0.15) and tl.dilated(1) is tl
+    timer = PhaseTimer(torch.device("cpu"), stretch=5.0)
+    timer.start()
+    time.sleep(0.02)
+    timer.mark("encode")  # padded to 5 x 0.02 s
+    time.sleep(0.02)
+    timer.mark("comm")  # the link is slowed by shaping, not by the timer
+    assert timer.totals["encode"] >= 0.1 and timer.totals["comm"] < 0.06
+
+
+def test_reports_divide_dilated_times() -> None:
+    import pandas as pd
+
+    from qbench.report.stats import _undilated
+
+    frame = pd.DataFrame({"t_iteration": [1.0, 2.0], "t_comm": [0.5, 1.0], "bytes_sent": [8, 8]})
+    out = _undilated(frame.copy(), 10)
+    assert list(out["t_iteration"]) == [0.1, 0.2] and list(out["t_comm"]) == [0.05, 0.1]
+    assert list(out["bytes_sent"]) == [8, 8]  # bytes are what they are
+    assert _undilated(frame.copy(), None).equals(frame)

@@ -22,7 +22,7 @@ VALID_KEYS = (
     "lr_schedule, weight_decay, skew, target_accuracy, compute, norm, weights, rounding, lr, "
     "momentum, "
     "optimizer, loss, seed, repeats, include, exclude, price_per_hour, launcher, isolation, "
-    "slurm, timeout, telemetry, profile, layers, nonfinite"
+    "slurm, timeout, telemetry, profile, layers, nonfinite, dilation"
 )
 ACCURACY = "epochs: 2\ndataset: digits\n"
 
@@ -109,7 +109,8 @@ def test_values_at_the_ends_of_their_ranges_are_kept(line: str, attribute: str, 
         ("isolation: x",
          "isolation 'x' is not one of auto, group, process; e.g. `isolation: auto`"),
         ("compute: int4",
-         "compute 'int4' is not one of fp32, bf16, fp16, int8, int8-asym; e.g. `compute: fp32`"),
+         "compute 'int4' is not one of fp32, bf16, fp16, int8, int8-asym, replay; e.g. "
+         "`compute: fp32`"),
         ("norm: ln",
          "norm 'ln' is not one of batchnorm, range-evonorm, range-evonorm-gs2; e.g. "
          "`norm: batchnorm`"),

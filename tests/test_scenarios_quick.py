@@ -67,9 +67,20 @@ def test_quick_covers_every_axis_value_at_the_first_seed() -> None:
     assert total <= 120  # the first seeds' cross products hold 303: utility alone 96
 
 
+def seeds_0_to_3(path: Path) -> bool:
+    """Half of the scenarios by time, in this file; the other half in
+    test_scenarios_quick_rest.py, so that `make test`'s two workers (whole files each) share
+    them (about 4 minutes each)."""
+    return path.stem.startswith(("seed000", "seed001", "seed002", "seed003"))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [p for p in SHIPPED if seeds_0_to_3(p)], ids=lambda p: p.stem)
 def test_shipped_scenario_runs_end_to_end(path: Path, tmp_path: Path) -> None:
+    runs_end_to_end(path, tmp_path)
+
+
+def runs_end_to_end(path: Path, tmp_path: Path) -> None:
     sc = scenario.loads(quick.quick(path.read_text(), str(path)))
     runs = matrix.expand(sc).runs
     verdicts = preflight.check(runs, launch=Launch(sc.launcher))

@@ -48,12 +48,13 @@ def unsupported(backend: str) -> str | None:
 def describe(spec: RunSpec) -> dict[str, object]:
     """Provenance of a run's emulated hosts and links: the setting, the placement and the tbf
     parameters applied (None: that level is not shaped)."""
-    topo = spec.topology
+    topo = spec.shaped_topology
     doc: dict[str, object] = {
         "shaped": topo.inter.shaped or topo.intra.shaped, "setting": dict(spec.network),
         "label": spec.link.label, "nodes": topo.nodes, "ranks_per_node": topo.ranks_per_node,
         "method": "netns + veth per node, tc tbf both directions between nodes"
         + (", tc tbf on each node's loopback" if topo.intra.shaped else ""),
+        "dilation": spec.dilation,  # the tbf rates below are the labels' rates / dilation
     }  # fmt: skip
     for level, link in (("tbf", topo.inter), ("intra_tbf", topo.intra)):
         tbf = None if link.bits_per_s is None else netns.tbf_for(link.bits_per_s)
@@ -160,7 +161,7 @@ class Emulated:
         """One process per rank in its node's namespace (which lives as long as the block),
         or mpirun in the hub's."""
         program = [sys.executable, *local.WORKER, str(plan)]
-        with shaped_jobs(spec.backend, spec.topology, program) as jobs:
+        with shaped_jobs(spec.backend, spec.shaped_topology, program) as jobs:
             yield jobs
 
     def run_array(self, items: list[Item], work_dir: Path) -> list[Outcome]:
@@ -179,7 +180,8 @@ def run_shaped(
     """One run on emulated hosts: logs in run_dir, status ok / failed / timeout."""
     program = [sys.executable, *local.WORKER, str(spec_path)]
     nodes = "nodes" in spec.network  # a cluster starts as clusters do; a flat star: the ranks
-    return run_program(spec.backend, spec.topology, program, run_dir, timeout, cluster=nodes)
+    topo = spec.shaped_topology
+    return run_program(spec.backend, topo, program, run_dir, timeout, cluster=nodes)
 
 
 def run_program(

@@ -42,7 +42,7 @@ LABELS = (
     *("model", "dataset", "backend", "scheme", "compressor", "compressor_name", "bits"),
     *("world_size", "batch_size", "global_batch", "simulated", "network", "numel", "seed"),
     *("repeat", "skew", "target_accuracy", "nodes", "price_per_hour", "gflops_per_sample"),
-    *("compute", "norm", "weight_bits", "rounding", "overlap", "profiled"),
+    *("compute", "norm", "weight_bits", "rounding", "overlap", "profiled", "dilation"),
 )
 RUN_COLUMNS = (
     *("run_id", "status", "error", "exit_code", "git_commit", *LABELS),
@@ -75,6 +75,7 @@ SUMMARY_COLUMNS = (
     # not in the headline list, but needed by figures, failure tables and CSV readers
     *("compressor_name", "bits", "simulated", "global_batch", "repeat", "skew", "exit_code"),
     *("batch_size", "numel", "gflops_per_sample", "nodes", "price_per_hour", "target_accuracy"),
+    "dilation",  # time dilation: the times above are the measured ones divided by it
     *("profiled", "git_commit", "error"),
     # other processes' CPU use while measured, the rule's verdict (None: not recorded), and
     # whether the run was left out of every comparison for it (qbench.records.interference)
@@ -151,11 +152,21 @@ def _load_run(store: ResultStore, run_id: str) -> tuple[dict[str, Any], pd.DataF
             row.update(status=UNREADABLE, error="status ok but iterations.parquet is missing")
         return row, None
     try:
-        return row, _read_iterations(path, run_id)
+        return row, _undilated(_read_iterations(path, run_id), record.labels.get("dilation"))
     except Exception as exc:  # pyarrow raises many types (ArrowInvalid, OSError, ...)
         if row["status"] == "ok":  # a failed run's partial parquet is not worth a status
             row.update(status=UNREADABLE, error=f"iterations.parquet: {_reason(exc)}")
         return row, None
+
+
+def _undilated(frame: pd.DataFrame, dilation: Any) -> pd.DataFrame:
+    """A time-dilated run's times divided by its dilation: the times of the system it stands
+    for (qbench.run.replay); iterations.parquet keeps the measured ones."""
+    factor = float(dilation or 1)
+    if factor != 1:
+        times = [c for c in frame.columns if c.startswith("t_")]
+        frame[times] = frame[times] / factor
+    return frame
 
 
 def _read_record(store: ResultStore, run_id: str) -> RunRecord:
@@ -221,6 +232,7 @@ def _runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     runs["other_cores"] = pd.to_numeric(runs["other_cores"], errors="coerce")
     runs["disturbed"] = runs["disturbed"].astype("boolean")  # <NA>: not recorded
     runs["nodes"] = runs["nodes"].fillna(1)  # run.json from before multi-node: one host
+    runs["dilation"] = pd.to_numeric(runs["dilation"], errors="coerce").fillna(1.0)
     for column in ("price_per_hour", "gflops_per_sample", "target_accuracy"):
         runs[column] = pd.to_numeric(runs[column], errors="coerce")
     return runs

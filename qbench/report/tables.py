@@ -306,6 +306,10 @@ def _print_table(summary: pd.DataFrame, out: TextIO) -> None:
         columns = _after(columns, "world_size", "precision")
     elif compute.iloc[0] != "fp32":
         caption += f" · compute={compute.iloc[0]}"
+    dilations = sorted(set(summary["dilation"].fillna(1.0)) - {1.0})
+    if dilations:  # the times shown are the measured ones / D: say so under every table
+        caption += " · time-dilated x" + ", x".join(f"{d:g}" for d in dilations)
+        caption += " (times shown divided by it)"
     table = Table(title="qbench summary", caption=caption or None, header_style="bold")
     for column in columns:
         textual = column in _TEXTUAL  # text may fold; numbers never wrap

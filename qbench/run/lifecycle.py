@@ -106,7 +106,7 @@ def run_config(
             cm.barrier()
             return True
         run = training_loop(spec, cm, parts)
-        timer = PhaseTimer(run.device)
+        timer = PhaseTimer(run.device, stretch=spec.dilation)
         trace = trace_path(parts, cm.rank) if spec.profile else None
         tracer = profile.Tracer(trace, spec.warmup, run.total_iterations - spec.warmup,
                                 run.device, cm)  # fmt: skip

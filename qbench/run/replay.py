@@ -29,7 +29,7 @@ import hashlib
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,15 @@ class Timeline:
     source: str
     device: str
     iterations: int
+
+    def dilated(self, factor: float) -> Timeline:
+        """Every time ``factor`` times longer (time dilation; the record keeps the real one)."""
+        if factor == 1:
+            return self
+        params = tuple(replace(p, ready_s=p.ready_s * factor) for p in self.params)
+        return replace(self, forward_s=self.forward_s * factor,
+                       backward_s=self.backward_s * factor, step_s=self.step_s * factor,
+                       params=params)  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -143,7 +152,8 @@ def measure(run: Any) -> Timeline:
 def shared(run: Any, parts: Path) -> Timeline:
     """The run's timeline: the sweep's for this workload (``OUT/.timelines``) or, for its first
     replayed run, measured by rank 0 once every rank has its gradient (the others sleep, so it
-    measures alone). Every rank waits for it; rank 0 copies it into the run directory."""
+    measures alone). Every rank waits for it; rank 0 copies it into the run directory. Returned
+    stretched by the run's ``dilation``."""
     cm, spec = run.comm, run.spec
     cache = parts.parent.parent / TIMELINES / f"{key(spec)}.json"
     atomic_write_json(parts / f"replay-ready-{cm.rank}.json", {"rank": cm.rank})
@@ -156,7 +166,8 @@ def shared(run: Any, parts: Path) -> Timeline:
         atomic_write_json(timeline_beside(parts), json.loads(cache.read_text()))
     else:
         _wait(timeline_beside(parts).exists, spec.timeout)
-    return Timeline.from_dict(json.loads(timeline_beside(parts).read_text()))
+    recorded = Timeline.from_dict(json.loads(timeline_beside(parts).read_text()))
+    return recorded.dilated(spec.dilation)
 
 
 def _wait(cond: Any, timeout: float) -> None:

@@ -30,7 +30,7 @@ _OPTIONAL_ID_FIELDS: dict[str, Any] = {
     "model_params": {}, "repeat": 0, "nodes": 1, "device": "", "epochs": 0, "lr_schedule": {},
     "weight_decay": 0.0, "skew": 0.0, "compute": "fp32", "norm": "batchnorm", "weight_bits": 0,
     "steps_per_epoch": 0, "profile": False, "workload": {}, "data": {}, "optimizer": {},
-    "loss": {}, "nonfinite": "fail", "rounding": "per-rank",
+    "loss": {}, "nonfinite": "fail", "rounding": "per-rank", "dilation": 1.0,
 }  # fmt: skip
 
 
@@ -98,6 +98,9 @@ class RunSpec:
     """An optimizer other than SGD: name and parameters besides lr, momentum, weight_decay."""
     loss: dict[str, Any] = field(default_factory=dict)
     nonfinite: str = "fail"
+    dilation: float = 1.0
+    """Time dilation (``qbench.run.replay``): links shaped at their rates / D, replayed compute
+    and codec time stretched D times; reports divide the measured times by D."""
     """A NaN or inf in a gradient fails the run (``fail``) or skips the step (``skip``)."""
 
     @property
@@ -165,6 +168,7 @@ class RunSpec:
             "skew": self.skew,
             "target_accuracy": self.target_accuracy,
             "compute": self.compute,
+            **({"dilation": self.dilation} if self.dilation != 1 else {}),
             "norm": self.norm,
             "weight_bits": self.weight_bits,
             **({"rounding": self.rounding} if self.rounding != "per-rank" else {}),
@@ -181,6 +185,11 @@ class RunSpec:
     def topology(self) -> Topology:
         """Nodes, ranks per node and the links between and inside them."""
         return network.topology(self.network, self.world_size, self.nodes)
+
+    @property
+    def shaped_topology(self) -> Topology:
+        """The links as shaped: :attr:`topology`'s rates divided by ``dilation``."""
+        return network.dilated(self.topology, self.dilation)
 
     @property
     def emulated_hosts(self) -> bool:
@@ -348,6 +357,7 @@ def _why_not(sc: Scenario, p: _Point) -> str | None:
     return (
         rules.why_not(combo)
         or _network_problem(p, sc.launcher)
+        or _dilation_problem(p, sc.dilation)
         or device_problem
         or _placement_problem(p.world_size, p.nodes, kind, sc.gpus_per_node)
         or _filtered(_filter_values(p, kind), sc.include, sc.exclude)
@@ -361,6 +371,27 @@ def _network_problem(p: _Point, launcher: str) -> str | None:
         return (
             "network emulates hosts and links between CPU processes (gloo, mpi); nccl would "
             "talk GPU to GPU inside one host and bypass them; use gloo or remove `network:`"
+        )
+    return None
+
+
+def _dilation_problem(p: _Point, dilation: float) -> str | None:
+    """Time dilation needs every link shaped (a link at memory speed cannot slow down) and
+    codec work it can stretch (the flat loop's encode and decode phases)."""
+    if dilation == 1:
+        return None
+    topo = network.topology(p.network, p.world_size, p.nodes)
+    if (topo.nodes > 1 and not topo.inter.shaped) or (
+        topo.ranks_per_node > 1 and not topo.intra.shaped
+    ):
+        return (
+            f"dilation: {dilation:g} slows shaped links only, and this network has an unshaped "
+            "one; give every link a rate (`bandwidth:`, or `inter:` and `intra:` with `nodes:`)"
+        )
+    if rules.overlap(p.scheme, p.scheme_params) == "backward" and p.compressor.name != "none":
+        return (
+            f"dilation: {dilation:g} stretches the codecs' time in the flat loop only; a DDP "
+            "hook's codec runs on its own thread: use compressor none with DDP, or a flat scheme"
         )
     return None
 
@@ -410,7 +441,7 @@ def _run_spec(sc: Scenario, p: _Point) -> RunSpec:
         compute=p.compute, norm=sc.norm, weight_bits=p.weight_bits, profile=sc.profile,
         steps_per_epoch=sc.steps_per_epoch or 0, workload=p.workload, data=p.data,
         optimizer=optimizer, loss=dict(sc.loss), nonfinite=sc.nonfinite,
-        rounding=_rounding(sc, p),
+        rounding=_rounding(sc, p), dilation=sc.dilation,
     )  # fmt: skip
 
 

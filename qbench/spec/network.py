@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from qbench.errors import UserError
@@ -103,6 +103,18 @@ def topology(net: Mapping[str, Any], world_size: int, nodes: int = 1) -> Topolog
         return Topology(world_size, 1, link(net))
     n = int(net.get("nodes", nodes))
     return Topology(n, world_size // n, inter_link(net), intra_link(net))
+
+
+def dilated(topo: Topology, factor: float) -> Topology:
+    """The links that stand for ``topo`` under time dilation: each shaped rate divided by
+    ``factor`` (labels unchanged: they name the rate stood for)."""
+    if factor == 1:
+        return topo
+
+    def slow(link: Link) -> Link:
+        return link if link.bits_per_s is None else Link(link.bits_per_s / factor, link.label)
+
+    return replace(topo, inter=slow(topo.inter), intra=slow(topo.intra))
 
 
 def emulates_hosts(net: Mapping[str, Any]) -> bool:

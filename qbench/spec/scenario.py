@@ -153,6 +153,10 @@ class Scenario:
     nonfinite: str = "fail"
     """A NaN or inf in a rank's gradient: ``fail`` the run, naming the iteration and tensor, or
     ``skip`` the step on every rank (counted in the records, as a loss scaler would)."""
+    dilation: float = 1.0
+    """Time dilation (``compute: replay`` only): the emulated links run D times slower than the
+    rates they stand for, replayed compute and the codecs' time stretch D times, and reports
+    divide measured times by D (qbench.run.replay)."""
     source: str = field(default="<embedded>", compare=False)
     """Where the scenario was read from (not part of any run's identity)."""
 
@@ -209,6 +213,13 @@ class Scenario:
                     "use `iterations:` in iteration mode"
                 )
         checks.check_choices("compute", self.compute, COMPUTE)
+        checks.check_range("dilation", self.dilation, 1.0, 1e4, example="dilation: 10")
+        if self.dilation != 1 and set(self.compute) != {REPLAY}:
+            raise UserError(
+                f"dilation: {self.dilation:g} slows the links and stretches replayed compute; "
+                "real compute cannot slow down with them: use `compute: replay` (alone), or "
+                "drop `dilation:`"
+            )
         if REPLAY in self.compute and self.epochs:
             raise UserError(
                 "compute: replay stands in for the model's work, so it learns nothing: accuracy "
@@ -272,6 +283,7 @@ _SCALARS = {
     "profile": bool,
     "cover": bool,
     "nonfinite": str,
+    "dilation": float,
 }
 
 
