@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
@@ -39,7 +40,7 @@ from qbench.records.store import atomic_write_json, timeline_beside
 from qbench.spec.matrix import RunSpec
 
 MEASURE_WARMUP = 3
-MEASURE_ITERATIONS = 10
+MEASURE_ITERATIONS = 20
 POLL_S = 0.05
 TIMELINES = ".timelines"  # in a results directory: one per workload, shared by its runs
 
@@ -64,15 +65,19 @@ class Timeline:
     source: str
     device: str
     iterations: int
+    samples: tuple[tuple[float, float, float], ...] = ()
+    """Each measured iteration's (forward, backward, step): replayed iterations draw from
+    them (:class:`Draws`), so that ranks differ from iteration to iteration as real ones do."""
 
     def dilated(self, factor: float) -> Timeline:
         """Every time ``factor`` times longer (time dilation; the record keeps the real one)."""
         if factor == 1:
             return self
         params = tuple(replace(p, ready_s=p.ready_s * factor) for p in self.params)
+        samples = tuple((f * factor, b * factor, s * factor) for f, b, s in self.samples)
         return replace(self, forward_s=self.forward_s * factor,
                        backward_s=self.backward_s * factor, step_s=self.step_s * factor,
-                       params=params)  # fmt: skip
+                       params=params, samples=samples)  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,7 +85,27 @@ class Timeline:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Timeline:
         params = tuple(ParamTime(**p) for p in d["params"])
-        return cls(**{**d, "params": params})
+        samples = tuple(tuple(x) for x in d.get("samples", ()))
+        return cls(**{**d, "params": params, "samples": samples})
+
+
+class Draws:
+    """A rank's replayed iterations: each one of the timeline's measured iterations, drawn
+    with replacement from the rank's own stream (seed, rank), so that, as in a real run, the
+    ranks' compute times differ from step to step and the faster waits for the slower in the
+    exchange (the medians alone would line them up and shorten communication)."""
+
+    def __init__(self, timeline: Timeline, seed: int, rank: int) -> None:
+        self.timeline = timeline
+        self._rng = random.Random(seed * 100_003 + rank)
+
+    def next(self) -> tuple[float, float, float]:
+        """(forward, backward, step) seconds of the next iteration."""
+        tl = self.timeline
+        if not tl.samples:
+            return tl.forward_s, tl.backward_s, tl.step_s
+        f, b, s = tl.samples[self._rng.randrange(len(tl.samples))]
+        return f, b, s
 
 
 def key(spec: RunSpec) -> str:
@@ -146,6 +171,7 @@ def measure(run: Any) -> Timeline:
         step_s=med([r[2] for r in rows]), params=tuple(params),
         source="measured: one rank alone before the sweep's first replayed run of this "
         "workload", device=str(device), iterations=MEASURE_ITERATIONS,
+        samples=tuple((r[0], r[1], r[2]) for r in rows),
     )  # fmt: skip
 
 

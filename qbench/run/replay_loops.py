@@ -36,12 +36,15 @@ class ReplayRun(Run):
         _own_gradient(self)
         self.grad = self.flat.clone()  # rank 0's measurement below changes .grad
         self.timeline = replay.shared(self, parts)
+        self.draws = replay.Draws(self.timeline, spec.seed, cm.rank)
+        self._step_s = 0.0
 
     def iteration(self, it: int, timer: PhaseTimer) -> None:
+        forward, backward, self._step_s = self.draws.next()
         self.comm.bytes_sent = 0
         timer.start()
         begun = time.perf_counter()
-        replay.sleep_until(begun + self.timeline.forward_s + self.timeline.backward_s)
+        replay.sleep_until(begun + forward + backward)
         self.flat.copy_(self.grad)  # what backward would have left there
         timer.mark("compute")
         stepped = self.guard.check(it, self.flat, timer)
@@ -51,7 +54,7 @@ class ReplayRun(Run):
         self._record(it, timer, skipped=not stepped)
 
     def _optimizer_step(self) -> None:
-        replay.sleep_until(time.perf_counter() + self.timeline.step_s)
+        replay.sleep_until(time.perf_counter() + self._step_s)
 
 
 class ReplayDDPRun(DDPRun):
@@ -70,32 +73,36 @@ class ReplayDDPRun(DDPRun):
         cap = float(self.options["bucket_cap_mb"])
         self.buckets = [(names, max(ready[n] for n in names))
                         for names in replay.ddp_buckets(self.timeline, cap)]  # fmt: skip
+        self.draws = replay.Draws(self.timeline, spec.seed, cm.rank)
+        self._step_s = 0.0
 
     def _wrap(self) -> None:
         return None  # the hook is called by the loop below, not by DDP's reducer
 
     def iteration(self, it: int, timer: PhaseTimer) -> None:
+        forward, backward, self._step_s = self.draws.next()
+        stretch = backward / self.timeline.backward_s  # this backward's pace, every bucket
         self.comm.bytes_sent = 0
         self.state.reset()
         timer.start()
-        replay.sleep_until(time.perf_counter() + self.timeline.forward_s)
+        replay.sleep_until(time.perf_counter() + forward)
         timer.mark("compute")
         forward_end = timer.last_mark
         begun = time.perf_counter()
         futures = []
         for i, (names, ready_s) in enumerate(self.buckets):
-            replay.sleep_until(begun + ready_s)
+            replay.sleep_until(begun + ready_s * stretch)
             bucket = GradBucket(i, i == len(self.buckets) - 1, [self.named[n] for n in names],
                                 [self.grads[n] for n in names])  # fmt: skip
             futures.append(finite_hook(self.finite, bucket))  # type: ignore[arg-type]
-        replay.sleep_until(begun + self.timeline.backward_s)
+        replay.sleep_until(begun + backward)
         for f in futures:
             f.wait()
         timer.mark("comm")
         self._after_backward(it, timer, forward_end, torch.tensor(NAN))
 
     def _step(self) -> None:
-        replay.sleep_until(time.perf_counter() + self.timeline.step_s)
+        replay.sleep_until(time.perf_counter() + self._step_s)
 
 
 class GradBucket:
