@@ -19,7 +19,11 @@ def test_there_are_paper_scenarios_for_every_seed() -> None:
     assert seeds == {"seed000", "seed001", "seed002", "seed003", "seed004"}
     # beyond the seeds: compression against the baseline users run (PyTorch DDP), and on a
     # cluster of emulated nodes (issue 33)
-    assert {p.stem for p in PAPER if not p.name.startswith("seed")} == {"utility", "cluster"}
+    assert {p.stem for p in PAPER if not p.name.startswith("seed")} == {
+        "utility",
+        "cluster",
+        "replay-scale",
+    }  # replayed compute past the cores (issue 34)
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)

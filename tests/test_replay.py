@@ -243,3 +243,14 @@ def replace_samples(tl: replay.Timeline) -> replay.Timeline:
     import dataclasses
 
     return dataclasses.replace(tl, samples=())
+
+
+def test_speed_figures_and_pages_say_replayed() -> None:
+    import pandas as pd
+
+    from qbench.report import names
+
+    both = pd.DataFrame({"precision": ["fp32", "replay"], "dilation": [1.0, 10.0]})
+    note = names.compute_note(both)
+    assert "replayed compute" in note and "time-dilated x10" in note
+    assert names.compute_note(pd.DataFrame({"precision": ["fp32", "bf16"]})) == ""

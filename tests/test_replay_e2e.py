@@ -58,3 +58,4 @@ def test_replayed_runs_send_what_real_runs_send(tmp_path: Path) -> None:
     assert report.returncode == 0, report.stderr[-3000:]
     summary = pd.read_csv(out / "report" / "summary.csv")
     assert sorted(summary["precision"]) == ["fp32"] * 3 + ["replay"] * 3
+    assert "replayed compute" in (out / "report" / "index.md").read_text()

@@ -25,6 +25,24 @@ from qbench.spec.network import Link
 SIMULATED = " (simulated)"
 """The suffix ``stats`` puts on speed-only simulations' compressor labels; names keep it."""
 
+REPLAYED = "replayed compute: ranks slept through the model's work;\nexchanges, codecs, bytes real"
+
+
+def compute_note(rows: Any) -> str:
+    """The line a speed figure's title adds when any of its runs (a frame with ``precision``
+    and maybe ``dilation``) replayed compute (qbench.run.replay) or was time-dilated, so that
+    a replayed result never passes for a run that trained."""
+    note = ""
+    if "precision" in rows and (rows["precision"].astype(str) == "replay").any():
+        note = REPLAYED
+    if "dilation" in rows:
+        factors = sorted({float(d) for d in rows["dilation"].dropna()} - {1.0})
+        if factors:
+            note += "\ntime-dilated x" + ", x".join(f"{d:g}" for d in factors)
+            note += ", times divided back"
+    return f"\n({note})" if note else ""
+
+
 _COMPRESSORS: dict[str, catalog.CompressorSpec] = {}
 _SCHEMES: dict[str, catalog.SchemeSpec] = {}
 _LINKS: dict[str, Link] = {}

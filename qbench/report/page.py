@@ -126,6 +126,13 @@ def _speed(configs: pd.DataFrame, summary: pd.DataFrame) -> Section:
             "(seed 002 section 4.4): an upper bound on speed, not a training result, so they "
             "are left out of the verdict too."
         )
+    if (configs["precision"].astype(str) == "replay").any():  # compute column: `replay`
+        section.notes.append(
+            "Rows whose compute is replay ran with replayed compute: each rank slept through the "
+            "forward, backward and optimizer step as measured on one rank alone (the run's "
+            "timeline.json) while its real gradient went through the real exchange; their "
+            "speedups are about communication at that compute time, and they trained nothing."
+        )
     if real.empty:
         section.sentences.append(
             "No compressed multi-rank run has an fp32 run of the same setup to compare: no verdict."

@@ -150,7 +150,7 @@ def breakdown_figure(summary: pd.DataFrame) -> Figure | None:
     for ax, ((model, dataset), rows) in zip(axes, panels, strict=True):
         _breakdown_panel(ax, rows, show_net)
         ax.set_title(f"{model} ({dataset})")
-    fig.suptitle("Time per iteration by part (medians)")
+    fig.suptitle("Time per iteration by part (medians)" + names.compute_note(data))
     ncols = 6 if width >= 10.5 else 3  # the legend must fit inside the figure's width
     fig.legend(handles=_part_handles(), loc="outside lower center", ncols=ncols, frameon=False)
     return fig
@@ -235,7 +235,8 @@ def scalability_figure(summary: pd.DataFrame) -> Figure | None:
     for ax in axes[len(panels) :]:
         ax.set_visible(False)
     handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
-    fig.suptitle("Throughput vs number of ranks (GPUs or CPU processes)")
+    fig.suptitle("Throughput vs number of ranks (GPUs or CPU processes)"
+                 + names.compute_note(data))  # fmt: skip
     fits = max(1, int(width // 3.4))  # about 3.4 in per entry for the longest labels
     fig.legend(handles=list(handles.values()), loc="outside lower center", ncols=fits)
     return fig

@@ -116,7 +116,8 @@ def speedup_ratio_figure(summary: pd.DataFrame) -> Figure | None:
     ax.set_ylim(0, top)
     ax.set(xlabel=RATIO_LABEL, ylabel="speedup over fp32 (samples/s ratio)")
     ax.grid(alpha=0.3, which="both")
-    ax.set_title("Speedup of compressed communication vs communication / computation ratio")
+    ax.set_title("Speedup of compressed communication vs communication / computation ratio"
+                 + names.compute_note(rows))  # fmt: skip
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=2)
     return fig
 

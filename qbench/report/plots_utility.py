@@ -113,6 +113,7 @@ def utility_figure(summary: pd.DataFrame) -> Figure | None:
     fig.legend(handles=list(found.values()), loc="outside lower center", ncols=min(3, len(found)))
     fig.suptitle(
         "Speedup over PyTorch DDP fp32\n(bucketed allreduce overlapped with backward = 1x)"
+        + names.compute_note(rows)
     )
     return fig
 
