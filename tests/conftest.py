@@ -14,6 +14,9 @@ that take longest go first (``LONGEST_FIRST``), and the two workers end close to
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,3 +53,20 @@ def pytest_report_header(config: pytest.Config) -> str | None:
             "the compiled-kernel tests skip"
         )
     return None
+
+
+@pytest.fixture
+def process_group(tmp_path: Path) -> Iterator[Any]:
+    """A one-rank gloo process group in this process (DDP and its hooks need one), as a
+    qbench communicator; destroyed after the test."""
+    import torch.distributed as dist
+
+    from qbench.comm.torchdist import TorchDistComm
+
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1
+    )
+    try:
+        yield TorchDistComm.attach()
+    finally:
+        dist.destroy_process_group()

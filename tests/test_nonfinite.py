@@ -181,21 +181,6 @@ def test_skip_with_no_nonfinite_gradient_changes_nothing() -> None:
 
 
 # -- DDP: the bucket is checked inside the hook, before the hook it wraps sees it --------------
-@pytest.fixture
-def process_group(tmp_path: Path) -> Any:
-    import torch.distributed as dist
-
-    from qbench.comm.torchdist import TorchDistComm
-
-    dist.init_process_group(
-        "gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1
-    )
-    try:
-        yield TorchDistComm.attach()
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("comp", ["none", "{name: qsgd, bits: 4}"], ids=["torch-hook", "qsgd"])
 def test_ddp_fails_or_skips_a_nonfinite_bucket(comp: str, process_group: Any) -> None:
     from qbench.run.ddp_loop import DDPRun

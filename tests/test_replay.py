@@ -29,21 +29,6 @@ def _spec(scheme: str, comp: str = "none", compute: str = "replay") -> Any:
     return expand(scenario.loads(text)).runs[0]
 
 
-@pytest.fixture
-def process_group(tmp_path: Path) -> Any:
-    import torch.distributed as dist
-
-    from qbench.comm.torchdist import TorchDistComm
-
-    dist.init_process_group(
-        "gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1
-    )
-    try:
-        yield TorchDistComm.attach()
-    finally:
-        dist.destroy_process_group()
-
-
 def _parts(tmp_path: Path, name: str = "run") -> Path:
     parts = tmp_path / "out" / name / "parts"
     parts.mkdir(parents=True)
