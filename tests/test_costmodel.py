@@ -521,6 +521,9 @@ def test_host_cores_scale_codec_and_compute() -> None:
     shared = cm.predict(m, Config(**{**cfg.__dict__, "host_cores": 2}))
     assert shared.compute_s == 2.0 and shared.encode_s == pytest.approx(2 * one.encode_s)
     assert shared.comm_s == one.comm_s
+    # replayed compute sleeps (compute: replay): only the codecs share the cores
+    slept = cm.predict(m, Config(**{**cfg.__dict__, "host_cores": 2, "replayed_compute": True}))
+    assert slept.compute_s == 1.0 and slept.encode_s == shared.encode_s
 
 
 # -- CLI -----------------------------------------------------------------------------------------

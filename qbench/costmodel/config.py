@@ -44,6 +44,9 @@ class Config:
     step_s: float | None = None
     """Optimizer step seconds at this numel; None: the workload's per-element fit, or 0."""
     host_cores: int | None = None
+    replayed_compute: bool = False
+    """Compute and step were slept through (``compute: replay``): they use no CPU, so ranks
+    sharing ``host_cores`` do not slow them; codecs still run, and still share."""
     tbf_burst: bool = True
     """Shaped links are qbench's tbf emulation, whose bucket lets each call start with a burst;
     False for real links (no credit)."""

@@ -40,6 +40,7 @@ from qbench.costmodel.model import ComputeFit, CostModel, imbalance_key, solo_ke
 from qbench.costmodel.schemes import NONE, Scheme, full_precision, nominal_bits_per_value
 from qbench.errors import UserError
 from qbench.spec.network import Link
+from qbench.spec.scenario import REPLAY
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,9 +154,14 @@ def run_config(r: Any, model: CostModel | None = None) -> tuple[Scheme, Config] 
         scheme=scheme, compressor=comp, bits_per_value=bits, backend=str(r.backend),
         network=r.link, world_size=k, topology=getattr(r, "topology", None), numel=n,
         fp32_numel=f, workload=str(r.workload), batch_size=int_or_none(r.batch_size),
-        device=str(r.device), host_cores=run_host_cores(r),
+        device=str(r.device), host_cores=run_host_cores(r), replayed_compute=replayed(r),
     )  # fmt: skip
     return scheme, cfg
+
+
+def replayed(r: Any) -> bool:
+    """Whether a run-table row replayed its compute (``compute: replay``: sleeps, no CPU)."""
+    return str(getattr(r, "compute", "fp32")) == REPLAY
 
 
 def run_host_cores(r: Any) -> int | None:
@@ -192,6 +198,11 @@ def _row_share(r: Any) -> float:
     """``_cpu_share`` of a run-table row."""
     cores = run_host_cores(r)
     return max(1.0, int(r.world_size) / cores) if cores else 1.0
+
+
+def _compute_share(r: Any) -> float:
+    """``_row_share`` for compute and step: 1 where they were replayed (slept, no CPU)."""
+    return 1.0 if replayed(r) else _row_share(r)
 
 
 def _cpu_share(cfg: Config) -> float:
@@ -295,8 +306,8 @@ def run_points(
         } if len(cores) == 1 else {}  # fmt: skip
         compute.append(ComputeFit(
             workload=workload, batch_size=batch, device=device,
-            compute_s=float(np.median([r.t_compute / _row_share(r) for r in rs])),
-            step_s=float(np.median([r.t_step / _row_share(r) for r in rs])),
+            compute_s=float(np.median([r.t_compute / _compute_share(r) for r in rs])),
+            step_s=float(np.median([r.t_step / _compute_share(r) for r in rs])),
             numel=int(np.median([r.grad_bytes // 4 for r in rs])), runs=len(rs),
             world_sizes=ks, per_world_size=per_k,
             host_cores=next(iter(cores)) if len(cores) == 1 else None,

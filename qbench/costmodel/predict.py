@@ -123,7 +123,7 @@ def predict(model: CostModel, cfg: Config) -> Prediction:
     if k == 1:
         comm = model.solo_comm.get(solo_key(cfg.backend, scheme.label, cfg.workload), 0.0)
     cpu = max(1.0, k / cfg.host_cores) if cfg.host_cores else 1.0
-    if not shared:
+    if not shared and not cfg.replayed_compute:  # replayed compute sleeps: no core to share
         compute, step = compute * cpu, step * cpu
     enc, dec = enc * cpu, dec * cpu
     if scheme.overlap > 1:
