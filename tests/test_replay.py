@@ -21,10 +21,10 @@ from qbench.spec.matrix import expand
 from qbench.timing import PhaseTimer
 
 
-def _spec(scheme: str, comp: str = "none", compute: str = "replay") -> Any:
+def _spec(scheme: str, comp: str = "none", compute: str = "replay", extra: str = "") -> Any:
     text = (
         f"name: t\nmodel: mlp\nworld_size: 1\nscheme: {scheme}\ncompressor: {comp}\n"
-        f"compute: {compute}\nwarmup: 0\niterations: 4\nbatch_size: 8\n"
+        f"compute: {compute}\nwarmup: 0\niterations: 4\nbatch_size: 8\n{extra}"
     )
     return expand(scenario.loads(text)).runs[0]
 
@@ -239,3 +239,36 @@ def test_speed_figures_and_pages_say_replayed() -> None:
     note = names.compute_note(both)
     assert "replayed compute" in note and "time-dilated x10" in note
     assert names.compute_note(pd.DataFrame({"precision": ["fp32", "bf16"]})) == ""
+
+
+def test_a_supplied_timeline_is_replayed_and_labelled(tmp_path: Path, process_group: Any) -> None:
+    """`timeline:` (e.g. a replayed GPU run's timeline.json) instead of measuring one."""
+    spec = _spec("reduce-broadcast")
+    ReplayRun(spec, process_group, _parts(tmp_path, "measured"))
+    doc = json.loads((tmp_path / "out" / "measured" / "timeline.json").read_text())
+    doc.update(forward_s=0.05, device="cuda:0", samples=[[0.05, 0.1, 0.01]])
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps(doc))
+    run = ReplayRun(_spec("reduce-broadcast", extra=f"timeline: {gpu}\n"), process_group,
+                    _parts(tmp_path, "supplied"))  # fmt: skip
+    assert run.timeline.samples == ((0.05, 0.1, 0.01),) and run.timeline.device == "cuda:0"
+    kept = json.loads((tmp_path / "out" / "supplied" / "timeline.json").read_text())
+    assert kept["source"].startswith(f"supplied: {gpu} (it says: measured")
+    doc["params"] = doc["params"][1:]  # a timeline of another model
+    gpu.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="does not time this model"):
+        ReplayRun(_spec("reduce-broadcast", extra=f"timeline: {gpu}\n"), process_group,
+                  _parts(tmp_path, "other"))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [("compute: fp32\ntimeline: t.json\n", "add `compute: replay`"),
+     ("compute: replay\ntimeline: /nonexistent.json\n", "cannot be read as a replay timeline"),
+     ("compute: replay\ntimeline: {empty}\n", "has no forward_s, backward_s, step_s, params")],
+)  # fmt: skip
+def test_a_bad_timeline_is_one_line(extra: str, message: str, tmp_path: Path) -> None:
+    (tmp_path / "empty.json").write_text("{}")
+    text = "name: t\nmodel: mlp\n" + extra.format(empty=tmp_path / "empty.json")
+    with pytest.raises(UserError, match=message):
+        scenario.loads(text)

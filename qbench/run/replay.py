@@ -183,7 +183,9 @@ def shared(run: Any, parts: Path) -> Timeline:
     cm, spec = run.comm, run.spec
     cache = parts.parent.parent / TIMELINES / f"{key(spec)}.json"
     atomic_write_json(parts / f"replay-ready-{cm.rank}.json", {"rank": cm.rank})
-    if cm.rank == 0:
+    if cm.rank == 0 and spec.timeline:  # supplied (scenario `timeline:`), labelled as such
+        atomic_write_json(timeline_beside(parts), supplied(spec.timeline, run.named))
+    elif cm.rank == 0:
         if not cache.exists():
             _wait(lambda: all((parts / f"replay-ready-{r}.json").exists()
                               for r in range(cm.world_size)), spec.timeout)  # fmt: skip
@@ -194,6 +196,20 @@ def shared(run: Any, parts: Path) -> Timeline:
         _wait(timeline_beside(parts).exists, spec.timeout)
     recorded = Timeline.from_dict(json.loads(timeline_beside(parts).read_text()))
     return recorded.dilated(spec.dilation)
+
+
+def supplied(path: str, named: dict[str, Any]) -> dict[str, Any]:
+    """A supplied timeline, its ``source`` saying where it came from; it must time exactly
+    this model's parameters (else ValueError naming the difference)."""
+    doc = json.loads(Path(path).read_text())
+    names = {p["name"] for p in doc["params"]}
+    if names != set(named):
+        extra, missing = sorted(names - set(named)), sorted(set(named) - names)
+        raise ValueError(
+            f"timeline {path} does not time this model: parameters it has and the model has "
+            f"not: {extra[:3]}, the model has and it has not: {missing[:3]}"
+        )
+    return {**doc, "source": f"supplied: {path} (it says: {doc.get('source', 'no source')})"}
 
 
 def _wait(cond: Any, timeout: float) -> None:

@@ -156,3 +156,31 @@ def check_batch(batch: int | dict[int, int], world_sizes: tuple[int, ...]) -> No
                 f"batch_size map has no entry for world_size {missing[0]}; "
                 f"add `{missing[0]}: <per-rank batch>` or give one number"
             )
+
+
+TIMELINE_KEYS = ("forward_s", "backward_s", "step_s", "params")
+
+
+def check_timeline(path: str, replayed: bool) -> None:
+    """``timeline:``: only with ``compute: replay``, and a readable replay timeline
+    (``qbench.run.replay.Timeline`` as JSON, e.g. a replayed run's ``timeline.json``)."""
+    import json
+    from pathlib import Path
+
+    if not replayed:
+        raise UserError(
+            f"timeline: {path} is what replayed compute sleeps through; add `compute: replay`, "
+            "or drop `timeline:`"
+        )
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(
+            f"timeline: {path} cannot be read as a replay timeline ({type(e).__name__}); give "
+            "a replayed run's timeline.json"
+        ) from None
+    missing = [k for k in TIMELINE_KEYS if not isinstance(doc, dict) or k not in doc]
+    if missing:
+        raise UserError(
+            f"timeline: {path} has no {', '.join(missing)}; give a replayed run's timeline.json"
+        )

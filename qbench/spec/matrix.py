@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from qbench import catalog
@@ -30,7 +31,7 @@ _OPTIONAL_ID_FIELDS: dict[str, Any] = {
     "model_params": {}, "repeat": 0, "nodes": 1, "device": "", "epochs": 0, "lr_schedule": {},
     "weight_decay": 0.0, "skew": 0.0, "compute": "fp32", "norm": "batchnorm", "weight_bits": 0,
     "steps_per_epoch": 0, "profile": False, "workload": {}, "data": {}, "optimizer": {},
-    "loss": {}, "nonfinite": "fail", "rounding": "per-rank", "dilation": 1.0,
+    "loss": {}, "nonfinite": "fail", "rounding": "per-rank", "dilation": 1.0, "timeline": "",
 }  # fmt: skip
 
 
@@ -101,6 +102,8 @@ class RunSpec:
     dilation: float = 1.0
     """Time dilation (``qbench.run.replay``): links shaped at their rates / D, replayed compute
     and codec time stretched D times; reports divide the measured times by D."""
+    timeline: str = ""
+    """A supplied replay timeline (absolute path); empty: measured by the sweep's first run."""
     """A NaN or inf in a gradient fails the run (``fail``) or skips the step (``skip``)."""
 
     @property
@@ -442,6 +445,7 @@ def _run_spec(sc: Scenario, p: _Point) -> RunSpec:
         steps_per_epoch=sc.steps_per_epoch or 0, workload=p.workload, data=p.data,
         optimizer=optimizer, loss=dict(sc.loss), nonfinite=sc.nonfinite,
         rounding=_rounding(sc, p), dilation=sc.dilation,
+        timeline=str(Path(sc.timeline).resolve()) if sc.timeline else "",
     )  # fmt: skip
 
 

@@ -157,6 +157,9 @@ class Scenario:
     """Time dilation (``compute: replay`` only): the emulated links run D times slower than the
     rates they stand for, replayed compute and the codecs' time stretch D times, and reports
     divide measured times by D (qbench.run.replay)."""
+    timeline: str = ""
+    """A replay timeline to use instead of measuring one (``compute: replay`` only): a run's
+    ``timeline.json``, e.g. from a replayed sweep on a GPU machine; its path, made absolute."""
     source: str = field(default="<embedded>", compare=False)
     """Where the scenario was read from (not part of any run's identity)."""
 
@@ -220,6 +223,8 @@ class Scenario:
                 "real compute cannot slow down with them: use `compute: replay` (alone), or "
                 "drop `dilation:`"
             )
+        if self.timeline:
+            checks.check_timeline(self.timeline, replayed=REPLAY in self.compute)
         if REPLAY in self.compute and self.epochs:
             raise UserError(
                 "compute: replay stands in for the model's work, so it learns nothing: accuracy "
@@ -284,6 +289,7 @@ _SCALARS = {
     "cover": bool,
     "nonfinite": str,
     "dilation": float,
+    "timeline": str,
 }
 
 
