@@ -47,6 +47,14 @@ def write_page(
     title = f"qbench study: {report_dir.resolve().parent.name}"
     counts = ", ".join(f"{n} {s}" for s, n in summary["status"].value_counts().items())
     intro = f"{len(summary)} runs: {counts}. Configurations merge repeats and seeds (medians)."
+    replayed = int((summary["precision"].astype(str) == "replay").sum())
+    if replayed:  # on top, so that no section's early return can leave it out
+        intro += (
+            f" {replayed} runs ran with replayed compute (compute: replay): each rank slept "
+            "through the forward, backward and optimizer step as measured on one rank alone (the "
+            "run's timeline.json) while its real gradient went through the real exchange; their "
+            "speeds are about communication at that compute time, and they trained nothing."
+        )
     prov = provenance.read(report_dir.parent, summary, figures)
     atomic_write_bytes(report_dir / INDEX_MD, to_markdown(title, intro, sections).encode())
     page = to_html(title, intro, sections, report_dir, prov)
@@ -125,13 +133,6 @@ def _speed(configs: pd.DataFrame, summary: pd.DataFrame) -> Section:
             "Rows marked (simulated) send the compressed bytes without reducing the gradients "
             "(seed 002 section 4.4): an upper bound on speed, not a training result, so they "
             "are left out of the verdict too."
-        )
-    if (configs["precision"].astype(str) == "replay").any():  # compute column: `replay`
-        section.notes.append(
-            "Rows whose compute is replay ran with replayed compute: each rank slept through the "
-            "forward, backward and optimizer step as measured on one rank alone (the run's "
-            "timeline.json) while its real gradient went through the real exchange; their "
-            "speedups are about communication at that compute time, and they trained nothing."
         )
     if real.empty:
         section.sentences.append(
