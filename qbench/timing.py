@@ -31,6 +31,7 @@ class PhaseTimer:
         links and the replayed compute, and reports that divide by it see their real time."""
         self._sync = _sync_for(device)
         self._stretch = stretch
+        self._stretched = STRETCHED if stretch != 1 else ()  # decided once, not per mark
         self.totals = dict.fromkeys(PHASES, 0.0)
         self._start = self._last = self._excluded = 0.0
 
@@ -45,7 +46,7 @@ class PhaseTimer:
         """Charge the time since the previous mark (or start) to ``phase``."""
         self._sync()
         now = time.perf_counter()
-        if self._stretch != 1 and phase in STRETCHED:
+        if phase in self._stretched:
             time.sleep((self._stretch - 1) * (now - self._last))
             now = time.perf_counter()
         self.totals[phase] += now - self._last

@@ -122,7 +122,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def gradient(model: torch.nn.Module, named: dict[str, torch.nn.Parameter], loss: Any) -> None:
+def gradient(named: dict[str, torch.nn.Parameter], loss: Any) -> None:
     """Fill the parameters' gradients by one backward of ``loss`` (zeroed first, in place, so
     that flat gradient buffers stay the parameters' .grad)."""
     for p in named.values():
@@ -151,7 +151,7 @@ def measure(run: Any) -> Timeline:
             _sync(device)
             t1 = time.perf_counter()
             ready.clear()
-            gradient(run.model, named, loss)
+            gradient(named, loss)
             _sync(device)
             t2 = time.perf_counter()
             run.opt.step()

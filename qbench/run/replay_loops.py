@@ -24,7 +24,7 @@ NAN = float("nan")  # a replayed run has no loss: its model does not learn
 def _own_gradient(run: Run | DDPRun) -> None:
     """This rank's real gradient, of its own first batch, into the parameters' .grad."""
     x, y = run.data.batch(0)
-    replay.gradient(run.model, run.named, run.loss_fn(run.model(x), y))
+    replay.gradient(run.named, run.loss_fn(run.model(x), y))
 
 
 class ReplayRun(Run):

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from qbench.errors import UserError, did_you_mean
@@ -164,9 +166,6 @@ TIMELINE_KEYS = ("forward_s", "backward_s", "step_s", "params")
 def check_timeline(path: str, replayed: bool) -> None:
     """``timeline:``: only with ``compute: replay``, and a readable replay timeline
     (``qbench.run.replay.Timeline`` as JSON, e.g. a replayed run's ``timeline.json``)."""
-    import json
-    from pathlib import Path
-
     if not replayed:
         raise UserError(
             f"timeline: {path} is what replayed compute sleeps through; add `compute: replay`, "
