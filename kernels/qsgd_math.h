@@ -118,7 +118,18 @@ QB_HD float qb_onebit_input(float grad, float residual) { return QB_FADD(grad, r
 // Leaves of the two per-bucket sums: avg+ sums the values >= 0, avg- the values < 0; every other
 // slot holds +0.0 (torch.where(neg, v, 0.0) and torch.where(neg, 0.0, v)).
 QB_HD float qb_onebit_pos_leaf(float v) { return v < 0.0f ? 0.0f : v; }
-QB_HD float qb_onebit_neg_leaf(float v) { return v < 0.0f ? v : 0.0f; }
+// On the device NVVM compiles `v < 0 ? v : 0` to min.f32 (even when written as a mask of the
+// bits), and the GPU's min(-0, +0) is -0 where torch writes +0: seen on an H100 for a bucket
+// holding only -0.0 (docs/results/gpu.md). Adding +0.0 fixes it exactly: a selected v is
+// negative and unchanged by it, and -0 + +0 = +0 when rounding to nearest. The C loops need no
+// add: x86's minps returns its second operand (+0) when -0 < +0 is false.
+QB_HD float qb_onebit_neg_leaf(float v) {
+#if defined(__CUDA_ARCH__)
+  return QB_FADD(v < 0.0f ? v : 0.0f, 0.0f);
+#else
+  return v < 0.0f ? v : 0.0f;
+#endif
+}
 
 // Mean of count values summing to sum; 0 values give sum / 1 (torch: sum / count.clamp(min=1)).
 QB_HD float qb_onebit_mean(float sum, int64_t count) {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import subprocess
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 from click.testing import CliRunner
+from rich.console import Console
 
 import qbench.bench
 from qbench import compress
@@ -86,6 +88,27 @@ def test_bad_settings_are_user_errors() -> None:
         kernels.measure(["none"], sizes=[40])
     with pytest.raises(UserError, match="repeats"):
         kernels.measure(["none"], sizes=[4], repeats=0)
+    with pytest.raises(UserError, match="max time must be > 0 seconds, got 0"):
+        kernels.measure(["none"], sizes=[4], max_time=0)
+
+
+def _render(table: Any) -> str:
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(table)
+    return console.export_text()
+
+
+def test_max_time_cuts_repeats_and_the_table_says_so() -> None:
+    """A codec slower than the time allowed keeps one sample per op (not zero, not all 50),
+    and its row shows how many calls its median rests on."""
+    cut = kernels.measure(["qsgd"], sizes=[10], repeats=50, max_time=1e-9)
+    assert [len(r.samples) for r in cut.rows] == [1, 1] and cut.max_time == 1e-9
+    assert kernels.to_document(cut)["max_time"] == 1e-9
+    full = kernels.measure(["qsgd"], sizes=[10], repeats=3, max_time=60)
+    assert [len(r.samples) for r in full.rows] == [3, 3]
+    text = _render(render.table(cut.rows, "t", cut.repeats))
+    assert text.count("(1 call)") == 2
+    assert "call" not in _render(render.table(full.rows, "t", full.repeats))
 
 
 def test_threads_are_restored() -> None:
@@ -121,7 +144,7 @@ def test_target_lines_say_pass_or_miss() -> None:
 
 def test_json_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "k.json"
-    qbench.bench.kernels_command(["none", "qsgd"], [8], 1, "cpu", 1, "auto", path)
+    qbench.bench.kernels_command(["none", "qsgd"], [8], 1, 5.0, "cpu", 1, "auto", path)
     doc = json.loads(path.read_text())
     assert doc["schema"] == kernels.SCHEMA == "qbench.bench.kernels/1"
     assert {"machine", "versions", "git_commit", "threads", "rows"} <= set(doc)
@@ -133,9 +156,10 @@ def test_list_options_take_several_values(monkeypatch: pytest.MonkeyPatch) -> No
     seen: dict[str, Any] = {}
     monkeypatch.setattr(qbench.bench, "kernels_command", lambda *a: seen.update(args=a))
     argv = ["bench", "kernels", "--sizes", "10", "12", "--compressor", "none", "qsgd:bits=8"]
-    res = CliRunner().invoke(cli, [*argv, "--repeats", "2", "--sizes=14", "16"])
+    res = CliRunner().invoke(cli, [*argv, "--repeats", "2", "--sizes=14", "16", "--max-time=3"])
     assert res.exit_code == 0, res.output
-    assert seen["args"] == (("none", "qsgd:bits=8"), (10, 12, 14, 16), 2, "cpu", 1, "auto", None)
+    want = (("none", "qsgd:bits=8"), (10, 12, 14, 16), 2, 3.0, "cpu", 1, "auto", None)
+    assert seen["args"] == want
 
 
 def _qbench(*args: str) -> subprocess.CompletedProcess[str]:

@@ -28,6 +28,8 @@ SCHEMA = "qbench.bench.kernels/1"
 OPS = ("encode", "decode")
 MIN_LOG2, MAX_LOG2 = 1, 26
 DEFAULT_SIZES = (16, 20, 24)
+DEFAULT_MAX_TIME = 5.0
+"""Seconds of timed repeats per compressor and size."""
 
 # The compressor families we compare; names not registered yet are skipped with a note.
 DEFAULT_SPECS = (
@@ -107,6 +109,8 @@ class KernelResult:
     sizes: tuple[int, ...]
     backend: str = "auto"
     """Compressor code path requested (``qbench.compress.native``): auto, torch or native."""
+    max_time: float = DEFAULT_MAX_TIME
+    """Seconds of timed repeats per compressor and size (rows may hold fewer than repeats)."""
 
     def targets(self) -> list[TargetResult]:
         """Targets whose rows were measured, with their ratios."""
@@ -221,7 +225,7 @@ def _prime(comp: compress.Compressor, src: torch.Tensor) -> None:
 
 
 def _samples(
-    comp: compress.Compressor, src: torch.Tensor, repeats: int, clock: Clock
+    comp: compress.Compressor, src: torch.Tensor, repeats: int, max_time: float, clock: Clock
 ) -> tuple[dict[str, list[float]], list[float], compress.Payload]:
     dst = torch.empty_like(src)
     _prime(comp, src)
@@ -232,11 +236,16 @@ def _samples(
     clock(lambda: comp.encode(src, name="bench"))
     times: dict[str, list[float]] = {op: [] for op in OPS}
     copies: list[float] = []
+    # Like pytest-benchmark's max_time: a codec far off the rest (a Python loop per bucket on a
+    # GPU takes seconds a call) gets fewer repeats instead of eating the whole benchmark.
+    deadline = time.perf_counter() + max_time
     for _ in range(repeats):
         _prime(comp, src)
         copies.append(clock(lambda: dst.copy_(src)))
         times["encode"].append(clock(lambda: comp.encode(src, name="bench")))
         times["decode"].append(clock(lambda: comp.decode(payload)))
+        if time.perf_counter() > deadline:
+            break
     return times, copies, payload
 
 
@@ -247,10 +256,10 @@ def _median(samples: list[float]) -> float:
 
 
 def _rows(
-    comp: compress.Compressor, src: torch.Tensor, repeats: int, clock: Clock
+    comp: compress.Compressor, src: torch.Tensor, repeats: int, max_time: float, clock: Clock
 ) -> list[KernelRow]:
     impl = implementation(comp, src)
-    times, copies, payload = _samples(comp, src, repeats, clock)
+    times, copies, payload = _samples(comp, src, repeats, max_time, clock)
     numel = src.numel()
     copy_s = _median(copies)
     spec = {"name": comp.name, **comp.spec.params}
@@ -277,7 +286,7 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _check(sizes: Sequence[int], repeats: int, threads: int) -> None:
+def _check(sizes: Sequence[int], repeats: int, threads: int, max_time: float) -> None:
     for e in sizes:
         if not MIN_LOG2 <= e <= MAX_LOG2:
             raise UserError(
@@ -288,6 +297,8 @@ def _check(sizes: Sequence[int], repeats: int, threads: int) -> None:
         raise UserError(f"repeats must be >= 1, got {repeats}; e.g. `--repeats 5`")
     if threads < 1:
         raise UserError(f"threads must be >= 1, got {threads}; e.g. `--threads 1`")
+    if not max_time > 0:
+        raise UserError(f"max time must be > 0 seconds, got {max_time}; e.g. `--max-time 5`")
 
 
 def measure(
@@ -295,6 +306,7 @@ def measure(
     *,
     sizes: Sequence[int] = DEFAULT_SIZES,
     repeats: int = 5,
+    max_time: float = DEFAULT_MAX_TIME,
     device: str = "cpu",
     threads: int = 1,
     backend: str = "auto",
@@ -303,26 +315,29 @@ def measure(
     """Time encode and decode of every compressor on float32 tensors of 2^size elements.
 
     specs: ``NAME[:KEY=VALUE,...]`` strings; None means DEFAULT_SPECS (missing ones skipped).
+    max_time: seconds of timed repeats per compressor and size; slower ones stop early (with at
+        least one sample each; a row's ``samples`` says how many).
     threads: torch intra-op threads while measuring (1 = one CPU rank); restored afterwards.
     backend: compressor code path, see ``qbench.compress.native`` (auto = compiled if built).
     """
-    _check(sizes, repeats, threads)
+    _check(sizes, repeats, threads, max_time)
     dev = _device(device)
     comps, notes = resolve(specs)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         with _backend(backend):
-            rows = _measure_all(comps, sizes, repeats, dev, on_progress)
+            rows = _measure_all(comps, sizes, repeats, max_time, dev, on_progress)
     finally:
         torch.set_num_threads(previous)
-    return KernelResult(rows, notes, dev.type, threads, repeats, tuple(sizes), backend)
+    return KernelResult(rows, notes, dev.type, threads, repeats, tuple(sizes), backend, max_time)
 
 
 def _measure_all(
     comps: list[compress.Compressor],
     sizes: Sequence[int],
     repeats: int,
+    max_time: float,
     dev: torch.device,
     on_progress: Callable[[str], None] | None,
 ) -> list[KernelRow]:
@@ -333,7 +348,7 @@ def _measure_all(
         for comp in comps:
             if on_progress:
                 on_progress(f"{comp.label} at 2^{e} on {dev.type}")
-            rows += _rows(comp, src, repeats, clock)
+            rows += _rows(comp, src, repeats, max_time, clock)
             comp.reset()
     return rows
 
@@ -351,6 +366,7 @@ def to_document(result: KernelResult) -> dict[str, Any]:
         "threads": result.threads,
         "backend": result.backend,
         "repeats": result.repeats,
+        "max_time": result.max_time,
         "sizes": list(result.sizes),
         "notes": result.notes,
         "rows": [asdict(r) for r in result.rows],

@@ -30,13 +30,18 @@ def nbytes(n: int) -> str:
     return f"{n} B"
 
 
-def table(rows: list[KernelRow], title: str) -> Table:
+def table(rows: list[KernelRow], title: str, repeats: int | None = None) -> Table:
+    """repeats: the calls asked for; a row with fewer (cut by --max-time) says how many it has."""
     t = Table(title=title)
     for col in _COLUMNS:
         t.add_column(col, justify="left" if col in ("compressor", "impl", "op") else "right")
     for r in rows:
+        time = seconds(r.seconds)
+        if repeats is not None and len(r.samples) < repeats:
+            n = len(r.samples)
+            time += f" ({n} call{'' if n == 1 else 's'})"
         t.add_row(
-            r.compressor, r.implementation, r.op, seconds(r.seconds), f"{r.gbps:.3g}",
+            r.compressor, r.implementation, r.op, time, f"{r.gbps:.3g}",
             seconds(r.copy_seconds), f"{r.ratio:.3g}", nbytes(r.wire_bytes),
             f"{r.bits_per_value:.3g}",
         )  # fmt: skip
@@ -59,9 +64,9 @@ def show_kernels(result: KernelResult) -> None:
         rows = [r for r in result.rows if r.numel == 2**e]
         title = (
             f"kernels: 2^{e} = {2**e:,} float32 on {result.device}, {result.threads} thread(s), "
-            f"median of {result.repeats}"
+            f"median of {result.repeats} calls or of those made in {result.max_time:g} s"
         )
-        out.print(table(rows, title))
+        out.print(table(rows, title, result.repeats))
         for t in targets:
             if t.target.log2_numel == e:
                 out.print(target_line(t), markup=False, highlight=False)

@@ -38,6 +38,14 @@ def bench() -> None:
     show_default=True,
     help="Timed calls per op (median reported), after one warm-up.",
 )
+@click.option(
+    "--max-time",
+    type=float,  # checked (and explained) by qbench.bench.kernels
+    default=5.0,
+    show_default=True,
+    help="Seconds of timed calls per compressor and size; a slower one stops early with fewer "
+    "repeats (the table marks it).",
+)
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option(
     "--threads",
@@ -61,14 +69,14 @@ def bench() -> None:
     help="Also write the rows and provenance to this JSON file.",
 )
 def kernels(
-    specs: tuple[str, ...], sizes: tuple[int, ...], repeats: int, device: str, threads: int,
-    backend: str, json_path: str | None,
+    specs: tuple[str, ...], sizes: tuple[int, ...], repeats: int, max_time: float, device: str,
+    threads: int, backend: str, json_path: str | None,
 ) -> None:  # fmt: skip
     """Encode/decode time of each compressor against a plain copy of the same tensor."""
     from qbench.bench import kernels_command
 
     path = Path(json_path) if json_path else None
-    kernels_command(specs, sizes, repeats, device, threads, backend, path)
+    kernels_command(specs, sizes, repeats, max_time, device, threads, backend, path)
 
 
 @bench.command(cls=ListCommand)
