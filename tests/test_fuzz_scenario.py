@@ -270,6 +270,9 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     ),
     "loss": st.one_of(st.sampled_from(list(workloads.LOSSES)),
                       st.just({"factory": "mypkg.losses:focal", "params": {"gamma": 2}})),
+    # files the scenario names (replay): their valid value without a file is the default ""
+    "timeline": st.just(""),
+    "codec_time": st.just(""),
 }  # fmt: skip
 
 # ---- junk: any type, edge values, and registry entries of any shape --------------------------

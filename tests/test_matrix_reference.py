@@ -60,7 +60,7 @@ FULL_RUN: dict[str, Any] = {
     "compute": "bf16", "norm": "range-evonorm", "weight_bits": 8, "rounding": "shared",
     "steps_per_epoch": 0, "profile": False, "workload": {}, "data": {}, "optimizer": {},
     "loss": {},
-    "nonfinite": "skip", "dilation": 1.0, "timeline": "",
+    "nonfinite": "skip", "dilation": 1.0, "timeline": "", "codec_time": "",
 }  # fmt: skip
 
 
@@ -140,7 +140,8 @@ def test_run_id_ignores_what_changes_nothing_measured(field: str, value: Any) ->
      ("optimizer", {"name": "adam"}), ("loss", {"name": "mse"}), ("weight_decay", 0.5),
      ("skew", 0.25), ("compute", "fp16"), ("norm", "batchnorm"), ("weight_bits", 6),
      ("nodes", 1), ("repeat", 1), ("rounding", "per-rank"),
-     ("nonfinite", "fail"), ("dilation", 10.0), ("timeline", "/gpu/timeline.json")],
+     ("nonfinite", "fail"), ("dilation", 10.0), ("timeline", "/gpu/timeline.json"),
+     ("codec_time", "/gpu/kernels.json")],
 )  # fmt: skip
 def test_run_id_changes_with_every_field_added_later(field: str, value: Any) -> None:
     run = expand(FULL).runs[0]
@@ -510,7 +511,7 @@ def test_accuracy_mode_and_the_users_workload_reach_the_run_spec() -> None:
         "data": {"factory": "mypkg.data:splits", "params": {}},
         "optimizer": {"name": "adam", "betas": [0.9, 0.999], "eps": 1e-08, "amsgrad": False},
         "loss": {"name": "cross-entropy", "label_smoothing": 0.1},
-        "nonfinite": "fail", "dilation": 1.0, "timeline": "",
+        "nonfinite": "fail", "dilation": 1.0, "timeline": "", "codec_time": "",
     }  # fmt: skip
     labels = run.labels()
     assert (labels["model"], labels["dataset"], labels["epochs"], labels["target_accuracy"],

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from qbench.errors import UserError
-from qbench.records.view import run_specs
+from qbench.records.view import run_specs, run_specs_each
 
 # A run.json's two halves as a run writes them (schema version 2): the spec as given, and the
 # labels made from it.
@@ -79,3 +79,16 @@ def test_the_link_comes_from_the_spec_or_else_the_label(
     if label is not None:
         record["labels"]["network"] = label
     assert run_specs(record).link.bits_per_s == bits
+
+
+def test_each_part_reads_on_its_own() -> None:
+    """A compressor label that no longer parses leaves the scheme and link readable: an
+    async-ps run is still told apart by its scheme (stats' order-independent detection)."""
+    parts = run_specs_each(
+        {"labels": {"compressor": "qsgd-4b", "scheme": "async-ps", "network": "1gbit"}}
+    )
+    assert parts.compressor is None
+    assert parts.scheme is not None and parts.scheme.name == "async-ps"
+    assert parts.link is not None and parts.link.bits_per_s == 1e9
+    whole = run_specs_each({"spec": {"compressor": {"name": "qsgd"}, "scheme": "allreduce"}})
+    assert whole.compressor is not None and whole.compressor.name == "qsgd"

@@ -22,7 +22,7 @@ VALID_KEYS = (
     "lr_schedule, weight_decay, skew, target_accuracy, compute, norm, weights, rounding, lr, "
     "momentum, "
     "optimizer, loss, seed, repeats, include, exclude, price_per_hour, launcher, isolation, "
-    "slurm, timeout, telemetry, profile, layers, nonfinite, dilation, timeline"
+    "slurm, timeout, telemetry, profile, layers, nonfinite, dilation, timeline, codec_time"
 )
 ACCURACY = "epochs: 2\ndataset: digits\n"
 

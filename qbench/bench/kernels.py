@@ -23,9 +23,10 @@ import torch
 from qbench import compress
 from qbench.catalog import specs
 from qbench.errors import UserError
+from qbench.spec import codec_times
 
-SCHEMA = "qbench.bench.kernels/1"
-OPS = ("encode", "decode")
+SCHEMA = codec_times.SCHEMA
+OPS = codec_times.OPS
 MIN_LOG2, MAX_LOG2 = 1, 26
 DEFAULT_SIZES = (16, 20, 24)
 DEFAULT_MAX_TIME = 5.0

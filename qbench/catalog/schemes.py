@@ -40,6 +40,10 @@ class SchemeEntry:
     """Can run per DDP bucket during backward (``backward: true``)."""
     pipelined: bool = False
     """Takes ``overlap: C``: C chunks double-buffered (seed 002 §3.2.1)."""
+    codec_calls: bool = True
+    """Encodes and decodes through the compressor's ``encode`` / ``decode`` (what ``qbench
+    bench kernels`` times, so ``codec_time:`` can replay it); integer-allreduce quantizes with
+    kernels of its own."""
     cross_check: Check = lambda given, p: None
     display: Callable[[Params], str] | None = None
     """Its name for people in figures, tables and pages ("Choco-SGD, ring"), from the
@@ -207,7 +211,8 @@ INTEGER_ALLREDUCE = SchemeEntry(
     "integer-allreduce", "shared bucket scales, qsgd levels summed as integers in one "
     "allreduce", "beyond the papers", "qbench.aggregate.integer_allreduce:IntegerAllReduce",
     params=(OVERLAP, BACKWARD, *DDP_OPTIONS), per_bucket=True, pipelined=True,
-    cross_check=_ddp_options_need_backward, display=_flat("integer allreduce"),
+    codec_calls=False, cross_check=_ddp_options_need_backward,
+    display=_flat("integer allreduce"),
 )  # fmt: skip
 PARAMETER_SERVER = SchemeEntry(
     "parameter-server", "rank 0 averages the encoded gradients and sends the mean back",

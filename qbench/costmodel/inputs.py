@@ -19,13 +19,13 @@ from qbench.costmodel.schemes import Scheme, nominal_bits_per_value
 from qbench.errors import UserError
 from qbench.records.store import ResultStore
 from qbench.records.view import RunSpecs, run_specs
-from qbench.spec import network
+from qbench.spec import codec_times, network
 from qbench.spec.network import Link
 
 COMM_SCHEMA = "qbench.bench.comm/1"
 
 
-KERNELS_SCHEMA = "qbench.bench.kernels/1"
+KERNELS_SCHEMA = codec_times.SCHEMA
 
 
 def bench_key(row: dict[str, Any]) -> str:
@@ -57,18 +57,8 @@ def comm_rows(doc: Any, source: str) -> list[dict[str, Any]]:
 
 
 def kernel_rows(doc: Any, source: str) -> list[dict[str, Any]]:
-    if not isinstance(doc, dict) or doc.get("schema") != KERNELS_SCHEMA:
-        raise UserError(
-            f"{source}: not a `qbench bench kernels --json` file (schema {KERNELS_SCHEMA!r})"
-        )
-    rows = doc.get("rows")
-    if not isinstance(rows, list):
-        raise UserError(f"{source}: has no rows list")
-    need = ("compressor", "op", "numel", "seconds", "copy_seconds")
-    for r in rows:
-        if not isinstance(r, dict) or any(k not in r for k in need):
-            raise UserError(f"{source}: a row lacks one of {', '.join(need)}")
-    return rows
+    """The rows of a ``qbench bench kernels --json`` document (UserError if it is not one)."""
+    return codec_times.rows(doc, source)
 
 
 def float_or_nan(v: Any) -> float:

@@ -55,6 +55,9 @@ ITERATION_COLUMNS: dict[str, str] = {
     # (qbench.aggregate.hierarchical); NaN for schemes that do not split it
     "bytes_intra": "float64",
     "bytes_inter": "float64",
+    # `codec_time:` (qbench.run.replay_codec): codec calls this iteration whose real time
+    # exceeded the replayed one (the run then stands for a slower device); NaN without it
+    "codec_overrun": "float64",
 }
 
 # Columns added after schema version 1 was first written: readers fill them with NaN when a file
@@ -62,6 +65,7 @@ ITERATION_COLUMNS: dict[str, str] = {
 LATER_ITERATION_COLUMNS = (
     *("staleness", "server_version", "cum_bits", "t_forward", "t_comm_total"),
     *("overlap_fraction", "t_codec_total", "skipped", "bytes_intra", "bytes_inter"),
+    "codec_overrun",
 )
 
 # Workers print "<WORKER_FAILED> <rank> failed: <Exception>: <message>" on stderr when they fail.

@@ -14,13 +14,15 @@ without one reads its ``network`` label through ``network.option`` (none: unshap
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from qbench import catalog
 from qbench.spec import network
 from qbench.spec.network import Link
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,15 @@ class RunSpecs:
     scheme: catalog.SchemeSpec
     link: Link
     """The emulated link (``bits_per_s``), or an unshaped one (loopback) when none was set."""
+
+
+@dataclass(frozen=True)
+class RunParts:
+    """``RunSpecs`` where each part may be unreadable (None)."""
+
+    compressor: catalog.CompressorSpec | None
+    scheme: catalog.SchemeSpec | None
+    link: Link | None
 
 
 def run_specs(record: Mapping[str, Any]) -> RunSpecs:
@@ -46,6 +57,30 @@ def run_specs(record: Mapping[str, Any]) -> RunSpecs:
     made_labels = (made.compressor.label, catalog.scheme_label(made.scheme.name, params))
     recorded = (labels.get("compressor", made_labels[0]), labels.get("scheme", made_labels[1]))
     return made if recorded == made_labels else _from_labels(labels, link)
+
+
+def run_specs_each(record: Mapping[str, Any]) -> RunParts:
+    """``run_specs`` part by part: a part this qbench cannot read (a plug-in that is not
+    loaded, a label that no longer parses) is None and the other parts still read, so that one
+    unknown compressor does not hide what the scheme was (an async-ps run is told by it)."""
+    try:
+        made = run_specs(record)
+        return RunParts(made.compressor, made.scheme, made.link)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        pass
+    spec, labels = record.get("spec") or {}, record.get("labels") or {}
+    return RunParts(
+        _or_none(lambda: catalog.from_label(str(labels["compressor"]))),
+        _or_none(lambda: catalog.scheme_from_label(str(labels["scheme"]))),
+        _or_none(lambda: _link(spec, labels)),
+    )
+
+
+def _or_none(read: Callable[[], T]) -> T | None:
+    try:
+        return read()
+    except (ValueError, TypeError, KeyError, AttributeError):  # UserError is a ValueError
+        return None
 
 
 def _from_labels(labels: Mapping[str, Any], link: Link) -> RunSpecs:

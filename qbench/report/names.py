@@ -19,7 +19,7 @@ from typing import Any
 
 from qbench import catalog
 from qbench.catalog import rules
-from qbench.records.view import RunSpecs
+from qbench.records.view import RunParts
 from qbench.spec.network import Link
 
 SIMULATED = " (simulated)"
@@ -40,7 +40,17 @@ def compute_note(rows: Any) -> str:
         if factors:
             note += "\ntime-dilated x" + ", x".join(f"{d:g}" for d in factors)
             note += ", times divided back"
-    return f"\n({note})" if note else ""
+    devices = codec_devices(rows)
+    if devices:
+        note += "\ncodec time replayed from " + ", ".join(devices)
+    return f"\n({note.strip()})" if note else ""
+
+
+def codec_devices(rows: Any) -> list[str]:
+    """The devices whose codec times runs of ``rows`` replayed (``codec_time:``)."""
+    if "codec_time" not in rows:
+        return []
+    return sorted({str(d) for d in rows["codec_time"].dropna() if str(d)})
 
 
 _COMPRESSORS: dict[str, catalog.CompressorSpec] = {}
@@ -48,14 +58,15 @@ _SCHEMES: dict[str, catalog.SchemeSpec] = {}
 _LINKS: dict[str, Link] = {}
 
 
-def learn(labels: Mapping[str, Any], specs: RunSpecs) -> None:
-    """Remember what a run's ``compressor``, ``scheme`` and ``network`` labels stand for."""
+def learn(labels: Mapping[str, Any], specs: RunParts) -> None:
+    """Remember what a run's ``compressor``, ``scheme`` and ``network`` labels stand for (the
+    parts that could be read)."""
     compressor, scheme, network = (labels.get(k) for k in ("compressor", "scheme", "network"))
-    if isinstance(compressor, str):
+    if isinstance(compressor, str) and specs.compressor is not None:
         _COMPRESSORS[compressor] = specs.compressor
-    if isinstance(scheme, str):
+    if isinstance(scheme, str) and specs.scheme is not None:
         _SCHEMES[scheme] = specs.scheme
-    if isinstance(network, str):
+    if isinstance(network, str) and specs.link is not None:
         _LINKS[network] = specs.link
 
 

@@ -55,6 +55,16 @@ def write_page(
             "run's timeline.json) while its real gradient went through the real exchange; their "
             "speeds are about communication at that compute time, and they trained nothing."
         )
+    devices = names.codec_devices(summary)
+    if devices:
+        worst = summary["codec_overrun_share"].max()
+        intro += (
+            f" Their encode and decode lasted what the same compressors took on "
+            f"{', '.join(devices)} (codec_time: a `qbench bench kernels --json` file), while "
+            "the payloads were this machine's real codec's"
+            + (f"; the real codec was slower than that in up to {worst:.0%} of rank-iterations,"
+               " which then stand for a slower device." if worst > 0 else ".")
+        )  # fmt: skip
     prov = provenance.read(report_dir.parent, summary, figures)
     atomic_write_bytes(report_dir / INDEX_MD, to_markdown(title, intro, sections).encode())
     page = to_html(title, intro, sections, report_dir, prov)

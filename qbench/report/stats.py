@@ -12,7 +12,6 @@ Reads files only: never torch, the worker or a launcher. Conventions:
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ from qbench.records.schema import (
     iterations_frame,
 )
 from qbench.records.store import ResultStore
-from qbench.records.view import run_specs
+from qbench.records.view import run_specs_each
 from qbench.report import accuracy, async_stats, intervals, names, speedups
 
 UNREADABLE = "unreadable"
@@ -43,6 +42,7 @@ LABELS = (
     *("world_size", "batch_size", "global_batch", "simulated", "network", "numel", "seed"),
     *("repeat", "skew", "target_accuracy", "nodes", "price_per_hour", "gflops_per_sample"),
     *("compute", "norm", "weight_bits", "rounding", "overlap", "profiled", "dilation"),
+    "codec_time",
 )
 RUN_COLUMNS = (
     *("run_id", "status", "error", "exit_code", "git_commit", *LABELS),
@@ -85,6 +85,10 @@ SUMMARY_COLUMNS = (
     # bytes per rank and iteration inside a node and between nodes (hierarchical; else NaN)
     "bytes_intra_per_iteration",
     "bytes_inter_per_iteration",
+    # `codec_time:` runs: the device whose codec times were replayed, and the share of measured
+    # rank-iterations in which a real codec call outlasted its replayed time (NaN: not replayed)
+    "codec_time",
+    "codec_overrun_share",
 )
 
 
@@ -144,8 +148,7 @@ def _load_run(store: ResultStore, run_id: str) -> tuple[dict[str, Any], pd.DataF
         return _unreadable(run_id, f"run.json: {_reason(exc)}"), None
     # names: what the labels stand for; specs this qbench cannot read (a plug-in that is not
     # installed, UserError) leave the labels shown as they are, never fail the run's row
-    with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
-        names.learn(record.labels, run_specs({"spec": record.spec, "labels": record.labels}))
+    names.learn(record.labels, run_specs_each({"spec": record.spec, "labels": record.labels}))
     path = store.iterations_path(run_id)
     if not path.exists():
         if row["status"] == "ok":
@@ -292,6 +295,7 @@ def summarize(results: Results, include_disturbed: bool = False) -> pd.DataFrame
         metrics["_samples_per_s"] = math.nan
     table = results.runs.merge(metrics, "left", "run_id")
     table["skipped_steps"] = table["run_id"].map(_skipped_steps(iterations, is_async))
+    table["codec_overrun_share"] = table["run_id"].map(_codec_overrun_share(iterations))
     table["iterations"] = table["iterations"].fillna(0).astype("Int64")
     table.loc[table["status"] != "ok", [*_METRICS, "_samples_per_s"]] = math.nan
     table.loc[table["profiled"] & (table["status"] == "ok"), "status"] = PROFILED
@@ -342,6 +346,14 @@ def _skipped_steps(iterations: pd.DataFrame, is_async: pd.Series) -> pd.Series:
     per_run = [lock.groupby(level="run_id").sum(min_count=1)]
     per_run.append(rows[is_async].groupby("run_id")["skipped"].sum(min_count=1))
     return pd.concat(per_run)
+
+
+def _codec_overrun_share(iterations: pd.DataFrame) -> pd.Series:
+    """Per run with replayed codec time, the share of its measured rank-iterations in which a
+    real codec call took longer than the replayed time (qbench.run.replay_codec)."""
+    rows = iterations.loc[~iterations["warmup"].astype(bool), ["run_id", "codec_overrun"]]
+    rows = rows.dropna(subset=["codec_overrun"])
+    return (rows["codec_overrun"] > 0).groupby(rows["run_id"]).mean()
 
 
 def _display_compressor(table: pd.DataFrame) -> pd.Series:

@@ -285,6 +285,19 @@ def _skipped_any(summary: pd.DataFrame) -> bool:
     return bool((summary["skipped_steps"].fillna(0) > 0).any())
 
 
+def codec_caption(summary: pd.DataFrame) -> str:
+    """What a table's caption adds when its runs replayed another device's codec times
+    (``codec_time:``): whose, and how often the real codec was slower than them."""
+    devices = names.codec_devices(summary)
+    if not devices:
+        return ""
+    text = " · codec time replayed from " + ", ".join(devices)
+    worst = summary["codec_overrun_share"].max()
+    if worst > 0:
+        text += f" (real codec slower in up to {worst:.0%} of rank-iterations)"
+    return text
+
+
 def _after(columns: tuple[str, ...], anchor: str, column: str) -> tuple[str, ...]:
     at = columns.index(anchor) + 1
     return (*columns[:at], column, *columns[at:])
@@ -310,6 +323,7 @@ def _print_table(summary: pd.DataFrame, out: TextIO) -> None:
     if dilations:  # the times shown are the measured ones / D: say so under every table
         caption += " · time-dilated x" + ", x".join(f"{d:g}" for d in dilations)
         caption += " (times shown divided by it)"
+    caption += codec_caption(summary)
     table = Table(title="qbench summary", caption=caption or None, header_style="bold")
     for column in columns:
         textual = column in _TEXTUAL  # text may fold; numbers never wrap

@@ -84,11 +84,16 @@ class Run(Training):
         out = []
         for part, c, sizes in _group_compressors(self):  # each compressor then its aggregator
             numel = part.stop - part.start
+            c = self._codec(c)
             agg = aggregate.build(
                 scheme, self.comm, c, numel, offset=part.start, params=params, tensors=sizes
             )
             out.append((part, agg))
         return out
+
+    def _codec(self, compressor: Compressor) -> Compressor:
+        """The compressor the scheme calls (replayed runs may time its calls differently)."""
+        return compressor
 
     def _telemetry(self, named: dict[str, nn.Parameter]) -> Telemetry:
         entries, pos = [], 0

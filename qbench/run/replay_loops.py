@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
 
 from qbench import comm
+from qbench.compress import Compressor
 from qbench.ddp.finite import finite_hook
-from qbench.run import replay
+from qbench.run import replay, replay_codec
 from qbench.run.ddp_loop import DDPRun
 from qbench.run.flat_loop import Run
+from qbench.spec.codec_times import CodecTimes
 from qbench.spec.matrix import RunSpec
 from qbench.timing import PhaseTimer
 
@@ -29,9 +32,11 @@ def _own_gradient(run: Run | DDPRun) -> None:
 
 class ReplayRun(Run):
     """The flat loop: backward's end after the timeline's forward and backward, then this
-    rank's gradient through the scheme, then the optimizer step's time."""
+    rank's gradient through the scheme, then the optimizer step's time; with ``codec_time``,
+    each codec call lasts the replayed time (``qbench.run.replay_codec``)."""
 
     def __init__(self, spec: RunSpec, cm: comm.Comm, parts: Path) -> None:
+        self.overruns = replay_codec.Overruns()
         super().__init__(spec, cm)
         _own_gradient(self)
         self.grad = self.flat.clone()  # rank 0's measurement below changes .grad
@@ -55,6 +60,18 @@ class ReplayRun(Run):
 
     def _optimizer_step(self) -> None:
         replay.sleep_until(time.perf_counter() + self._step_s)
+
+    def _codec(self, compressor: Compressor) -> Compressor:
+        if not self.spec.codec_time or compressor.name == "none":
+            return compressor
+        times = CodecTimes.read(self.spec.codec_time)
+        wrapped = replay_codec.ReplayedCodec(compressor, times, self.spec.dilation, self.overruns)
+        return cast(Compressor, wrapped)  # the scheme calls only what the wrapper passes on
+
+    def _record(self, it: int, timer: PhaseTimer, skipped: bool = False) -> None:
+        super()._record(it, timer, skipped)
+        if self.spec.codec_time:
+            self.rows[-1]["codec_overrun"] = float(self.overruns.take())
 
 
 class ReplayDDPRun(DDPRun):

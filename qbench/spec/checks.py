@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from qbench.errors import UserError, did_you_mean
+from qbench.spec import codec_times
 
 # Keys an include / exclude entry may match on (values: one value or a list of values).
 FILTER_KEYS = (
@@ -158,6 +159,17 @@ def check_batch(batch: int | dict[int, int], world_sizes: tuple[int, ...]) -> No
                 f"batch_size map has no entry for world_size {missing[0]}; "
                 f"add `{missing[0]}: <per-rank batch>` or give one number"
             )
+
+
+def check_codec_time(path: str, replayed: bool) -> None:
+    """``codec_time:``: only with ``compute: replay``, and a ``qbench bench kernels --json``
+    file (which compressors it covers is checked per run, ``qbench.spec.matrix``)."""
+    if not replayed:
+        raise UserError(
+            f"codec_time: {path} replays codec time beside replayed compute; add "
+            "`compute: replay`, or drop `codec_time:`"
+        )
+    codec_times.CodecTimes.read(path)
 
 
 TIMELINE_KEYS = ("forward_s", "backward_s", "step_s", "params")

@@ -9,6 +9,7 @@ contract (the id hashes exactly what expansion resolves), so they change togethe
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -21,7 +22,7 @@ from typing import Any
 from qbench import catalog
 from qbench.catalog import rules
 from qbench.errors import UserError
-from qbench.spec import checks, network
+from qbench.spec import checks, codec_times, network
 from qbench.spec import workload as user
 from qbench.spec.network import Link, Topology
 from qbench.spec.scenario import REPLAY, ROUNDED_COMPUTE, Scenario
@@ -32,6 +33,7 @@ _OPTIONAL_ID_FIELDS: dict[str, Any] = {
     "weight_decay": 0.0, "skew": 0.0, "compute": "fp32", "norm": "batchnorm", "weight_bits": 0,
     "steps_per_epoch": 0, "profile": False, "workload": {}, "data": {}, "optimizer": {},
     "loss": {}, "nonfinite": "fail", "rounding": "per-rank", "dilation": 1.0, "timeline": "",
+    "codec_time": "",
 }  # fmt: skip
 
 
@@ -104,6 +106,9 @@ class RunSpec:
     and codec time stretched D times; reports divide the measured times by D."""
     timeline: str = ""
     """A supplied replay timeline (absolute path); empty: measured by the sweep's first run."""
+    codec_time: str = ""
+    """A ``bench kernels --json`` file (absolute path) whose encode / decode times the flat
+    loop's codec calls replay (``qbench.run.replay``); empty: the real codec's time."""
     """A NaN or inf in a gradient fails the run (``fail``) or skips the step (``skip``)."""
 
     @property
@@ -172,6 +177,8 @@ class RunSpec:
             "target_accuracy": self.target_accuracy,
             "compute": self.compute,
             **({"dilation": self.dilation} if self.dilation != 1 else {}),
+            # the device whose codec times the run replayed (qbench.run.replay_codec)
+            **({"codec_time": _codec_times(self.codec_time).device} if self.codec_time else {}),
             "norm": self.norm,
             "weight_bits": self.weight_bits,
             **({"rounding": self.rounding} if self.rounding != "per-rank" else {}),
@@ -361,6 +368,7 @@ def _why_not(sc: Scenario, p: _Point) -> str | None:
         rules.why_not(combo)
         or _network_problem(p, sc.launcher)
         or _dilation_problem(p, sc.dilation)
+        or _codec_time_problem(p, sc.codec_time)
         or device_problem
         or _placement_problem(p.world_size, p.nodes, kind, sc.gpus_per_node)
         or _filtered(_filter_values(p, kind), sc.include, sc.exclude)
@@ -397,6 +405,36 @@ def _dilation_problem(p: _Point, dilation: float) -> str | None:
             "hook's codec runs on its own thread: use compressor none with DDP, or a flat scheme"
         )
     return None
+
+
+def _codec_time_problem(p: _Point, path: str) -> str | None:
+    """Replayed codec time covers the flat loop's encode and decode calls of compressors the
+    file measured."""
+    if not path or p.compressor.name == "none":
+        return None
+    if rules.overlap(p.scheme, p.scheme_params) == "backward":
+        return (
+            "codec_time replays the flat loop's codec calls; a DDP hook's codec runs on its own "
+            "thread: use compressor none with DDP, or a flat scheme"
+        )
+    if not catalog.SCHEMES[p.scheme].codec_calls:
+        return (
+            f"codec_time replays compressors' encode and decode calls; {p.scheme} quantizes with "
+            "kernels of its own that `bench kernels` does not time: drop it or `codec_time:`"
+        )
+    times = _codec_times(path)
+    if not times.has(p.compressor.label):
+        return (
+            f"codec_time: {path} has no encode and decode rows of {p.compressor.label} (it has "
+            f"{', '.join(times.labels()) or 'none'}); measure them with `qbench bench kernels "
+            f"--compressor ...` on that device"
+        )
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def _codec_times(path: str) -> codec_times.CodecTimes:
+    return codec_times.CodecTimes.read(path)
 
 
 def _filter_values(p: _Point, device: str) -> dict[str, tuple[Any, ...]]:
@@ -446,6 +484,7 @@ def _run_spec(sc: Scenario, p: _Point) -> RunSpec:
         optimizer=optimizer, loss=dict(sc.loss), nonfinite=sc.nonfinite,
         rounding=_rounding(sc, p), dilation=sc.dilation,
         timeline=str(Path(sc.timeline).resolve()) if sc.timeline else "",
+        codec_time=str(Path(sc.codec_time).resolve()) if sc.codec_time else "",
     )  # fmt: skip
 
 

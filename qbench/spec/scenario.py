@@ -160,6 +160,10 @@ class Scenario:
     timeline: str = ""
     """A replay timeline to use instead of measuring one (``compute: replay`` only): a run's
     ``timeline.json``, e.g. from a replayed sweep on a GPU machine; its path, made absolute."""
+    codec_time: str = ""
+    """Replayed codec time (``compute: replay`` only): a ``qbench bench kernels --json`` file,
+    e.g. measured on a GPU; each encode and decode of the flat loop lasts what that device took
+    (times the dilation), while the payloads stay the real codec's. Its path, made absolute."""
     source: str = field(default="<embedded>", compare=False)
     """Where the scenario was read from (not part of any run's identity)."""
 
@@ -225,6 +229,8 @@ class Scenario:
             )
         if self.timeline:
             checks.check_timeline(self.timeline, replayed=REPLAY in self.compute)
+        if self.codec_time:
+            checks.check_codec_time(self.codec_time, replayed=REPLAY in self.compute)
         if REPLAY in self.compute and self.epochs:
             raise UserError(
                 "compute: replay stands in for the model's work, so it learns nothing: accuracy "
@@ -290,6 +296,7 @@ _SCALARS = {
     "nonfinite": str,
     "dilation": float,
     "timeline": str,
+    "codec_time": str,
 }
 
 
