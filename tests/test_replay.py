@@ -272,3 +272,35 @@ def test_a_bad_timeline_is_one_line(extra: str, message: str, tmp_path: Path) ->
     text = "name: t\nmodel: mlp\n" + extra.format(empty=tmp_path / "empty.json")
     with pytest.raises(UserError, match=message):
         scenario.loads(text)
+
+
+def test_a_timeline_derived_from_flops_says_so_and_fits_the_model(
+    tmp_path: Path, process_group: Any
+) -> None:
+    """`qbench timeline`: forward = FLOPs x batch / stated speed, backward twice it, gradients
+    ready in reverse order by parameter count; a replayed run takes it as `timeline:`."""
+    from click.testing import CliRunner
+
+    from qbench.cli import cli
+    from qbench.run import workload
+
+    (tmp_path / "s.yaml").write_text("name: t\nmodel: mlp\nworld_size: 1\nbatch_size: 8\n")
+    out = tmp_path / "derived.json"
+    argv = ["timeline", str(tmp_path / "s.yaml"), "--tflops", "2", "--memory-tbps", "0.5",
+            "--device", "Test GPU (stated)", "--out", str(out)]  # fmt: skip
+    res = CliRunner().invoke(cli, argv)
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    spec = _spec("reduce-broadcast", extra=f"timeline: {out}\n")
+    gflops = workload.model_stats(spec)["gflops_per_sample"]
+    assert doc["forward_s"] == pytest.approx(gflops * 1e9 * 8 / 2e12)
+    assert doc["backward_s"] == pytest.approx(2 * doc["forward_s"])
+    ready = [p["ready_s"] for p in doc["params"]]
+    assert ready == sorted(ready) and ready[-1] == pytest.approx(doc["backward_s"])
+    assert doc["source"].startswith("derived: ") and doc["device"] == "Test GPU (stated)"
+    run = ReplayRun(spec, process_group, _parts(tmp_path))  # names match the model's
+    assert run.timeline.forward_s == pytest.approx(doc["forward_s"])
+    two = tmp_path / "two.yaml"
+    two.write_text("name: t\nmodel: [mlp, cnn]\nworld_size: 1\n")
+    res = CliRunner().invoke(cli, [*argv[:1], str(two), *argv[2:]])
+    assert res.exit_code != 0 and "2 workloads" in str(res.exception)

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from qbench.cli import bench, cost, info, init, report, sweep
+from qbench.cli import bench, cost, info, init, report, sweep, timeline
 from qbench.errors import UserError
 
 
@@ -19,7 +19,15 @@ def cli() -> None:
     """Benchmark data-parallel training with compressed gradient communication."""
 
 
-for command in (sweep.sweep, report.report, info.models, info.info, bench.bench, cost.cost):
+for command in (
+    sweep.sweep,
+    report.report,
+    info.models,
+    info.info,
+    bench.bench,
+    cost.cost,
+    timeline.timeline,
+):
     cli.add_command(command)
 cli.add_command(cost.moved)  # ``qbench model``: hidden, says it moved to ``qbench cost``
 cli.add_command(init.init)

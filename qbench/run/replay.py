@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from qbench.errors import UserError
 from qbench.records.store import atomic_write_json, timeline_beside
 from qbench.spec.matrix import RunSpec
 
@@ -173,6 +174,46 @@ def measure(run: Any) -> Timeline:
         "workload", device=str(device), iterations=MEASURE_ITERATIONS,
         samples=tuple((r[0], r[1], r[2]) for r in rows),
     )  # fmt: skip
+
+
+# A step of SGD with momentum reads the parameter, its gradient and the momentum and writes the
+# parameter and the momentum: five float32 per parameter.
+STEP_BYTES_PER_PARAM = 20
+
+
+def derived(spec: RunSpec, tflops: float, tbps: float, device: str) -> Timeline:
+    """A timeline from FLOPs and a stated device speed instead of a measurement: forward = the
+    model's forward FLOPs per sample (``workload.model_stats``) x batch / ``tflops``, backward
+    twice the forward, each gradient ready in reverse registration order after a share of the
+    backward proportional to its parameters (a proxy for its layer's FLOPs), the step
+    ``STEP_BYTES_PER_PARAM`` bytes per parameter at ``tbps``. Labelled as derived, with every
+    assumption, in its ``source``."""
+    from qbench.run import workload
+
+    stats = workload.model_stats(spec)
+    if not stats["gflops_per_sample"] > 0:
+        raise UserError(
+            f"{spec.model}: its forward FLOPs cannot be counted on the meta device, so no "
+            "timeline can be derived; measure one instead (`compute: replay` without `timeline:`)"
+        )
+    with torch.device("meta"):
+        _, net = workload.model(spec)
+    named = [(n, p.numel()) for n, p in net.named_parameters() if p.requires_grad]
+    forward = stats["gflops_per_sample"] * 1e9 * spec.batch_size / (tflops * 1e12)
+    backward, total = 2 * forward, sum(k for _, k in named)
+    params, done = [], 0
+    for name, numel in reversed(named):
+        done += numel
+        params.append(ParamTime(name, numel, backward * done / total))
+    step = STEP_BYTES_PER_PARAM * total / (tbps * 1e12)
+    source = (
+        f"derived: {stats['gflops_per_sample']:.4g} GFLOP/sample forward x batch "
+        f"{spec.batch_size} / {tflops:g} TFLOP/s (stated), backward 2x forward, gradients ready "
+        f"in reverse parameter order by parameter count, step {STEP_BYTES_PER_PARAM} B/param / "
+        f"{tbps:g} TB/s (stated)"
+    )
+    return Timeline(forward_s=forward, backward_s=backward, step_s=step, params=tuple(params),
+                    source=source, device=device, iterations=0)  # fmt: skip
 
 
 def shared(run: Any, parts: Path) -> Timeline:
