@@ -22,14 +22,28 @@ def _sync_for(device: torch.device) -> Callable[[], None]:
     return lambda: None
 
 
+class Pacing:
+    """Shared by replayed codec calls (``qbench.run.replay_codec``) and the timer: the seconds
+    of the current phase that such calls already gave their dilated length (the timer stretches
+    only the rest), and the calls whose real work outlasted their replayed time."""
+
+    def __init__(self) -> None:
+        self.paced_s = 0.0
+        self.overruns = 0
+
+
 class PhaseTimer:
     """Accumulates seconds per phase within one iteration: ``mark(phase)`` closes a phase."""
 
-    def __init__(self, device: torch.device, stretch: float = 1.0) -> None:
+    def __init__(
+        self, device: torch.device, stretch: float = 1.0, pacing: Pacing | None = None
+    ) -> None:
         """``stretch``: time dilation (qbench.run.replay): each encode and decode phase is
         padded by a sleep to ``stretch`` times its length, so that codecs slow down with the
-        links and the replayed compute, and reports that divide by it see their real time."""
+        links and the replayed compute, and reports that divide by it see their real time;
+        ``pacing``: less what replayed codec calls already paced (and reset at every mark)."""
         self._sync = _sync_for(device)
+        self._pacing = pacing or Pacing()
         self._stretch = stretch
         self._stretched = STRETCHED if stretch != 1 else ()  # decided once, not per mark
         self.totals = dict.fromkeys(PHASES, 0.0)
@@ -39,7 +53,7 @@ class PhaseTimer:
         self._sync()
         for k in self.totals:
             self.totals[k] = 0.0
-        self._excluded = 0.0
+        self._excluded = self._pacing.paced_s = 0.0
         self._start = self._last = time.perf_counter()
 
     def mark(self, phase: str) -> None:
@@ -47,8 +61,10 @@ class PhaseTimer:
         self._sync()
         now = time.perf_counter()
         if phase in self._stretched:
-            time.sleep((self._stretch - 1) * (now - self._last))
+            unpaced = max(0.0, now - self._last - self._pacing.paced_s)
+            time.sleep((self._stretch - 1) * unpaced)
             now = time.perf_counter()
+        self._pacing.paced_s = 0.0
         self.totals[phase] += now - self._last
         self._last = now
 

@@ -16,7 +16,8 @@ import torch
 from qbench.compress import from_spec
 from qbench.errors import UserError
 from qbench.report import names
-from qbench.run.replay_codec import Overruns, ReplayedCodec
+from qbench.run.replay_codec import ReplayedCodec
+from qbench.timing import Pacing
 from qbench.run.replay_loops import ReplayRun
 from qbench.spec import scenario
 from qbench.spec.codec_times import SCHEMA, CodecTimes
@@ -100,8 +101,8 @@ def test_the_run_records_whose_codec_times_it_replays(tmp_path: Path) -> None:
 def test_a_call_lasts_the_replayed_time_and_returns_the_real_payload(tmp_path: Path) -> None:
     times = CodecTimes.read(_file(tmp_path, {1024: 0.02}))
     inner, ref = (from_spec({"name": "qsgd", "bits": 4}, seed=1) for _ in range(2))
-    overruns = Overruns()
-    codec = ReplayedCodec(inner, times, dilation=2.0, overruns=overruns)
+    pacing = Pacing()
+    codec = ReplayedCodec(inner, times, dilation=2.0, pacing=pacing)
     grad = torch.randn(1000, generator=torch.Generator().manual_seed(0))
     t0 = time.perf_counter()
     payload = codec.encode(grad, step=3)
@@ -109,16 +110,33 @@ def test_a_call_lasts_the_replayed_time_and_returns_the_real_payload(tmp_path: P
     want = ref.encode(grad, step=3)
     assert torch.equal(payload.to_wire(), want.to_wire())
     assert torch.equal(codec.decode(payload), ref.decode(want))
-    assert codec.label == QSGD and overruns.take() == 0  # everything else is the codec's
+    assert codec.label == QSGD and pacing.overruns == 0  # everything else is the codec's
+    assert pacing.paced_s >= 2 * 2 * 0.02  # both calls, for the timer not to stretch again
 
 
 def test_a_real_codec_slower_than_the_replayed_time_is_counted(tmp_path: Path) -> None:
     times = CodecTimes.read(_file(tmp_path, {1024: 1e-12}))
-    overruns = Overruns()
-    codec = ReplayedCodec(from_spec({"name": "qsgd", "bits": 4}), times, 1.0, overruns)
+    pacing = Pacing()
+    codec = ReplayedCodec(from_spec({"name": "qsgd", "bits": 4}), times, 1.0, pacing)
     payload = codec.encode(torch.randn(1000))
     codec.decode(payload)
-    assert overruns.take() == 2 and overruns.take() == 0
+    assert pacing.overruns == 2
+
+
+def test_the_timer_stretches_only_what_no_replayed_call_paced() -> None:
+    """Dilation 3: a phase of 20 ms of which replayed calls paced 15 ms is padded by 2 x 5 ms,
+    not 2 x 20 ms; the next phase starts with nothing paced."""
+    pacing = Pacing()
+    timer = PhaseTimer(torch.device("cpu"), stretch=3.0, pacing=pacing)
+    timer.start()
+    time.sleep(0.02)
+    pacing.paced_s = 0.015
+    timer.mark("encode")
+    assert 0.03 - 0.004 <= timer.totals["encode"] < 0.05  # 20 ms + 10 ms, not 60 ms
+    assert pacing.paced_s == 0.0
+    time.sleep(0.01)
+    timer.mark("decode")
+    assert timer.totals["decode"] >= 0.03  # nothing paced: stretched whole
 
 
 def test_a_replayed_flat_run_records_overruns_and_replayed_phases(

@@ -106,8 +106,8 @@ def run_config(
             cm.barrier()
             return True
         run = training_loop(spec, cm, parts)
-        # Replayed codec calls last their dilated time themselves (qbench.run.replay_codec).
-        timer = PhaseTimer(run.device, stretch=1.0 if spec.codec_time else spec.dilation)
+        # replayed codec calls pace themselves; the timer stretches the rest (qbench.timing)
+        timer = PhaseTimer(run.device, stretch=spec.dilation, pacing=run.pacing)
         trace = trace_path(parts, cm.rank) if spec.profile else None
         tracer = profile.Tracer(trace, spec.warmup, run.total_iterations - spec.warmup,
                                 run.device, cm)  # fmt: skip

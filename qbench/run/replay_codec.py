@@ -5,7 +5,8 @@ the device that measured the ``qbench bench kernels --json`` file (e.g. a GPU), 
 dilation. A call whose real codec is slower than that cannot be shortened: it is counted as an
 overrun (the records' ``codec_overrun``) and the report says how often, since such a run stands
 for a slower device than the file's. Compressors the file lacks keep their own time, stretched
-by the dilation as without ``codec_time:``.
+by the dilation as without ``codec_time:``; the phase timer stretches the rest of a codec phase
+(an fp32 group's division by K, say) and leaves the paced calls alone (``qbench.timing.Pacing``).
 """
 
 from __future__ import annotations
@@ -18,17 +19,7 @@ import torch
 from qbench.compress import Compressor, Payload
 from qbench.run.replay import sleep_until
 from qbench.spec.codec_times import CodecTimes
-
-
-class Overruns:
-    """Codec calls of this rank whose real time exceeded the replayed time, since ``take``."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def take(self) -> int:
-        n, self.count = self.count, 0
-        return n
+from qbench.timing import Pacing
 
 
 class ReplayedCodec:
@@ -36,9 +27,9 @@ class ReplayedCodec:
     the wrapped compressor's (attributes are looked up on it)."""
 
     def __init__(
-        self, inner: Compressor, times: CodecTimes, dilation: float, overruns: Overruns
+        self, inner: Compressor, times: CodecTimes, dilation: float, pacing: Pacing
     ) -> None:
-        self._inner, self._times, self._dilation, self._overruns = inner, times, dilation, overruns
+        self._inner, self._times, self._dilation, self._pacing = inner, times, dilation, pacing
         self._replayed = times.has(inner.label)
 
     def __getattr__(self, name: str) -> Any:
@@ -49,10 +40,11 @@ class ReplayedCodec:
         if self._replayed:
             target = self._dilation * self._times.seconds(self._inner.label, op, numel)
             if took > target:
-                self._overruns.count += 1
+                self._pacing.overruns += 1
         else:
             target = self._dilation * took
         sleep_until(begun + target)
+        self._pacing.paced_s += time.perf_counter() - begun  # the timer must not stretch it again
 
     def encode(self, grad: torch.Tensor, **kwargs: Any) -> Payload:
         begun = time.perf_counter()

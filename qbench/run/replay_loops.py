@@ -19,7 +19,7 @@ from qbench.run.ddp_loop import DDPRun
 from qbench.run.flat_loop import Run
 from qbench.spec.codec_times import CodecTimes
 from qbench.spec.matrix import RunSpec
-from qbench.timing import PhaseTimer
+from qbench.timing import Pacing, PhaseTimer
 
 NAN = float("nan")  # a replayed run has no loss: its model does not learn
 
@@ -35,8 +35,10 @@ class ReplayRun(Run):
     rank's gradient through the scheme, then the optimizer step's time; with ``codec_time``,
     each codec call lasts the replayed time (``qbench.run.replay_codec``)."""
 
+    pacing: Pacing
+
     def __init__(self, spec: RunSpec, cm: comm.Comm, parts: Path) -> None:
-        self.overruns = replay_codec.Overruns()
+        self.pacing = Pacing()
         super().__init__(spec, cm)
         _own_gradient(self)
         self.grad = self.flat.clone()  # rank 0's measurement below changes .grad
@@ -65,13 +67,14 @@ class ReplayRun(Run):
         if not self.spec.codec_time or compressor.name == "none":
             return compressor
         times = CodecTimes.read(self.spec.codec_time)
-        wrapped = replay_codec.ReplayedCodec(compressor, times, self.spec.dilation, self.overruns)
+        wrapped = replay_codec.ReplayedCodec(compressor, times, self.spec.dilation, self.pacing)
         return cast(Compressor, wrapped)  # the scheme calls only what the wrapper passes on
 
     def _record(self, it: int, timer: PhaseTimer, skipped: bool = False) -> None:
         super()._record(it, timer, skipped)
         if self.spec.codec_time:
-            self.rows[-1]["codec_overrun"] = float(self.overruns.take())
+            self.rows[-1]["codec_overrun"] = float(self.pacing.overruns)
+            self.pacing.overruns = 0
 
 
 class ReplayDDPRun(DDPRun):

@@ -22,6 +22,7 @@ from qbench.run import epochs, evonorm, precision, workload
 from qbench.run.rounding import Draws
 from qbench.spec import layers
 from qbench.spec.matrix import RunSpec
+from qbench.timing import Pacing
 
 
 def with_precision(model: nn.Module, spec: RunSpec, rank: int) -> nn.Module:
@@ -57,6 +58,9 @@ def device_for(kind: str) -> torch.device:
 
 
 class Training:
+    pacing: Pacing | None = None
+    """Replayed codec calls' share of the timer's phases (qbench.run.replay_codec); None here."""
+
     def __init__(self, spec: RunSpec, cm: comm.Comm, shard: tuple[int, int] | None = None) -> None:
         """``shard``: (index, count) of this rank's training partition; default (rank, world
         size). async-ps's server holds no partition of its own (qbench.run.async_ps.shard)."""
