@@ -17,12 +17,11 @@ from qbench.compress import from_spec
 from qbench.errors import UserError
 from qbench.report import names
 from qbench.run.replay_codec import ReplayedCodec
-from qbench.timing import Pacing
 from qbench.run.replay_loops import ReplayRun
 from qbench.spec import scenario
 from qbench.spec.codec_times import SCHEMA, CodecTimes
 from qbench.spec.matrix import expand
-from qbench.timing import PhaseTimer
+from qbench.timing import Pacing, PhaseTimer
 
 QSGD = "qsgd-4b-b512"
 
