@@ -16,7 +16,10 @@ from qbench.errors import UserError
 from qbench.models import cache, synthetic
 
 IMAGENET = ("alexnet", "vgg16", "vgg19", "resnet50", "resnet152", "bninception", "googlenet")
-SMALL = ("resnet20", "resnet110", "vgg16-cifar", "lstm", "logreg", "mlp", "cnn", "synthetic")
+SMALL = (
+    *("resnet20", "resnet110", "vgg16-cifar", "lstm", "gpt", "logreg", "mlp", "cnn"),
+    "synthetic",
+)
 
 # torchvision's published counts (weights=None builds the same architecture), and ours.
 COUNTS = {
@@ -32,6 +35,7 @@ COUNTS = {
     "resnet110": 1_730_714,  # He et al. 2016: 1.7M
     "vgg16-cifar": 15_253_578,
     "lstm": 19_780_400,  # Zaremba et al. medium: ~20M
+    "gpt": 834_304,  # 4 blocks of 12 w^2 + 13 w, (256 + 64) w embeddings, 2 w final LN; w = 128
     "logreg": 7_850,
     "mlp": 327_880,
 }
@@ -97,8 +101,9 @@ def _forward_backward(name: str, params: dict | None = None, batch: int = 2) -> 
     src = data.make("synthetic", m, batch, seed=0, rank=0, device=torch.device("cpu"))
     x, y = src.batch(0)
     out = model(x)
-    assert out.shape == (batch, m.num_classes)
-    nn.CrossEntropyLoss()(out, y).backward()
+    assert out.shape == (*y.shape, m.num_classes)  # gpt: a class per position, (batch, seq)
+    assert y.shape[0] == batch
+    nn.CrossEntropyLoss()(out.reshape(-1, m.num_classes), y.reshape(-1)).backward()
     assert all(p.grad is not None for p in model.parameters())
 
 
@@ -249,7 +254,8 @@ def test_synthetic_data_matches_the_model(name: str) -> None:
     for i in range(len(src.inputs)):
         x, y = src.batch(i)
         assert x.shape == (2, *m.input_shape) and x.dtype == m.input_dtype
-        assert y.shape == (2,) and y.dtype == torch.int64
+        per_token = m.batch is not None  # gpt: the next token at every position
+        assert y.shape == ((2, *m.input_shape) if per_token else (2,)) and y.dtype == torch.int64
         assert int(y.min()) >= 0 and int(y.max()) < m.num_classes
         if not m.input_dtype.is_floating_point:
             assert int(x.min()) >= 0 and int(x.max()) < m.vocab_size

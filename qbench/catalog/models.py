@@ -1,8 +1,8 @@
 """The model zoo's facts: names, inputs, classes, seed papers and parameters (no torch).
 
 ``qbench.models`` builds them (torch); the planner validates scenario models here, so that
-``qbench sweep --dry-run`` never imports torch. Most models take no parameters; ``lstm`` and
-``synthetic`` do (:func:`check_params` validates them; ``{}`` means the defaults).
+``qbench sweep --dry-run`` never imports torch. Most models take no parameters; ``lstm``,
+``gpt`` and ``synthetic`` do (:func:`check_params` validates them; ``{}`` means the defaults).
 """
 
 from __future__ import annotations
@@ -53,6 +53,32 @@ def _lstm_resolve(p: Params) -> dict[str, Any]:
         "description": (
             f"LSTM language model ({p['layers']} x {p['hidden']}): next token after "
             f"{p['seq_len']}; set vocab, hidden, layers, seq_len, dropout"
+        ),
+    }
+
+
+# --- gpt ------------------------------------------------------------------------------------------
+_GPT_PARAMS = {
+    "vocab": Param(256, count(2), "vocabulary size (256: bytes, as the text corpora are read)"),
+    "width": Param(128, count(1), "embedding width (a multiple of heads)"),
+    "layers": Param(4, count(1, 256), "decoder blocks"),
+    "heads": Param(4, count(1, 256), "attention heads per block"),
+    "seq_len": Param(64, count(1, 65_536), "tokens per sample (context length)"),
+    "dropout": Param(0.0, fraction, "dropout on embeddings, attention and residuals"),
+}
+
+
+def _gpt_resolve(p: Params) -> dict[str, Any]:
+    if p["width"] % p["heads"]:
+        raise ValueError(f"width {p['width']} is not a multiple of heads {p['heads']}")
+    return {
+        "input_shape": (p["seq_len"],),
+        "num_classes": p["vocab"],
+        "vocab_size": p["vocab"],
+        "description": (
+            f"GPT-style decoder ({p['layers']} x {p['width']}, {p['heads']} heads, "
+            f"{p['seq_len']} tokens): every next token; set vocab, width, layers, heads, "
+            "seq_len, dropout"
         ),
     }
 
@@ -125,6 +151,8 @@ MODELS: dict[str, ModelEntry] = {
         *(ModelEntry(n, shape, c, d, s) for n, shape, c, s, d in _FIXED),
         ModelEntry("lstm", (35,), 10_000, "LSTM language model", "002", _LSTM_PARAMS, "int64",
                    _lstm_resolve),
+        ModelEntry("gpt", (64,), 256, "GPT-style decoder", "beyond the papers", _GPT_PARAMS,
+                   "int64", _gpt_resolve),
         *(ModelEntry(n, shape, c, d, s) for n, shape, c, s, d in _SMALL),
         ModelEntry("synthetic", (0,), synthetic.CLASSES, "synthetic", "002", _SYNTHETIC_PARAMS,
                    resolve=_synthetic_resolve),

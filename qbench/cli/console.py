@@ -312,9 +312,10 @@ def models() -> None:
             f"{m.num_classes:,}", m.source, m.description,
         )  # fmt: skip
     out.print(t)
+    takes = [name for name, e in zoo.MODELS.items() if e.params]
     out.print(
-        "lstm and synthetic take parameters, e.g. model: {name: synthetic, params: 25M, "
-        "gflops: 0.5}; the rows show their defaults."
+        f"{', '.join(takes[:-1])} and {takes[-1]} take parameters, e.g. model: "
+        "{name: synthetic, params: 25M, gflops: 0.5}; the rows show their defaults."
     )
 
 

@@ -1,6 +1,7 @@
 """The model zoo (torch), built from the facts in ``qbench.catalog.models``.
 
-``qbench models`` lists the zoo. Most models take no parameters; ``lstm`` and ``synthetic`` do
+``qbench models`` lists the zoo. Most models take no parameters; ``lstm``, ``gpt`` and
+``synthetic`` do
 (``check_params`` validates them; ``{}`` means the defaults). The API other modules use::
 
     check_params(name, params) -> dict       # validated, normalised, defaults filled in
@@ -28,7 +29,7 @@ import torch
 from torch import nn
 
 from qbench.catalog import models as zoo
-from qbench.models import cache, imagenet, small, synthetic, workload
+from qbench.models import cache, gpt, imagenet, small, synthetic, workload
 from qbench.models.lstm import LSTMLanguageModel
 
 
@@ -64,6 +65,10 @@ def _lstm_build(p: Params) -> nn.Module:
     return LSTMLanguageModel(p["vocab"], p["hidden"], p["layers"], p["dropout"])
 
 
+def _gpt_build(p: Params) -> nn.Module:
+    return gpt.GPT(p["vocab"], p["width"], p["layers"], p["heads"], p["seq_len"], p["dropout"])
+
+
 def _synthetic_build(p: Params) -> nn.Module:
     return synthetic.SyntheticModel(zoo.synthetic_layout(p))
 
@@ -76,8 +81,13 @@ _BUILDERS: dict[str, Callable[[Params], nn.Module]] = {
     "googlenet": _fixed(imagenet.googlenet), "resnet20": _fixed(small.resnet20),
     "resnet110": _fixed(small.resnet110), "vgg16-cifar": _fixed(small.vgg16_cifar),
     "lstm": _lstm_build, "logreg": _fixed(small.logreg), "mlp": _fixed(small.mlp),
-    "cnn": _fixed(small.cnn), "synthetic": _synthetic_build,
+    "cnn": _fixed(small.cnn), "synthetic": _synthetic_build, "gpt": _gpt_build,
 }  # fmt: skip
+
+# name -> its own synthetic batches (targets other than one class per sample), from the params
+_BATCHES: dict[str, Callable[[Params], workload.Batch]] = {
+    "gpt": lambda p: gpt.bigram_batches(p["vocab"], p["seq_len"]),
+}
 assert set(_BUILDERS) == set(zoo.MODELS), "every zoo entry has a builder"
 
 
@@ -107,6 +117,7 @@ def _info(name: str, key: str) -> ModelInfo:
         name=name, build=functools.partial(_BUILDERS[name], p), input_shape=e.input_shape,
         num_classes=e.num_classes, description=e.description,
         input_dtype=getattr(torch, e.input_dtype), source=e.source, params=p,
+        batch=_BATCHES[name](p) if name in _BATCHES else None,
     )  # fmt: skip
     return dataclasses.replace(base, **extra)
 
