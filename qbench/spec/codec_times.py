@@ -1,6 +1,6 @@
 """A ``qbench bench kernels --json`` document read without torch: its rows (the cost model
 fits them, ``qbench.costmodel``) and each compressor's encode and decode time at any size, as
-measured on the document's device (replayed codec time, ``qbench.run.replay``).
+measured on the document's device (replayed codec time, ``qbench.run.replay_codec``).
 """
 
 from __future__ import annotations
