@@ -130,16 +130,18 @@ slurm:
 	fi
 
 # Real data for accuracy mode: Debian's dataset-fashion-mnist installs the real Fashion-MNIST IDX
-# files in /usr/share/datasets/fashion-mnist (nothing is downloaded at run time; scikit-learn ships
-# the digits set). Where apt-get is missing, set QBENCH_DATA to a directory with fashion-mnist/.
-DATA_PACKAGES ?= dataset-fashion-mnist
+# files in /usr/share/datasets/fashion-mnist, and fortunes the text corpus of the GPT workload in
+# /usr/share/games/fortunes (nothing is downloaded at run time; scikit-learn ships the digits
+# set). Where apt-get is missing, set QBENCH_DATA to a directory with fashion-mnist/ and fortunes/.
+DATA_PACKAGES ?= dataset-fashion-mnist fortunes
 .PHONY: data
 data:
-	@if ls /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte* >/dev/null 2>&1; then \
-	  echo "data: Fashion-MNIST present in /usr/share/datasets/fashion-mnist"; \
+	@if ls /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte* >/dev/null 2>&1 && \
+	    [ -f /usr/share/games/fortunes/computers ]; then \
+	  echo "data: Fashion-MNIST and fortunes present in /usr/share/datasets, /usr/share/games"; \
 	elif ! command -v apt-get >/dev/null 2>&1 || [ "$$(id -u)" != 0 ]; then \
 	  echo "data: cannot install $(DATA_PACKAGES) here (needs apt-get as root); set QBENCH_DATA" \
-	    "to a directory holding fashion-mnist/ with the four IDX files" >&2; exit 1; \
+	    "to a directory holding fashion-mnist/ (the four IDX files) and fortunes/" >&2; exit 1; \
 	else \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get install -y $(DATA_PACKAGES) || { apt-get update && apt-get install -y $(DATA_PACKAGES); }; \

@@ -13,7 +13,14 @@ import importlib.util
 import os
 from pathlib import Path
 
-REAL_DATASETS: tuple[str, ...] = ("digits", "mnist", "fashion-mnist", "cifar10", "imagenet")
+REAL_DATASETS: tuple[str, ...] = (
+    *("digits", "mnist", "fashion-mnist", "cifar10", "imagenet"),
+    "fortunes",
+)
+TEXT_DATASETS: tuple[str, ...] = ("fortunes",)
+"""Text corpora: read as a stream of bytes (tokens 0-255) that a language model whose every
+position predicts the next token is trained on (``qbench.run.epochs`` cuts the windows)."""
+TEXT_VOCAB = 256
 DATASETS: tuple[str, ...] = ("synthetic", *REAL_DATASETS)
 
 DATA_ENV = "QBENCH_DATA"
@@ -24,8 +31,11 @@ IDX_FILES: dict[str, tuple[str, str]] = {
 }
 """MNIST-format datasets: the images and labels file of each split, plain or ``.gz``."""
 IDX_DATASETS = ("mnist", "fashion-mnist")
-DEBIAN_ROOTS: dict[str, Path] = {"fashion-mnist": Path("/usr/share/datasets/fashion-mnist")}
-"""Where Debian packages install a dataset (``make data`` installs fashion-mnist's)."""
+DEBIAN_ROOTS: dict[str, Path] = {
+    "fashion-mnist": Path("/usr/share/datasets/fashion-mnist"),
+    "fortunes": Path("/usr/share/games/fortunes"),
+}
+"""Where Debian packages install a dataset (``make data`` installs both)."""
 FIXES: dict[str, str] = {
     "digits": "install scikit-learn (pip install scikit-learn; `make venv` does)",
     "fashion-mnist": "install Debian's dataset-fashion-mnist (apt-get install "
@@ -33,9 +43,10 @@ FIXES: dict[str, str] = {
     "mnist": "copy the four MNIST IDX files there",
     "cifar10": "unpack cifar-10-python.tar.gz there (it holds cifar-10-batches-py/)",
     "imagenet": "put an ImageFolder tree there (train/<class>/*.JPEG and val/<class>/*.JPEG)",
+    "fortunes": "install Debian's fortunes (apt-get install fortunes, or make data)",
 }
 """How to get each dataset's files onto this machine."""
-MAKE_TARGETS: dict[str, str] = {"fashion-mnist": "data"}
+MAKE_TARGETS: dict[str, str] = {"fashion-mnist": "data", "fortunes": "data"}
 """Datasets a ``make`` target installs (where apt-get works as root)."""
 
 
@@ -74,11 +85,24 @@ def missing(name: str, root: Path | None = None) -> str | None:
                 if find_idx(root, stem) is None:
                     return f"no {stem}[.gz] in {root}"
         return None
+    if name in TEXT_DATASETS:
+        return None if text_files(root) else f"no fortune files in {root}"
     needed = ("cifar-10-batches-py",) if name == "cifar10" else ("train", "val")
     for sub in needed:
         if not (root / sub).is_dir():
             return f"no {sub}/ in {root}"
     return None
+
+
+def text_files(root: Path) -> list[Path]:
+    """The text files of a fortune-style corpus in ``root``, sorted: every regular file but the
+    ``strfile`` indexes (``.dat``) and the UTF-8 links (``.u8``)."""
+    if not root.is_dir():
+        return []
+    return sorted(
+        p for p in root.iterdir()
+        if p.is_file() and not p.is_symlink() and p.suffix not in (".dat", ".u8")
+    )  # fmt: skip
 
 
 def fix(name: str) -> str:

@@ -33,6 +33,9 @@ class ModelEntry:
     resolve: Callable[[Params], dict[str, Any]] | None = None
     """Cross-parameter checks (raise ValueError with the message after "model NAME: ") and the
     parameter-dependent fields (input_shape, num_classes, vocab_size, description)."""
+    per_token: bool = False
+    """Every position predicts the next token (targets (batch, seq_len)): the models that read
+    a text corpus (``qbench.catalog.datasets.TEXT_DATASETS``), and only those."""
 
 
 # --- lstm -----------------------------------------------------------------------------------------
@@ -152,7 +155,7 @@ MODELS: dict[str, ModelEntry] = {
         ModelEntry("lstm", (35,), 10_000, "LSTM language model", "002", _LSTM_PARAMS, "int64",
                    _lstm_resolve),
         ModelEntry("gpt", (64,), 256, "GPT-style decoder", "beyond the papers", _GPT_PARAMS,
-                   "int64", _gpt_resolve),
+                   "int64", _gpt_resolve, per_token=True),
         *(ModelEntry(n, shape, c, d, s) for n, shape, c, s, d in _SMALL),
         ModelEntry("synthetic", (0,), synthetic.CLASSES, "synthetic", "002", _SYNTHETIC_PARAMS,
                    resolve=_synthetic_resolve),

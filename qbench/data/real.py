@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Split:
-    """One split; ``x`` float32 ``(N, *sample_shape)``, ``y`` int64 ``(N,)``."""
+    """One split; ``x`` float32 ``(N, *sample_shape)``, ``y`` int64 ``(N,)``; a text corpus
+    (``TEXT_DATASETS``): ``x`` its int64 byte stream ``(L,)`` and ``y`` empty."""
 
     x: torch.Tensor
     y: torch.Tensor
@@ -82,7 +83,38 @@ def _load(name: str, root: Path | None) -> Dataset:
         return _idx_dataset(name, root)
     if name == "cifar10":
         return _cifar10(root)
+    if name in facts.TEXT_DATASETS:
+        return _corpus(name, root)
     return _imagenet(root)
+
+
+TEST_EVERY = 10
+"""A text corpus's test split: every 10th fortune (the rest train), so both splits sample every
+file of it."""
+
+
+def _corpus(name: str, root: Path) -> Dataset:
+    """A fortune-style corpus: the files' texts are cut at lines holding only ``%``; fortune i
+    goes to the test split when i % TEST_EVERY == TEST_EVERY - 1; each split is its fortunes
+    joined by blank lines, as bytes (tokens 0-255)."""
+    files = facts.text_files(root)
+    if not files:
+        raise _missing(name, "fortune files", root)
+    fortunes: list[bytes] = []
+    for path in files:
+        text = path.read_bytes().replace(b"\r\n", b"\n")
+        fortunes += [f.strip(b"\n") for f in text.split(b"\n%\n") if f.strip()]
+    test = [f for i, f in enumerate(fortunes) if i % TEST_EVERY == TEST_EVERY - 1]
+    train = [f for i, f in enumerate(fortunes) if i % TEST_EVERY != TEST_EVERY - 1]
+    empty = torch.empty(0, dtype=torch.int64)
+    return Dataset(name, Split(_bytes(train), empty), Split(_bytes(test), empty), facts.TEXT_VOCAB)
+
+
+def _bytes(parts: list[bytes]) -> torch.Tensor:
+    data = bytearray(b"\n\n".join(parts))
+    if not data:  # frombuffer refuses an empty buffer
+        return torch.empty(0, dtype=torch.int64)
+    return torch.frombuffer(data, dtype=torch.uint8).to(torch.int64)
 
 
 def _check_name(name: str) -> None:

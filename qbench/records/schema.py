@@ -68,6 +68,9 @@ LATER_ITERATION_COLUMNS = (
     "codec_overrun",
 )
 
+LATER_EPOCH_COLUMNS = ("perplexity",)
+"""Epoch columns added after ``epochs.parquet`` was first written: NaN in older files."""
+
 # Workers print "<WORKER_FAILED> <rank> failed: <Exception>: <message>" on stderr when they fail.
 WORKER_FAILED = "qbench worker rank"
 
@@ -83,6 +86,8 @@ EPOCH_COLUMNS: dict[str, str] = {
     "test_loss": "float64",
     "top1": "float64",  # test accuracy of the averaged model, 0..1
     "top5": "float64",  # NaN with 10 classes or fewer
+    # language models scored per token (gpt on a text corpus): exp(test_loss), else NaN
+    "perplexity": "float64",
     "grad_norm": "float64",  # full training gradient norm (convex models, seed 000), else NaN
     "bytes_sent": "int64",  # bytes rank 0 handed to the network so far
     "consensus_distance": "float64",  # gossip: at the end of the epoch, else NaN

@@ -1,6 +1,7 @@
 """Accuracy-mode summaries: pure pandas over ``epochs.parquet`` rows (``records.EPOCH_COLUMNS``).
 
-Per run: final and best top-1, final test loss and gradient norm, and, given a target top-1
+Per run: final and best top-1 (a language model's: next-token accuracy), final test loss,
+perplexity (language models) and gradient norm, and, given a target top-1
 accuracy, the training time and iterations until the averaged model first reached it (NaN when
 it never did). Per configuration (runs that differ only by seed or repeat): mean and standard
 deviation over the runs, the bits per value each sent, and the difference to the fp32 run of
@@ -16,7 +17,7 @@ import pandas as pd
 
 RUN_METRICS = (
     "epochs_done", "final_top1", "best_top1", "final_top5", "final_test_loss", "final_grad_norm",
-    "time_to_target_s", "iters_to_target",
+    "time_to_target_s", "iters_to_target", "final_perplexity",
 )  # fmt: skip
 CONFIG_KEYS = [
     "model", "dataset", "backend", "scheme", "compressor", "world_size", "skew", "precision",
@@ -45,6 +46,7 @@ def run_metrics(epochs: pd.DataFrame, targets: pd.Series) -> pd.DataFrame:
             "final_test_loss": last["test_loss"], "final_grad_norm": last["grad_norm"],
             "time_to_target_s": hit["train_time_s"].iloc[0] if len(hit) else math.nan,
             "iters_to_target": hit["iteration"].iloc[0] if len(hit) else math.nan,
+            "final_perplexity": last["perplexity"],
         })  # fmt: skip
     return pd.DataFrame(rows)
 

@@ -23,6 +23,7 @@ from qbench.records import interference
 from qbench.records.schema import (
     EPOCH_COLUMNS,
     ITERATION_COLUMNS,
+    LATER_EPOCH_COLUMNS,
     LATER_ITERATION_COLUMNS,
     RunRecord,
     epochs_frame,
@@ -133,6 +134,9 @@ def _read_epochs(path: Path, run_id: str) -> pd.DataFrame | None:
         return None
     try:
         frame = pd.read_parquet(path)
+        for column in LATER_EPOCH_COLUMNS:  # files written before these columns existed
+            if column not in frame.columns:
+                frame[column] = math.nan
         frame = frame[list(EPOCH_COLUMNS)].astype(EPOCH_COLUMNS)
     except Exception:  # pyarrow raises many types; a partial file must not stop the report
         return None

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from qbench.catalog.datasets import TEXT_DATASETS
 from qbench.comm import Comm
 from qbench.data import partition, real
 
@@ -50,6 +51,9 @@ def prepare(
     seed: int, device: torch.device,
 ) -> EpochData:  # fmt: skip
     ds = real.load(dataset)
+    if dataset in TEXT_DATASETS:
+        return _text(ds, input_shape[0], world_size=world_size, rank=rank, seed=seed,
+                     device=device)  # fmt: skip
     mine = partition.partition(ds.train.y, world_size, rank, skew=skew, seed=seed)
     test = torch.arange(rank, len(ds.test.y), world_size)  # a strided share of the test split
     return EpochData(
@@ -59,6 +63,29 @@ def prepare(
         test_y=ds.test.y[test].to(device),
         num_classes=ds.num_classes,
     )
+
+
+def _text(
+    ds: real.Dataset, seq_len: int, *, world_size: int, rank: int, seed: int, device: torch.device
+) -> EpochData:
+    """A corpus cut into windows of ``seq_len`` tokens, each target the window one token on:
+    the training windows partitioned IID over the ranks, the test windows strided."""
+    train_x, train_y = _windows(ds.train.x, seq_len)
+    test_x, test_y = _windows(ds.test.x, seq_len)
+    ids = torch.zeros(len(train_y), dtype=torch.int64)  # no labels to skew by: IID
+    mine = partition.partition(ids, world_size, rank, seed=seed)
+    test = torch.arange(rank, len(test_y), world_size)
+    return EpochData(
+        train_x=train_x[mine].to(device), train_y=train_y[mine].to(device),
+        test_x=test_x[test].to(device), test_y=test_y[test].to(device),
+        num_classes=ds.num_classes,
+    )  # fmt: skip
+
+
+def _windows(stream: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    n = max(0, (len(stream) - 1) // seq_len)
+    x = stream[: n * seq_len].view(n, seq_len)
+    return x, stream[1 : n * seq_len + 1].view(n, seq_len)
 
 
 class EpochBatches:
@@ -133,16 +160,22 @@ def evaluate(
 ) -> dict[str, float]:  # fmt: skip
     """Top-1 (and top-5 when there are more than 10 classes) accuracy and mean loss on the test
     split, summed over the ranks' shares. ``loss_fn``: the run's loss when it is not cross
-    entropy (a batch mean); top-1 is then NaN unless outputs are class scores."""
+    entropy (a batch mean); top-1 is then NaN unless outputs are class scores. A language model
+    whose every position predicts the next token (targets ``(N, T)``) is scored per token: its
+    top-1 is next-token accuracy, and ``perplexity`` is exp(mean loss per token)."""
     sums = torch.zeros(4, dtype=torch.float64, device=data.test_y.device)  # n, loss, top1, top5
     k = max(1, min(5, data.num_classes))
-    classify = data.test_y.dim() == 1 and not data.test_y.is_floating_point()
+    integral = not data.test_y.is_floating_point()
+    tokens = data.test_y.dim() == 2 and integral
+    classify = (data.test_y.dim() == 1 or tokens) and integral
     model.eval()
     with torch.no_grad():
         for start in range(0, len(data.test_y), EVAL_BATCH):
             x = data.test_x[start : start + EVAL_BATCH]
             y = data.test_y[start : start + EVAL_BATCH]
             logits = model(x).float()
+            if tokens:  # every position is a sample
+                logits, y = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
             sums[0] += len(y)
             if loss_fn is None:
                 sums[1] += F.cross_entropy(logits, y, reduction="sum").double()
@@ -159,6 +192,7 @@ def evaluate(
     n = max(float(sums[0]), 1.0)
     out = {"test_loss": float(sums[1]) / n, "top1": float(sums[2]) / n if classify else math.nan}
     out["top5"] = float(sums[3]) / n if classify and data.num_classes > 10 else math.nan
+    out["perplexity"] = math.exp(min(out["test_loss"], 700.0)) if tokens else math.nan
     return out
 
 

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from qbench import catalog
+from qbench.catalog import models as zoo
 from qbench.catalog import rules
+from qbench.catalog.datasets import TEXT_DATASETS, TEXT_VOCAB
 from qbench.errors import UserError
 from qbench.spec import checks, codec_times, network
 from qbench.spec import workload as user
@@ -369,6 +371,7 @@ def _why_not(sc: Scenario, p: _Point) -> str | None:
         or _network_problem(p, sc.launcher)
         or _dilation_problem(p, sc.dilation)
         or _codec_time_problem(p, sc.codec_time)
+        or _text_problem(p)
         or device_problem
         or _placement_problem(p.world_size, p.nodes, kind, sc.gpus_per_node)
         or _filtered(_filter_values(p, kind), sc.include, sc.exclude)
@@ -404,6 +407,24 @@ def _dilation_problem(p: _Point, dilation: float) -> str | None:
             f"dilation: {dilation:g} stretches the codecs' time in the flat loop only; a DDP "
             "hook's codec runs on its own thread: use compressor none with DDP, or a flat scheme"
         )
+    return None
+
+
+def _text_problem(p: _Point) -> str | None:
+    """A text corpus feeds a model whose every position predicts the next byte, and such a
+    model reads nothing else (but its synthetic tokens)."""
+    per_token = not p.workload and zoo.entry(p.model).per_token
+    text = p.dataset in TEXT_DATASETS
+    if text and not per_token:
+        return (
+            f"dataset {p.dataset} is a text corpus read as bytes, each position predicting the "
+            f"next; model {p.model} does not; use model gpt"
+        )
+    if per_token and not text and p.dataset != "synthetic":
+        return f"model {p.model} reads token sequences; use dataset fortunes or synthetic"
+    vocab = int(p.model_params.get("vocab", TEXT_VOCAB)) if per_token else TEXT_VOCAB
+    if text and vocab < TEXT_VOCAB:
+        return f"model {p.model} has vocab {vocab} < {TEXT_VOCAB} bytes; set vocab: {TEXT_VOCAB}"
     return None
 
 
