@@ -111,11 +111,18 @@ class _Solo:
      ("{name: gpt, vocab: 128}", "fortunes", "vocab 128 < 256 bytes; set vocab: 256")],
 )  # fmt: skip
 def test_text_and_token_models_go_together(model: str, dataset: str, reason: str) -> None:
+    """Other pairs are excluded saying why, as is a label skew on text."""
     text = f"name: t\nmodel: [{model}, gpt]\ndataset: {dataset}\nepochs: 1\n"
     if dataset == "digits":
         text = f"name: t\nmodel: [{model}, mlp]\ndataset: {dataset}\nepochs: 1\n"
     m = expand(scenario.loads(text))
     assert any(reason in e.reason for e in m.excluded), [e.reason for e in m.excluded]
+    skewed = expand(scenario.loads("name: t\nmodel: gpt\ndataset: fortunes\nepochs: 1\n"
+                                   "skew: [0, 0.5]\n"))  # fmt: skip
+    assert {e.reason for e in skewed.excluded} == {
+        "skew 0.5 partitions by label, and text has none; drop skew for fortunes"
+    }
+    assert skewed.runs and all(r.skew == 0 for r in skewed.runs)
 
 
 @pytest.mark.slow

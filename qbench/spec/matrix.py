@@ -422,6 +422,8 @@ def _text_problem(p: _Point) -> str | None:
         )
     if per_token and not text and p.dataset != "synthetic":
         return f"model {p.model} reads token sequences; use dataset fortunes or synthetic"
+    if text and p.skew:
+        return f"skew {p.skew:g} partitions by label, and text has none; drop skew for {p.dataset}"
     vocab = int(p.model_params.get("vocab", TEXT_VOCAB)) if per_token else TEXT_VOCAB
     if text and vocab < TEXT_VOCAB:
         return f"model {p.model} has vocab {vocab} < {TEXT_VOCAB} bytes; set vocab: {TEXT_VOCAB}"
