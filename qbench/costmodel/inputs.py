@@ -43,17 +43,8 @@ def run_key(run_id: str) -> str:
 
 def comm_rows(doc: Any, source: str) -> list[dict[str, Any]]:
     """The rows of a ``qbench bench comm --json`` document (UserError if it is not one)."""
-    if not isinstance(doc, dict) or doc.get("schema") != COMM_SCHEMA:
-        raise UserError(f"{source}: not a `qbench bench comm --json` file (schema {COMM_SCHEMA!r})")
-    rows = doc.get("rows")
-    if not isinstance(rows, list):
-        raise UserError(f"{source}: has no rows list")
     need = ("backend", "world_size", "network", "scheme", "compressor", "bytes", "time_s")
-    for r in rows:
-        missing = [k for k in need if not isinstance(r, dict) or k not in r]
-        if missing:
-            raise UserError(f"{source}: a row lacks {', '.join(missing)}")
-    return rows
+    return codec_times.bench_rows(doc, source, COMM_SCHEMA, "qbench bench comm", need)
 
 
 def kernel_rows(doc: Any, source: str) -> list[dict[str, Any]]:

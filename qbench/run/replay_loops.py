@@ -4,6 +4,7 @@ loop and DDP's, with the model's work slept through and everything else as in th
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import cast
@@ -66,7 +67,7 @@ class ReplayRun(Run):
     def _codec(self, compressor: Compressor) -> Compressor:
         if not self.spec.codec_time or compressor.name == "none":
             return compressor
-        times = CodecTimes.read(self.spec.codec_time)
+        times = _codec_times(self.spec.codec_time)
         wrapped = replay_codec.ReplayedCodec(compressor, times, self.spec.dilation, self.pacing)
         return cast(Compressor, wrapped)  # the scheme calls only what the wrapper passes on
 
@@ -75,6 +76,12 @@ class ReplayRun(Run):
         if self.spec.codec_time:
             self.rows[-1]["codec_overrun"] = float(self.pacing.overruns)
             self.pacing.overruns = 0
+
+
+@functools.cache
+def _codec_times(path: str) -> CodecTimes:
+    """One read of the file for all of a run's layer groups."""
+    return CodecTimes.read(path)
 
 
 class ReplayDDPRun(DDPRun):

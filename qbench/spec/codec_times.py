@@ -20,14 +20,23 @@ _NEED = ("compressor", "op", "numel", "seconds", "copy_seconds")
 
 def rows(doc: Any, source: str) -> list[dict[str, Any]]:
     """The rows of a ``qbench bench kernels --json`` document (UserError if it is not one)."""
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise UserError(f"{source}: not a `qbench bench kernels --json` file (schema {SCHEMA!r})")
+    return bench_rows(doc, source, SCHEMA, "qbench bench kernels", _NEED)
+
+
+def bench_rows(
+    doc: Any, source: str, schema: str, command: str, need: tuple[str, ...]
+) -> list[dict[str, Any]]:
+    """The rows of a ``COMMAND --json`` document of ``schema``, each holding the keys ``need``
+    (UserError naming what is wrong otherwise); ``qbench bench comm``'s too."""
+    if not isinstance(doc, dict) or doc.get("schema") != schema:
+        raise UserError(f"{source}: not a `{command} --json` file (schema {schema!r})")
     found = doc.get("rows")
     if not isinstance(found, list):
         raise UserError(f"{source}: has no rows list")
     for r in found:
-        if not isinstance(r, dict) or any(k not in r for k in _NEED):
-            raise UserError(f"{source}: a row lacks one of {', '.join(_NEED)}")
+        missing = [k for k in need if not isinstance(r, dict) or k not in r]
+        if missing:
+            raise UserError(f"{source}: a row lacks {', '.join(missing)}")
     return found
 
 
