@@ -113,6 +113,7 @@ FAKE_RANK = textwrap.dedent("""\
     from pathlib import Path
     import pandas as pd
     plan = json.loads(Path(sys.argv[1]).read_text())
+    (Path(sys.argv[1]).parent / "ready.json").write_text("{}")  # joined: runs are timed now
     fault = os.environ.get("FAKE_FAULT", "")  # INDEX:exit|raise|hang
     for config in plan["configs"]:
         spec = Path(config["spec"])
@@ -378,17 +379,31 @@ def test_a_failing_configuration_fails_alone_across_emulated_nodes(tmp_path: Pat
 @pytest.mark.slow
 def test_a_hung_configuration_times_out_alone(tmp_path: Path) -> None:
     """Rank 1 hangs in the second run: its timeout (counted from the first run's end) kills
-    the group, that run is marked timeout, the third runs in a new launch."""
-    # A healthy run of 6 mlp iterations takes well under 1 s, but the first run of a launch
-    # counts from the launch (processes, torch, rendezvous): in CI, beside the other slow
-    # tests, that took over 15 s, so 40 s.
-    text = FAULTS.replace("BACKEND", "gloo").replace("TIMEOUT", "40")
-    proc = _sweep(text, tmp_path / "r", env={"QBENCH_FAULT": "1:2:hang@1"})
+    the group, that run is marked timeout, the third runs in a new launch. Each launch takes
+    longer to start than the timeout (as beside CI's other slow tests, where a relaunch once
+    timed out its first run): a launch's first run is timed from when its ranks are ready."""
+    text = FAULTS.replace("BACKEND", "gloo").replace("TIMEOUT", "20")
+    env = {"QBENCH_FAULT": "1:2:hang@1", "QBENCH_SLOW_START": "25"}
+    proc = _sweep(text, tmp_path / "r", env=env)
     assert proc.returncode == 1, proc.stderr[-3000:]
     recs = sorted(_records(tmp_path / "r").values(), key=lambda r: r["group"]["index"])
     assert [r["status"] for r in recs] == ["ok", "timeout", "ok"]
-    assert recs[1]["error"].startswith("timed out after 40 s")
-    assert 40 <= recs[1]["duration_s"] < 60
+    assert recs[1]["error"].startswith("timed out after 20 s")
+    assert 20 <= recs[1]["duration_s"] < 40
+    assert recs[2]["group"]["launch"] != recs[0]["group"]["launch"]
+
+
+def test_a_launch_that_does_not_start_times_out_saying_so() -> None:
+    """Before its ranks are ready a launch has the startup limit (or the timeout if longer),
+    and the line says the ranks did not start; once ready, the run's own timeout."""
+    from qbench.launch.group import STARTUP_S, _timed_out
+
+    assert _timed_out(20, STARTUP_S - 1, up=False) is None
+    assert "did not start within 300 s" in _timed_out(20, STARTUP_S + 1, up=False)
+    assert "did not start within 900 s" in _timed_out(900, 901, up=False)
+    assert _timed_out(900, 899, up=False) is None
+    assert _timed_out(20, 19, up=True) is None
+    assert _timed_out(20, 21, up=True) == ""  # the record's usual "timed out after 20 s"
 
 
 MEMORY = """

@@ -15,8 +15,11 @@ finished marker, which the ranks wait for before the next run, so that the drive
 and printing (about 10 ms a run) never share the CPU with a measured iteration. Nothing is
 blurred:
 
-* a run's ``timeout`` counts from the end of the one before it (or from the launch); past it
-  the group is killed, the run marked ``timeout``, and the group launched again for the rest;
+* a run's ``timeout`` counts from the end of the one before it, or for a launch's first run
+  from when its ranks are ready (``ready_marker``): starting processes, importing torch and
+  the rendezvous take tens of seconds on a loaded machine and are no part of any run, so they
+  have a limit of their own, ``STARTUP_S`` or the timeout if longer. Past either the group is
+  killed, the run marked ``timeout`` (saying which), and the group launched again for the rest;
 * a rank that fails ends the launch (the worker aborts, as a single run does); that run is
   marked ``failed`` with the rank and its exception, and the group is launched again for the
   runs after it;
@@ -45,10 +48,12 @@ from qbench.records.store import (
     atomic_write_json,
     done_marker,
     finished_marker,
+    ready_marker,
 )
 from qbench.spec.matrix import RunSpec
 
 POLL_S = 0.05
+STARTUP_S = 300.0  # a launch's start seen on a loaded 2-core machine: over 40 s
 Progress = Callable[[RunSpec, RunRecord | None], None] | None
 
 
@@ -86,6 +91,7 @@ class _Outcome:
     code: int | None = 0
     elapsed: float = 0.0
     rank: int | None = None
+    error: str | None = None  # a timeout's own line where the scenario's timeout is not it
 
 
 class Group:
@@ -110,6 +116,7 @@ class Group:
         name = pending[0].run_id
         records = [self._start(s, name, k) for k, s in enumerate(pending)]
         plan = self.store.group_plan(name)
+        ready_marker(plan).unlink(missing_ok=True)  # a resumed sweep may launch it again
         atomic_write_json(plan, {"configs": [
             {"spec": str(self.store.spec_path(s.run_id)), "index": self.index[s.run_id],
              "run_id": s.run_id} for s in pending
@@ -123,14 +130,15 @@ class Group:
                 try:
                     procs.start(jobs, ranks, out, err)
                     per_rank = len(ranks) == pending[0].world_size  # else one launcher process
-                    outcome = self._watch(pending, records, live, ranks, per_rank)
+                    outcome = self._watch(pending, records, live, ranks, per_rank, plan)
                 finally:
                     procs.kill_group(ranks)
             if outcome.done < len(pending):
                 spec, record = pending[outcome.done], records[outcome.done]
                 _attach_launcher_log(self.store, spec, gdir / STDERR_LOG)
                 dead = None if outcome.rank is None else (outcome.rank, outcome.code)
-                self._finish(spec, record, outcome.status, outcome.code, outcome.elapsed, dead)
+                self._finish(spec, record, outcome.status, outcome.code, outcome.elapsed, dead,
+                             outcome.error)  # fmt: skip
                 live.remove(record)
         return pending[outcome.done + 1 :]
 
@@ -143,13 +151,15 @@ class Group:
 
     def _watch(
         self, pending: list[RunSpec], records: list[RunRecord], live: list[RunRecord],
-        ranks: list[Any], per_rank: bool,
+        ranks: list[Any], per_rank: bool, plan: Path,
     ) -> _Outcome:  # fmt: skip
         """Finish each run as its done marker appears; stop at the first failure or timeout."""
-        done, t0 = 0, time.monotonic()
+        done, t0, up = 0, time.monotonic(), False
         ended = procs.exit_clock(ranks)
         self._begin(pending[0], records[0])
         while True:
+            if not up and ready_marker(plan).exists():
+                up, t0 = True, time.monotonic()  # started: the first run's clock starts now
             while done < len(pending) and done_marker(self._parts(pending[done])).exists():
                 self._finish(pending[done], records[done], "ok", 0, time.monotonic() - t0)
                 live.remove(records[done])
@@ -157,13 +167,15 @@ class Group:
                     self._begin(pending[done + 1], records[done + 1])
                 # the ranks wait for this before the next run: the driver's work is done now
                 atomic_write_json(finished_marker(self._parts(pending[done])), {"ok": True})
-                done, t0 = done + 1, time.monotonic()
+                done, t0, up = done + 1, time.monotonic(), True
             if done == len(pending):  # every record is on disk: the ranks are stopped now
                 return _Outcome(done)  # (tearing down torch and gloo takes seconds)
             failed = _first_failed(ranks, ended)
             if failed is None and len(ended) < len(ranks):
-                if time.monotonic() - t0 > pending[done].timeout:
-                    return _Outcome(done, "timeout", None, time.monotonic() - t0)
+                timed_out = _timed_out(pending[done].timeout, time.monotonic() - t0, up)
+                if timed_out is not None:
+                    return _Outcome(done, "timeout", None, time.monotonic() - t0,
+                                    error=timed_out or None)  # fmt: skip
                 time.sleep(POLL_S)
                 continue
             if done_marker(self._parts(pending[done])).exists():
@@ -184,12 +196,25 @@ class Group:
 
     def _finish(
         self, spec: RunSpec, record: RunRecord, status: str, code: int | None, elapsed: float,
-        dead: tuple[int, int | None] | None = None,
+        dead: tuple[int, int | None] | None = None, error: str | None = None,
     ) -> None:  # fmt: skip
-        record = runfiles.finish(spec, self.store, record, status, code, elapsed, dead)
+        record = runfiles.finish(spec, self.store, record, status, code, elapsed, dead, error)
         self.summary.statuses[spec.run_id] = record.status
         if self.on_progress:
             self.on_progress(spec, record)
+
+
+def _timed_out(timeout: float, elapsed: float, up: bool) -> str | None:
+    """None while within the limit; past it, "" for the run's own timeout (the record's usual
+    line) or the line saying the ranks did not start."""
+    if up:
+        return "" if elapsed > timeout else None
+    limit = max(timeout, STARTUP_S)
+    if elapsed <= limit:
+        return None
+    return (f"the ranks did not start within {limit:g} s (processes, torch import, rendezvous; "
+            f"the limit is {STARTUP_S:g} s or the scenario's `timeout:` if longer); "
+            "processes killed")  # fmt: skip
 
 
 @contextmanager

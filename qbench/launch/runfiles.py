@@ -99,12 +99,12 @@ def record_skipped(spec: RunSpec, store: ResultStore, prov: Provenance, reason: 
 
 def finish(
     spec: RunSpec, store: ResultStore, record: RunRecord, status: str, code: int | None,
-    elapsed: float, dead: tuple[int, int | None] | None = None,
+    elapsed: float, dead: tuple[int, int | None] | None = None, error: str | None = None,
 ) -> RunRecord:  # fmt: skip
     """The run's records once its processes are done: parts merged, hosts listed, status and
     (when not ok) the error line and the tail of stderr. ``dead``: (rank, exit code) of the
     rank that failed first when the driver saw it itself (ranks it started one by one); else
-    the launcher's report in stderr names it."""
+    the launcher's report in stderr names it. ``error``: the line, where the driver knows it."""
     record.duration_s = round(elapsed, 3)
     record.finished = now()
     record.exit_code = code
@@ -116,7 +116,7 @@ def finish(
     if status != "ok":
         record.stderr_tail = _tail(store.stderr_path(spec.run_id))
         stderr = _read(store.stderr_path(spec.run_id))
-        record.error = _error_line(status, code, stderr, spec, dead)
+        record.error = error or _error_line(status, code, stderr, spec, dead)
     store.write_record(record)
     return record
 

@@ -163,6 +163,13 @@ def finished_marker(parts: Path) -> Path:
     return parts / "finished.json"
 
 
+def ready_marker(plan: Path) -> Path:
+    """Group mode: rank 0 writes it beside the plan once every rank has started, imported
+    torch and joined the communicator; the driver starts the first run's clock there, as
+    starting takes tens of seconds on a loaded machine and measures nothing."""
+    return plan.parent / "ready.json"
+
+
 def is_group_plan(path: Path) -> bool:
     """Whether a worker was started with a group plan (else with one run's spec.json)."""
     return Path(path).name == GROUP_PLAN

@@ -46,6 +46,7 @@ from qbench.records.store import (
     finished_marker,
     host_part,
     parts_beside,
+    ready_marker,
 )
 from qbench.run import lifecycle
 from qbench.spec.matrix import RunSpec
@@ -65,7 +66,11 @@ def main(plan: Path) -> int:
     specs = [RunSpec.from_dict(json.loads(path.read_text())) for path, _ in configs]
     # The driver times each run (``timeout``) and kills the group; a collective that gave up
     # first would turn a hung peer into a failure of this rank, so the communicator waits longer.
+    lifecycle.slow_start()
     cm = lifecycle.connect(specs[0], max(s.timeout for s in specs) + COMM_SLACK_S)
+    cm.barrier()  # every rank is up: the first run's timeout counts from here
+    if cm.rank == 0:
+        atomic_write_json(ready_marker(Path(plan)), {"ready": True})
     for k, ((path, index), spec) in enumerate(zip(configs, specs, strict=True)):
         fault = lifecycle.fault_injection(cm.rank, spec.run_id, index)
         with _logs(path.parent):

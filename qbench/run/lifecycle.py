@@ -56,6 +56,13 @@ def fault_injection(rank: int, run_id: str, index: int | None = None) -> tuple[i
     return int(parts[1]), (parts[2] if len(parts) > 2 else "exit")
 
 
+def slow_start() -> None:
+    """QBENCH_SLOW_START=SECONDS delays each rank before it joins the communicator, as a
+    loaded machine does, to test that a group's first run is not timed from its launch.
+    Testing only."""
+    time.sleep(float(os.environ.get("QBENCH_SLOW_START", "0")))
+
+
 _LEAKED: list[torch.Tensor] = []
 LEAK_MB = 16
 
