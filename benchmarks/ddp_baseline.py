@@ -1,10 +1,13 @@
-"""qbench's ``scheme: ddp`` (fp32) against a plain DDP training loop of the same model, batch and
-link, interleaved: the target is qbench's iteration within 5 % of the plain loop's.
+"""qbench's ``scheme: ddp`` or ``fsdp`` (fp32) against a plain DDP or FSDP2 training loop of the
+same model, batch and link, interleaved: the target is qbench's iteration within 5 % of the plain
+loop's.
 
     .venv/bin/python benchmarks/ddp_baseline.py --model vgg16-cifar --batch-size 16 \\
         --bandwidth 1gbit --repeats 5 --json results/bench/ddp_baseline.json
+    .venv/bin/python benchmarks/ddp_baseline.py --scheme fsdp --model gpt --batch-size 32 \\
+        --repeats 6 --json results/bench/fsdp_baseline.json
 
-Each repeat runs the plain loop (benchmarks/plain_ddp.py) and then a one-run qbench sweep, each
+Each repeat runs the plain loop (benchmarks/plain_loop.py) and then a one-run qbench sweep, each
 a fresh launch of ``--world-size`` gloo ranks; a repeat's ratio is qbench's median iteration
 over the plain loop's (each iteration the slowest rank's). Reported: every ratio, their median
 and a 95 % bootstrap interval of the median. ``--bandwidth`` needs root (emulated links).
@@ -24,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-PLAIN = REPO / "benchmarks" / "plain_ddp.py"
+PLAIN = REPO / "benchmarks" / "plain_loop.py"
 
 
 def plain_loop(args: argparse.Namespace, work: Path) -> float:
@@ -33,8 +36,8 @@ def plain_loop(args: argparse.Namespace, work: Path) -> float:
     from qbench.spec import network
 
     out = work / "plain.json"
-    config = {"model": args.model, "batch_size": args.batch_size, "warmup": args.warmup,
-              "iterations": args.iterations, "out": str(out)}  # fmt: skip
+    config = {"scheme": args.scheme, "model": args.model, "batch_size": args.batch_size,
+              "warmup": args.warmup, "iterations": args.iterations, "out": str(out)}  # fmt: skip
     (work / "plain-config.json").write_text(json.dumps(config))
     program = [sys.executable, str(PLAIN), str(work / "plain-config.json")]
     if args.bandwidth:
@@ -46,19 +49,19 @@ def plain_loop(args: argparse.Namespace, work: Path) -> float:
         code = subprocess.run(argv, env=local.worker_env(), capture_output=True).returncode
         status = "ok" if code == 0 else "failed"
     if status != "ok":
-        raise SystemExit(f"plain DDP loop {status} (exit {code}); logs in {work}")
+        raise SystemExit(f"plain {args.scheme} loop {status} (exit {code}); logs in {work}")
     return statistics.median(json.loads(out.read_text()))
 
 
 def qbench_run(args: argparse.Namespace, work: Path, repeat: int) -> float:
-    """Median iteration (s) of a one-run qbench sweep with scheme ddp, compressor none."""
+    """Median iteration (s) of a one-run qbench sweep with the scheme, compressor none."""
     from qbench.report import stats
 
     net = f"{{bandwidth: {args.bandwidth}}}" if args.bandwidth else "unshaped"
     scenario = work / "ddp.yaml"
     scenario.write_text(
-        f"name: ddp-baseline\nmodel: {args.model}\nworld_size: {args.world_size}\n"
-        f"backend: gloo\nscheme: ddp\ncompressor: none\nnetwork: [{net}]\n"
+        f"name: {args.scheme}-baseline\nmodel: {args.model}\nworld_size: {args.world_size}\n"
+        f"backend: gloo\nscheme: {args.scheme}\ncompressor: none\nnetwork: [{net}]\n"
         f"batch_size: {args.batch_size}\nwarmup: {args.warmup}\niterations: {args.iterations}\n"
     )
     out = work / f"qbench-{repeat}"
@@ -76,6 +79,7 @@ def bootstrap_median(ratios: list[float], draws: int = 2000) -> tuple[float, flo
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--scheme", default="ddp", choices=("ddp", "fsdp"))
     p.add_argument("--model", default="vgg16-cifar")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--world-size", type=int, default=2)
@@ -91,14 +95,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         plain = plain_loop(args, work)
         ours = qbench_run(args, work, r)
         rows.append({"repeat": r, "plain_s": plain, "qbench_s": ours, "ratio": ours / plain})
-        print(f"repeat {r}: plain {plain * 1e3:.1f} ms, qbench ddp {ours * 1e3:.1f} ms, "
+        print(f"repeat {r}: plain {plain * 1e3:.1f} ms, qbench {args.scheme} {ours * 1e3:.1f} ms, "
               f"ratio {ours / plain:.3f}", flush=True)  # fmt: skip
     ratios = [row["ratio"] for row in rows]
     low, high = bootstrap_median(ratios)
     doc = {"settings": vars(args) | {"json": str(args.json)}, "rows": rows,
            "median_ratio": statistics.median(ratios), "interval_95": [low, high],
            "target": "median ratio within 1 +- 0.05"}  # fmt: skip
-    print(f"qbench ddp / plain DDP: median {doc['median_ratio']:.3f} "
+    print(f"qbench {args.scheme} / plain {args.scheme}: median {doc['median_ratio']:.3f} "
           f"(95 % interval {low:.3f}-{high:.3f}) over {len(rows)} interleaved repeats")  # fmt: skip
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ STAGES: dict[str, int] = {
     "records": 3,
     # libraries a rank uses (torch)
     "compress": 4, "comm": 4, "models": 4, "data": 5, "aggregate": 6, "ddp": 7,
+    "fsdp": 7,
     # matrix -> processes; then one rank's side
     "launch": 8, "run": 9,
     # files -> answers

@@ -74,10 +74,19 @@ SCHEMES = {  # label -> name, as run.json stores labels (catalog.scheme_label)
     "ddp": "DDP",
     "ddp+bucket_cap_mb5.0": "DDP, buckets 5 MB",
     "simulated-lowprec": "simulated low precision",
+    "fsdp": "FSDP",
+    "fsdp+prefetch2+reshard_after_forwardFalse": "FSDP, kept after forward (ZeRO-2), prefetch 2",
 }  # fmt: skip
 METHODS = [  # (scheme label, compressor label, name)
     ("ddp", "fp32", "DDP fp32"),
     ("ddp", "powersgd-r2", "DDP PowerSGD rank 2"),
+    ("ddp+bucket_cap_mb5.0", "bf16", "DDP bf16, buckets 5 MB"),
+    ("fsdp", "bf16", "FSDP bf16"),
+    (
+        "fsdp+all_gatherqsgd-8b-b256+param_dtypebf16",
+        "qsgd-4b-b512",
+        "FSDP QSGD 4-bit, bf16 parameters, all-gather QSGD 8-bit, bucket 256",
+    ),
     ("reduce-broadcast+backward", "qsgd-4b-b512", "QSGD 4-bit per DDP bucket"),
     ("allgather+backward", "qsgd-4b-b512", "QSGD 4-bit per DDP bucket (allgather)"),
     ("gossip+algorithmchoco+topologyring", "qsgd-4b-b512", "Choco-SGD, ring · QSGD 4-bit"),

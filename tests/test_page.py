@@ -48,7 +48,7 @@ def test_verdicts_only_from_intervals_that_exclude_one(tmp_path: Path) -> None:
     loses = _page(_two_configs(tmp_path / "loses", 2.0, 0.01))
     assert "Compression does not pay here" in loses and "pays here for" not in loses
     noisy = _page(_two_configs(tmp_path / "noisy", 0.97, 0.4))  # 3 % faster, +-40 % noise
-    assert "0 are faster than their fp32 baseline beyond the noise" in noisy
+    assert "0 are faster than their best uncompressed baseline beyond the noise" in noisy
     assert "No verdict that compression pays" in noisy
     assert "~" in noisy.split("| allreduce · QSGD 4-bit |")[1].split("\n")[0]  # marked
 

@@ -78,7 +78,8 @@ def test_a_bad_codec_time_is_one_line(extra: str, message: str, tmp_path: Path) 
     [("reduce-broadcast", "{name: onebit}", "has no encode and decode rows of 1bit-b64 (it has "
       "qsgd-4b-b512)"),
      ("integer-allreduce", "{name: qsgd, bits: 4}", "integer-allreduce quantizes with kernels"),
-     ("ddp", "{name: qsgd, bits: 4}", "a DDP hook's codec runs on its own thread")],
+     ("ddp", "{name: qsgd, bits: 4}", "DDP's hooks and FSDP's collectives run theirs inside "
+      "backward")],
 )  # fmt: skip
 def test_runs_it_cannot_replay_are_excluded_saying_why(
     scheme: str, comp: str, reason: str, tmp_path: Path

@@ -64,7 +64,9 @@ def test_quick_covers_every_axis_value_at_the_first_seed() -> None:
         for axis in first[0]:
             assert {repr(c[axis]) for c in kept} == {repr(c[axis]) for c in first}, (path, axis)
         total += len(kept)
-    assert total <= 120  # the first seeds' cross products hold 303: utility alone 96
+    # the first seeds' cross products hold 375: utility alone 96; sharded's 8 methods (FSDP in
+    # this test, issue 35) took the quick runs from 119 to 129
+    assert total <= 130
 
 
 def seeds_0_to_3(path: Path) -> bool:

@@ -132,6 +132,9 @@ def test_record_row_machine_cores_provenance_and_profile() -> None:
         "profiled": True,
         "other_cores": None,  # no interference recorded: unknown, not quiet
         "disturbed": None,
+        "peak_rss_mib": None,  # no memory recorded (schema before 3): unknown
+        "peak_gpu_mib": None,
+        "peak_ranks": None,
     }
     cases: tuple[tuple[Any, int | None], ...] = (
         ({"cores": 0}, None),

@@ -21,7 +21,7 @@ import yaml
 from qbench.catalog import plugins, registry, specs
 from qbench.catalog.compressors import COMPRESSORS, GRANULARITIES, CompressorEntry
 from qbench.catalog.params import validate
-from qbench.catalog.schemes import SCHEMES, SchemeEntry
+from qbench.catalog.schemes import CODEC_PARAMS, SCHEMES, SchemeEntry
 from qbench.errors import UserError, choice_error
 
 __all__ = [
@@ -87,8 +87,9 @@ class SchemeSpec:
         if self.entry.display is None:
             return self.entry.name
         params = dict(self.params)
-        if params.get("down"):
-            params["down"] = compressor(params["down"]).display(brief=True)
+        for key in CODEC_PARAMS:
+            if params.get(key):
+                params[key] = compressor(params[key]).display(brief=True)
         return self.entry.display(params)
 
 
@@ -153,20 +154,22 @@ def scheme(raw: Any) -> SchemeSpec:
     given = {k: v for k, v in spec.items() if k != "name"}
     owner = f"scheme {name}"
     params = validate(owner, entry.params, given)
-    if params.get("down") is not None:
-        params["down"] = _down(name, params["down"])
+    for key in CODEC_PARAMS:
+        if params.get(key) is not None:
+            params[key] = _codec_param(name, key, params[key])
     problem = entry.cross_check(given, params)
     if problem:
         raise UserError(f"{owner}: {problem}")
     return SchemeSpec(entry, params, spec)
 
 
-def _down(scheme_name: str, raw: Any) -> dict[str, Any]:
-    """The ``down`` compressor of a parameter-server scheme, as its validated mapping."""
+def _codec_param(scheme_name: str, key: str, raw: Any) -> dict[str, Any]:
+    """A compressor a scheme takes as a parameter (``down``, ``all_gather``), as its
+    validated mapping."""
     try:
         down = compressor(raw)
     except UserError as e:
-        raise UserError(f"scheme {scheme_name}: down: {e}") from None
+        raise UserError(f"scheme {scheme_name}: {key}: {e}") from None
     if scheme_name == "async-ps" and down.entry.stateful:
         raise UserError(
             f"scheme async-ps: down quantizes the model itself and cannot be {down.name} (it "
@@ -206,7 +209,7 @@ def scheme_from_label(label: str) -> SchemeSpec:
 def _unshort(key: str, text: str) -> Any:
     if key == "backward" and not text:
         return True
-    if key == "down":
+    if key in CODEC_PARAMS:
         return from_label(text).given
     value = yaml.safe_load(text)  # "True", "6", "0.1", "choco"
     return text if value is None else value

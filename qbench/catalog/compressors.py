@@ -50,6 +50,10 @@ class CompressorEntry:
     """The payload of n values, buffer by buffer; None when its size depends on the data."""
     summable: bool = False
     """Its payload is a tensor an allreduce can sum (fp32, fp16, bf16 casts)."""
+    uncompressed: bool = False
+    """Every value travels as a plain float (fp32, or cast to fp16 / bf16): not compression,
+    so reports take its runs as baselines (Han et al., arXiv 2407.01378: a compression study
+    must beat 16-bit communication, not only fp32); ``qbench.report.speedups.uncompressed``."""
     error_feedback: Callable[[Params], bool] = lambda p: False
     """Keeps the part left out at one step and adds it at the next (state per slot)."""
     unbiased: Callable[[Params], bool] = lambda p: False
@@ -207,6 +211,7 @@ def _cast(name: str, dtype: str, bits: float, summary: str, codec: str) -> Compr
         nominal_bits=lambda p: bits,
         wire=lambda p, n: [("values", dtype, n)],
         summable=True,
+        uncompressed=True,
         unbiased=lambda p: name == "none",
         integer_levels=lambda p: None if name == "none" else "its payload is not integer levels",
         granularity=lambda p: "value",

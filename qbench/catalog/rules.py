@@ -18,6 +18,7 @@ from qbench import catalog
 from qbench.catalog.schemes import BACKWARD, TORCH_HOOKS, torus_rows
 
 DDP = "ddp"
+FSDP = "fsdp"
 
 
 @dataclass(frozen=True)
@@ -50,9 +51,10 @@ Rule = Callable[[Combo], "str | None"]
 
 
 def overlap(scheme: str, params: dict[str, Any]) -> str:
-    """``backward`` when buckets are communicated during backward, ``none`` when one flat
-    gradient is aggregated after it (the run's ``overlap`` label)."""
-    return BACKWARD.name if scheme == DDP or params.get(BACKWARD.name) else "none"
+    """``backward`` when gradients are communicated during backward (DDP's buckets, FSDP's
+    reduce-scatters), ``none`` when one flat gradient is aggregated after it (the run's
+    ``overlap`` label)."""
+    return BACKWARD.name if scheme in (DDP, FSDP) or params.get(BACKWARD.name) else "none"
 
 
 def canonical(scheme: str, params: dict[str, Any], compressor: str) -> tuple[str, dict[str, Any]]:
@@ -75,6 +77,31 @@ def resolve_auto(compressor: catalog.CompressorSpec) -> str:
 
 
 # -- the rules ----------------------------------------------------------------------------------
+def _fsdp(c: Combo) -> str | None:
+    """FSDP2 shards on torch.distributed, one codec per block's flat shard, its own mixed
+    precision; checked before the DDP rules, whose reasons would name DDP."""
+    if c.scheme != FSDP:
+        return None
+    if c.backend == "mpi":
+        return (
+            "FSDP runs on torch.distributed process groups (gloo, nccl); torch's MPI backend is "
+            "not built; use backend gloo (CPU) or nccl (GPU)"
+        )
+    if c.overrides:
+        return (
+            "fsdp encodes each block's flat gradient shard with one codec, so layer overrides "
+            "cannot apply; drop `layers:` for fsdp"
+        )
+    if c.telemetry:
+        return "telemetry shadows a flat loop's encode; FSDP's run inside backward: drop it"
+    if c.compute != "fp32":
+        return (
+            f"compute {c.compute} is the flat and DDP loops'; FSDP's mixed precision is its "
+            f"param_dtype, e.g. `{{name: fsdp, param_dtype: bf16}}`"
+        )
+    return None
+
+
 def _ddp_backend(c: Combo) -> str | None:
     if overlap(c.scheme, c.params) == BACKWARD.name and c.backend == "mpi":
         return (
@@ -231,7 +258,7 @@ def _profiled(c: Combo) -> str | None:
 
 
 RULES: tuple[Rule, ...] = (
-    _ddp_backend, _ddp_hooks, _hook_only, _topology, _own_error_feedback, _async_ps,
+    _fsdp, _ddp_backend, _ddp_hooks, _hook_only, _topology, _own_error_feedback, _async_ps,
     _summable, _integer_levels, _ddp_loop, _trains, _qgm_momentum, _profiled,
 )  # fmt: skip
 

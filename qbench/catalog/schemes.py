@@ -28,12 +28,13 @@ class SchemeEntry:
     seed: str
     aggregator: str
     """``module:Class`` of the aggregator (``qbench.aggregate``); "" for the schemes that are a
-    training loop of their own: ddp (``qbench.run.ddp_loop``) and the asynchronous ones
+    training loop of their own: ddp (``qbench.run.ddp_loop``), fsdp (``qbench.run.fsdp_loop``)
+    and the asynchronous ones
     (``qbench.run.async_ps``)."""
     params: tuple[Param, ...] = ()
     kind: str = "collective"
     """collective (every rank gets the mean), decentralized (each rank its own model),
-    asynchronous (a server, no barrier) or ddp (PyTorch's DDP loop)."""
+    asynchronous (a server, no barrier), ddp (PyTorch's DDP loop) or fsdp (FSDP2's loop)."""
     reduces: bool = True
     """It computes the mean gradient (simulated-lowprec only moves the bytes)."""
     per_bucket: bool = False
@@ -69,6 +70,11 @@ DOWN = Param(
     "fp32", (dict, str, type(None)), "a compressor spec with a name",
     lambda v: v is None or isinstance(v, str) or "name" in v, example="{name: qsgd, bits: 8}",
 )  # fmt: skip
+
+
+CODEC_PARAMS = ("down", "all_gather")
+"""Scheme parameters that are compressor specs of their own (validated as compressors, shown
+by their brief names, labelled by their labels)."""
 
 
 def _summable(name: object) -> bool:
@@ -275,10 +281,66 @@ DDP = SchemeEntry(
     params=DDP_OPTIONS, display=lambda p: ", ".join(["DDP", *_details(p)]),
 )  # fmt: skip
 
+
+def _fsdp_name(p: Params) -> str:
+    out = ["FSDP"]
+    if p["param_dtype"] != "fp32":
+        out.append(f"{p['param_dtype']} parameters")
+    if not p["reshard_after_forward"]:
+        out.append("kept after forward (ZeRO-2)")
+    if p["prefetch"] > 1:
+        out.append(f"prefetch {p['prefetch']}")
+    if p["all_gather"]:
+        out.append(f"all-gather {p['all_gather']}")
+    return ", ".join(out)
+
+
+def _stateless_gather(given: Params, p: Params) -> str | None:
+    spec = p["all_gather"]
+    name = spec if isinstance(spec, str) else (spec or {}).get("name")
+    if name is None:
+        return None
+    entry = COMPRESSORS.get(name)
+    if entry is None or entry.hook_only:
+        return f"all_gather: {name!r} is not a qbench codec; e.g. `{{name: qsgd, bits: 8}}`"
+    if entry.stateful:
+        return (
+            f"all_gather: {name} keeps error-feedback state, but the parameters it would carry "
+            "over are overwritten by every step; use a stateless codec such as qsgd"
+        )
+    return None
+
+
+FSDP_TORCH = ("none", "fp16", "bf16")
+"""Compressors FSDP runs with torch's own reduce-scatter, in that reduce dtype (the 16-bit
+baselines); every other codec goes through qbench's compressed reduce-scatter."""
+FSDP = SchemeEntry(
+    "fsdp", "PyTorch FSDP2 (fully_shard per block): gradients reduce-scattered, parameters "
+    "all-gathered, both overlapped; qbench codecs as compressed reduce-scatter / all-gather",
+    "Zhao et al. 2023 (baseline); ZeRO++ (qgZ, qwZ)", "", kind="fsdp",
+    params=(
+        Param("reshard_after_forward", True, "free each block's gathered parameters after "
+              "forward and gather them again in backward (ZeRO-3); false keeps them (ZeRO-2)",
+              bool),
+        Param("param_dtype", "fp32", "mixed precision: dtype of the gathered parameters and "
+              "of forward and backward (MixedPrecisionPolicy.param_dtype)", str,
+              choices=("fp32", "bf16", "fp16")),
+        Param("prefetch", 1, "blocks whose all-gather is issued ahead: 1 is torch's own "
+              "prefetch of the next block, more are set explicitly", int, "an integer >= 1",
+              at_least(1), example=2),
+        Param("all_gather", None, "codec of the parameter all-gather (ZeRO++ qwZ): each rank "
+              "encodes its shard, all decode every shard; none: the param dtype",
+              (dict, str, type(None)), "a compressor spec with a name",
+              lambda v: v is None or isinstance(v, str) or "name" in v,
+              example="{name: qsgd, bits: 8, bucket_size: 256}"),
+    ),
+    cross_check=_stateless_gather, display=_fsdp_name,
+)  # fmt: skip
+
 SCHEMES: Registry[SchemeEntry] = Registry({
     e.name: e
     for e in (ALLREDUCE, REDUCE_BROADCAST, GOSSIP, ALLGATHER, SIMULATED_LOWPREC, INTEGER_ALLREDUCE,
-              PARAMETER_SERVER, PUSH_SUM, ASYNC_PS, HIERARCHICAL, DDP)
+              PARAMETER_SERVER, PUSH_SUM, ASYNC_PS, HIERARCHICAL, DDP, FSDP)
 })  # fmt: skip
 """Every scheme by name; plug-ins (``qbench.catalog.plugins``) join on first read."""
 TORCH_HOOKS = ("none", "fp16", "bf16", "powersgd")

@@ -8,7 +8,8 @@ Per rank, K ranks, S bytes (nccl-tests ``doc/PERFORMANCE.md``):
 * allreduce: 2 (K-1) / K * S, the traffic of a ring allreduce (busbw = algbw * 2 (K-1) / K);
 * alltoall(v): the sends to the K-1 peers, (K-1) / K * S of an evenly split buffer;
 * allgather(v) of S per rank: the own buffer once per peer, (K-1) * S (nccl-tests quotes the
-  gathered K S, hence its factor (K-1) / K).
+  gathered K S, hence its factor (K-1) / K);
+* reduce-scatter of S per rank (the whole input): the K-1 shards owed to peers, (K-1) / K * S.
 """
 
 from __future__ import annotations
@@ -23,6 +24,17 @@ def allreduce_bus_bytes(nbytes: int, world_size: int) -> int:
 def ring_allreduce_bytes(nbytes: float, world_size: int) -> float:
     """:func:`allreduce_bus_bytes` unrounded, for payloads of fractional bytes (the cost model)."""
     return 2 * (world_size - 1) * nbytes / world_size
+
+
+def reduce_scatter_bytes(nbytes: int, world_size: int) -> int:
+    """Per-rank bytes of a reduce-scatter of ``nbytes`` (this rank's whole input): the K-1
+    shards it owes its peers, (K-1) / K * S."""
+    return ((world_size - 1) * nbytes) // world_size
+
+
+def all_gather_bytes(shard_bytes: int, world_size: int) -> int:
+    """Per-rank bytes of an all-gather of a ``shard_bytes`` shard: once per peer."""
+    return (world_size - 1) * shard_bytes
 
 
 def busbw_factor(collective: str, world_size: int) -> float:

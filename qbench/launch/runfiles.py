@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from qbench.launch import local, machine, procs
-from qbench.records import interference
+from qbench.records import interference, memory
 from qbench.records.schema import WORKER_FAILED as FAILED_TAG
 from qbench.records.schema import RunRecord
 from qbench.records.store import (
@@ -30,6 +30,7 @@ from qbench.records.store import (
     epochs_part,
     host_parts,
     interference_parts,
+    memory_parts,
     model_part,
     rank_parts,
     timeline_beside,
@@ -111,6 +112,7 @@ def finish(
     status = _merge_parts(store, spec, status)
     _record_hosts(store, spec)
     record.interference = _interference(store, spec)
+    record.memory = memory.combine(_json_parts(memory_parts(store.parts_dir(spec.run_id))))
     record.labels.update(_model_labels(store, spec))
     record.status = status
     if status != "ok":
@@ -203,16 +205,22 @@ def _record_hosts(store: ResultStore, spec: RunSpec) -> None:
 
 def _interference(store: ResultStore, spec: RunSpec) -> dict[str, Any] | None:
     """What else used each rank host over the measured iterations, from the ranks' parts."""
-    docs = []
-    for p in interference_parts(store.parts_dir(spec.run_id)):
-        try:
-            docs.append(json.loads(p.read_text()))
-        except (OSError, ValueError):
-            continue
+    docs = _json_parts(interference_parts(store.parts_dir(spec.run_id)))
     try:
         return interference.combine(docs)
     except (KeyError, TypeError, ValueError, ZeroDivisionError):  # a part from another qbench
         return None
+
+
+def _json_parts(paths: list[Path]) -> list[dict[str, Any]]:
+    """The ranks' JSON parts that can be read (a rank killed mid-write leaves none)."""
+    docs = []
+    for p in paths:
+        try:
+            docs.append(json.loads(p.read_text()))
+        except (OSError, ValueError):
+            continue
+    return [d for d in docs if isinstance(d, dict)]
 
 
 def archive_attempt(store: ResultStore, spec: RunSpec) -> Path:

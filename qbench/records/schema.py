@@ -14,9 +14,10 @@ from typing import Any
 
 import pandas as pd
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """2: run.json's ``interference`` (what else used the machine while the run was measured).
-Readers take version-1 files as they are: their interference is unknown."""
+3: run.json's ``memory`` (each rank's peak memory over the run, ``qbench.records.memory``).
+Readers take older files as they are: their interference or memory is unknown."""
 
 # name -> pandas dtype. Times are seconds; byte counts are per rank per iteration.
 ITERATION_COLUMNS: dict[str, str] = {
@@ -58,6 +59,12 @@ ITERATION_COLUMNS: dict[str, str] = {
     # `codec_time:` (qbench.run.replay_codec): codec calls this iteration whose real time
     # exceeded the replayed one (the run then stands for a slower device); NaN without it
     "codec_overrun": "float64",
+    # FSDP runs (qbench.run.fsdp_loop): the parameter all-gathers' and the gradient
+    # reduce-scatters' seconds in flight and bytes sent, apart; NaN for other schemes
+    "t_allgather_total": "float64",
+    "t_reduce_scatter_total": "float64",
+    "bytes_allgather": "float64",
+    "bytes_reduce_scatter": "float64",
 }
 
 # Columns added after schema version 1 was first written: readers fill them with NaN when a file
@@ -66,6 +73,7 @@ LATER_ITERATION_COLUMNS = (
     *("staleness", "server_version", "cum_bits", "t_forward", "t_comm_total"),
     *("overlap_fraction", "t_codec_total", "skipped", "bytes_intra", "bytes_inter"),
     "codec_overrun",
+    *("t_allgather_total", "t_reduce_scatter_total", "bytes_allgather", "bytes_reduce_scatter"),
 )
 
 LATER_EPOCH_COLUMNS = ("perplexity",)
@@ -140,6 +148,9 @@ class RunRecord:
     """What else used each rank host's CPUs over the measured iterations
     (``qbench.records.interference``, which also holds the rule that calls a run disturbed);
     None in older files and when no rank measured it."""
+    memory: dict[str, Any] | None = None
+    """Each rank's peak memory over the run, ``{"ranks": [...]}`` (``qbench.records.memory``);
+    None in older files and when no rank recorded it."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

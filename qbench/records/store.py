@@ -8,6 +8,7 @@ A results directory::
                  profile/rank-<rank>.pt.trace.json (profile: true)
                  parts/<kind>-<rank>.parquet host-<rank>.json model.json epochs.parquet
                        interference-<rank>.json (what else used the machine, per rank)
+                       memory-<rank>.json (the rank's peak memory over the run)
                        done.json (group mode: rank 0, when every rank finished the run)
                  attempts/<n>/ (sweep --rerun-disturbed: an earlier attempt's files, as above)
     DIR/.groups/<launch>/plan.json stdout.log stderr.log (group mode: one per launch)
@@ -187,6 +188,17 @@ def interference_part(parts: Path, rank: int) -> Path:
 
 def interference_parts(parts: Path) -> list[Path]:
     found = parts.glob("interference-*.json")
+    return sorted(found, key=lambda p: int(p.stem.rpartition("-")[2]))
+
+
+def memory_part(parts: Path, rank: int) -> Path:
+    """Where a rank writes its peak memory over the run (``qbench.run.memory``; the driver
+    gathers them into run.json)."""
+    return parts / f"memory-{rank}.json"
+
+
+def memory_parts(parts: Path) -> list[Path]:
+    found = parts.glob("memory-*.json")
     return sorted(found, key=lambda p: int(p.stem.rpartition("-")[2]))
 
 

@@ -104,15 +104,16 @@ def scheme(label: object) -> str:
 
 
 def method(scheme_label: object, compressor_label: object) -> str:
-    """Scheme and compressor as one name: "DDP fp32", "QSGD 4-bit per DDP bucket",
+    """Scheme and compressor as one name: "DDP fp32", "FSDP bf16", "QSGD 4-bit per DDP bucket",
     "Choco-SGD, ring · QSGD 4-bit", "allreduce · fp32"."""
     text, suffix = _split(compressor_label)
     what = compressor(text, brief=True)
     spec = scheme_spec(scheme_label)
     if spec is None:
         return f"{scheme_label} · {what}{suffix}"
-    if spec.name == "ddp":
-        return spec.display().replace("DDP", f"DDP {what}", 1) + suffix
+    if spec.name in ("ddp", "fsdp"):  # "DDP bf16", "FSDP QSGD 4-bit, all-gather QSGD 8-bit"
+        name = spec.display().split(",", 1)[0]
+        return spec.display().replace(name, f"{name} {what}", 1) + suffix
     if rules.overlap(spec.name, spec.params) == "backward":
         rest = spec.display().split(" per DDP bucket", 1)[1]
         exchange = "" if spec.name == "reduce-broadcast" else f" ({spec.name})"

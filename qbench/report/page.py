@@ -24,7 +24,9 @@ import pandas as pd
 
 from qbench.records.store import INDEX_HTML, INDEX_MD, atomic_write_bytes
 from qbench.report import disturbed, intervals, names, provenance
+from qbench.report import page_baselines as baselines
 from qbench.report import page_cells as cells
+from qbench.report import page_one_bit as one_bit
 from qbench.report.page_render import Section, markdown_table, slug, to_html, to_markdown
 
 DISPLAY = cells.DISPLAY
@@ -79,7 +81,7 @@ def build_sections(
     """The study's questions in seed 002's order, then cost, failures and leftover figures."""
     configs = _configs(summary)
     sections = [
-        _speed(configs, summary), _accuracy(acc), _one_bit(configs, acc),
+        _speed(configs, summary), _accuracy(acc), one_bit.answer(configs, acc),
         _backends(configs, throughputs), _ranks(configs), _money(configs), _failed(summary),
     ]  # fmt: skip
     homes = {"breakdown": 0, "speedup_ratio": 0, "utility": 0, "accuracy": 1, "pareto": 1,
@@ -102,7 +104,8 @@ def _configs(summary: pd.DataFrame) -> pd.DataFrame:
     numeric = [c for c in ok.columns if c not in config and pd.api.types.is_numeric_dtype(ok[c])]
     spec: dict[str, Any] = {c: "median" for c in numeric if c not in ("simulated", "profiled")}
     spec.update(compressor_name="first", simulated="any", run_id=list)
-    for column in ("baseline", *(c for c in ok.columns if c.endswith("_unit"))):
+    named = ("baseline", "best_baseline", "best_baseline_compressor", "uncompressed")
+    for column in (*named, *(c for c in ok.columns if c.endswith("_unit"))):
         spec[column] = "first"
     for column in (c for c in ok.columns if c.endswith(("_low", "_high", "_n", "_n_base"))):
         spec[column] = "first"  # one interval per configuration: every row holds the same
@@ -120,14 +123,12 @@ def _speed(configs: pd.DataFrame, summary: pd.DataFrame) -> Section:
     if unknown:
         section.notes.append(unknown)
     section.notes.append(
-        "Speedups are over the fastest fp32 configuration of the same model, ranks, backend and "
-        "network (column fp32 baseline; DDP is PyTorch's DistributedDataParallel, whose bucketed "
-        "allreduce overlaps backward, the way users train); vs flat fp32 is over fp32 aggregated "
-        "after backward, the baseline of the seed papers. Each carries the 95 % bootstrap "
+        f"{baselines.NOTE} Each carries the 95 % bootstrap "
         "interval of its configuration and the samples per side (runs when both sides were "
         "repeated, it: iterations otherwise); `~` marks a speedup whose interval includes 1: "
         "within the noise."
     )
+    section.notes.append(cells.MEMORY_NOTE)
     coded = cells.compressed(configs)
     single = coded[coded["world_size"].fillna(0) <= 1]
     multi = coded[coded["world_size"].fillna(0) > 1]
@@ -146,38 +147,40 @@ def _speed(configs: pd.DataFrame, summary: pd.DataFrame) -> Section:
         )
     if real.empty:
         section.sentences.append(
-            "No compressed multi-rank run has an fp32 run of the same setup to compare: no verdict."
+            "No compressed multi-rank run has an uncompressed run (fp32 or a 16-bit cast) of "
+            "the same setup to compare: no verdict."
         )
         return section
     section.sentences += _speed_verdict(real)
-    section.warnings += cells.few_runs_warning(real, "speedup_vs_fp32", "comparisons")
+    section.sentences += baselines.sentences(real, configs)
+    section.warnings += cells.few_runs_warning(real, "speedup_vs_best", "comparisons")
     return section
 
 
 def _speed_verdict(multi: pd.DataFrame) -> list[str]:
     """Counts by verdict, then the verdict itself from beyond-noise configurations only."""
     rows = multi.to_dict("records")
-    found = [(r, cells.interval(r, "speedup_vs_fp32")) for r in rows]
+    found = [(r, cells.interval(r, "speedup_vs_best")) for r in rows]
     faster = [(r, i) for r, i in found if i is not None and i.low > 1]
     slower = [(r, i) for r, i in found if i is not None and i.high < 1]
     noise = len(rows) - len(faster) - len(slower)
     out = [
         f"Of {len(rows)} compressed multi-rank configurations, {len(faster)} are faster than "
-        f"their fp32 baseline beyond the noise (interval above 1), {len(slower)} slower beyond "
-        f"it and {noise} within it."
+        f"their best uncompressed baseline beyond the noise (interval above 1), {len(slower)} "
+        f"slower beyond it and {noise} within it."
     ]
     if faster:
         best, interval = max(faster, key=lambda ri: ri[1].low)
         out.append(
             f"Compression pays here for {len(faster)} of them; the surest gain is "
-            f"{cells.describe(best)}: {interval.text()}."
+            f"{cells.describe(best)}: {interval.text()} over {cells.best_baseline(best)}."
         )
     elif slower and not noise:
         least, interval = max(slower, key=lambda ri: ri[1].ratio)
         out.append(
             "Compression does not pay here: every compressed configuration is slower than its "
-            f"fp32 baseline beyond the noise; the least slow is {cells.describe(least)}: "
-            f"{interval.text()}."
+            "best uncompressed baseline beyond the noise; the least slow is "
+            f"{cells.describe(least)}: {interval.text()} over {cells.best_baseline(least)}."
         )
     else:
         out.append(
@@ -186,12 +189,15 @@ def _speed_verdict(multi: pd.DataFrame) -> list[str]:
         )
     if slower and faster:
         worst, interval = min(slower, key=lambda ri: ri[1].high)
-        out.append(f"The clearest loss is {cells.describe(worst)}: {interval.text()}.")
+        out.append(f"The clearest loss is {cells.describe(worst)}: {interval.text()} over "
+                   f"{cells.best_baseline(worst)}.")  # fmt: skip
     return out
 
 
 def _rows_table(configs: pd.DataFrame) -> pd.DataFrame:
     shown = configs.assign(
+        vs_best=[cells.ratio_cell("speedup_vs_best")(r) for r in configs.to_dict("records")],
+        best_baseline=[cells.best_baseline(r) for r in configs.to_dict("records")],
         vs_fp32=[cells.ratio_cell("speedup_vs_fp32")(r) for r in configs.to_dict("records")],
         vs_flat_fp32=[cells.ratio_cell("speedup_vs_flat_fp32")(r)
                       for r in configs.to_dict("records")],
@@ -199,8 +205,17 @@ def _rows_table(configs: pd.DataFrame) -> pd.DataFrame:
     )  # fmt: skip
     columns = ["model", "dataset", "backend", "method", "world_size", "network"]
     columns += ["samples_per_s", "t_iteration_median", "t_comm", "bytes_per_iteration"]
-    columns += ["bits_per_value", "vs_fp32", "baseline", "vs_flat_fp32"]
+    columns += ["bits_per_value", "vs_best", "best_baseline", "vs_fp32", "baseline", "vs_flat_fp32"]
+    shown, columns = _with_peaks(shown, columns)
     return cells.table(shown, columns)
+
+
+def _with_peaks(shown: pd.DataFrame, columns: list[str]) -> tuple[pd.DataFrame, list[str]]:
+    """The peak memory per rank as cells (``cells.peak_cell``), the GPU's only where measured."""
+    peaks = cells.shown_peaks(shown)
+    records = shown.to_dict("records")
+    shown = shown.assign(**{c: [cells.peak_cell(r, c) for r in records] for c in peaks})
+    return shown, columns + peaks
 
 
 def _accuracy(acc: pd.DataFrame) -> Section:
@@ -233,55 +248,6 @@ def _accuracy(acc: pd.DataFrame) -> Section:
             f"{best['dataset']}, {best['runs']} runs)."
         )
     return section
-
-
-def _one_bit(configs: pd.DataFrame, acc: pd.DataFrame) -> Section:
-    """1-bit against the other compressors on the three things that matter: bytes, speed
-    and accuracy; the verdict is the comparison, not a threshold chosen here."""
-    section = Section("Is 1-bit worth it?", [])
-    coded = cells.compressed(configs)
-    coded = coded[coded["world_size"].fillna(0) > 1]  # 1 rank: no communication to save
-    coded = coded[~coded["simulated"].astype(bool)]  # an upper bound, not a training result
-    one = coded[coded["bits"] <= 1]
-    if one.empty:
-        section.sentences.append("No multi-rank 1-bit run (e.g. `compressor: {name: onebit}`).")
-        return section
-    best = coded.loc[coded.groupby("compressor")["speedup_vs_fp32"].idxmax()]
-    drops = acc[acc["compressor"] != "fp32"].groupby("compressor")["diff_vs_fp32"].min() * 100
-    per = best.assign(
-        bits_sent=coded.groupby("compressor")["bits_per_value"].median().reindex(
-            best["compressor"]).to_numpy(),
-        drop=best["compressor"].map(drops),
-        speedup=[cells.ratio_cell("speedup_vs_fp32")(r) for r in best.to_dict("records")],
-        name=best["compressor"].map(names.compressor),
-    )  # fmt: skip
-    section.table = cells.format_table(per, {
-        "name": ("compressor", cells.text), "bits_sent": ("bits/value", cells.num(".2f")),
-        "speedup": ("best vs fp32 (95% CI; samples)", cells.text),
-        "method": ("where", cells.text), "drop": ("worst top-1 diff (pt)", cells.num("+.2f")),
-    })  # fmt: skip
-    is_one = per["compressor"].isin(one["compressor"])
-    section.sentences.append(_one_bit_verdict(per[is_one], per[~is_one]))
-    return section
-
-
-def _one_bit_verdict(one: pd.DataFrame, other: pd.DataFrame) -> str:
-    top = one.loc[one["speedup_vs_fp32"].idxmax()]
-    text = f"{top['name']} sends {top['bits_sent']:.2f} bits per value and reaches "
-    text += f"{_speedup_text(top)} over fp32"
-    if other.empty:
-        return text + "; no other compressor was run to compare with."
-    rival = other.loc[other["speedup_vs_fp32"].idxmax()]
-    text += f", against {_speedup_text(rival)} for {rival['name']} "
-    text += f"({rival['bits_sent']:.2f} bits per value)"
-    if pd.notna(top["drop"]) and pd.notna(rival["drop"]):
-        text += f"; worst top-1 change {top['drop']:+.2f} vs {rival['drop']:+.2f} points"
-    return text + "."
-
-
-def _speedup_text(row: pd.Series) -> str:
-    found = cells.interval(row, "speedup_vs_fp32")
-    return found.text() if found is not None else f"{row['speedup_vs_fp32']:.2f}x"
 
 
 def _backends(configs: pd.DataFrame, throughputs: intervals.Throughputs | None) -> Section:

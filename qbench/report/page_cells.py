@@ -8,7 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from qbench.report import intervals
+from qbench.records import memory
+from qbench.report import intervals, names
 
 Formatter = Callable[[Any], str]
 
@@ -36,13 +37,26 @@ DISPLAY: dict[str, tuple[str, Formatter]] = {
     "t_comm": ("comm ms", num(".2f", 1e3)),
     "bytes_per_iteration": ("MB/iter", num(".3f", 1e-6)),
     "bits_per_value": ("bits/value", num(".2f")),
+    "vs_best": ("vs best (95% CI; samples)", text),
+    "best_baseline": ("best uncompressed baseline", text),
     "vs_fp32": ("vs fp32 (95% CI; samples)", text),
     "baseline": ("fp32 baseline", text),
     "vs_flat_fp32": ("vs flat fp32 (95% CI; samples)", text),
     "cost_per_iteration": ("$/iter", dollars),
     "cost_per_epoch": ("$/epoch", dollars),
     "cost_to_target": ("$ to target", dollars),
+    memory.RSS: ("peak RSS MiB", text),  # cells from peak_cell
+    memory.GPU: ("peak GPU MiB", text),
 }
+MEMORY_NOTE = (
+    "`peak RSS MiB`: the most resident memory any rank's process held during the run (model "
+    "built, warm-up and measured iterations). It counts the whole process: the Python "
+    "interpreter, torch and its libraries hold several hundred MiB before any model, and in a "
+    "warm rank group (`isolation: group`, the local default) a run starts from what the "
+    "process kept of earlier runs; a difference between runs launched alone says more than "
+    "the value itself. `peak GPU MiB` (CUDA runs): the most memory the caching allocator "
+    "handed to tensors at once (torch.cuda.max_memory_allocated), largest over ranks."
+)
 
 
 def describe(row: pd.Series | dict[str, Any]) -> str:
@@ -66,8 +80,35 @@ def ratio_cell(prefix: str) -> Callable[[dict[str, Any]], str]:
     return cell
 
 
+def shown_peaks(frame: pd.DataFrame) -> list[str]:
+    """The peak memory columns a table shows (``qbench.records.memory``): RSS always (``-``
+    where not recorded), the GPU's only where some run measured one."""
+    return [memory.RSS, *([memory.GPU] if frame[memory.GPU].notna().any() else [])]
+
+
+def peak_cell(row: dict[str, Any], column: str) -> str:
+    """A peak in MiB, ``1,001``; ``(1/2 ranks)`` after it where fewer ranks recorded one
+    than ran (a rank that died before writing it)."""
+    value, ranks, world = (pd.to_numeric(row.get(c), errors="coerce")
+                           for c in (column, "peak_ranks", "world_size"))  # fmt: skip
+    if pd.isna(value):
+        return "-"
+    short = ranks < world  # False where either is unknown (NaN)
+    return f"{value:,.0f}" + (f" ({ranks:g}/{world:g} ranks)" if short else "")
+
+
+def best_baseline(row: pd.Series | dict[str, Any]) -> str:
+    """The configuration a row's ``speedup_vs_best`` divides by, for people ("DDP bf16",
+    "allreduce · fp32"); "-" without one."""
+    scheme = row.get("best_baseline")
+    return "-" if pd.isna(scheme) else names.method(scheme, row.get("best_baseline_compressor"))
+
+
 def compressed(configs: pd.DataFrame) -> pd.DataFrame:
-    return configs[(configs["compressor_name"] != "none") & configs["speedup_vs_fp32"].notna()]
+    """Configurations that compress (not fp32 or a plain 16-bit cast, ``speedups.uncompressed``)
+    with a speedup over their best uncompressed baseline."""
+    coded = ~configs["uncompressed"].astype(bool)
+    return configs[coded & configs["speedup_vs_best"].notna()]
 
 
 def few_runs_warning(rows: pd.DataFrame, prefix: str, what: str) -> list[str]:

@@ -77,22 +77,25 @@ def comm_comp_ratio(summary: pd.DataFrame) -> pd.Series:
 
 
 def _ratio_rows(summary: pd.DataFrame) -> pd.DataFrame:
-    """Ok compressed runs of 2+ ranks with a speedup over fp32 and a known ratio (one rank
-    communicates nothing, so its "speedup" would only show noise)."""
+    """Ok runs of 2+ ranks other than fp32 (16-bit casts included: the uncompressed baselines
+    compression must beat) with a speedup over fp32 and a known ratio (one rank communicates
+    nothing, so its "speedup" would only show noise)."""
     needed = ("speedup_vs_fp32", "numel", "gflops_per_sample", "batch_size")
     if any(c not in summary.columns for c in needed):
         return summary.iloc[0:0].assign(ratio=pd.Series(dtype=float))
     multi = pd.to_numeric(summary["world_size"], errors="coerce") > 1
     rows = summary[(summary["status"] == "ok") & (summary["compressor_name"] != "none") & multi]
-    rows = rows.assign(ratio=comm_comp_ratio(rows))
+    casts = rows["uncompressed"].astype(bool) if "uncompressed" in rows else False  # older CSVs
+    rows = rows.assign(ratio=comm_comp_ratio(rows), uncompressed=casts)
     return rows[rows["ratio"].notna() & rows["speedup_vs_fp32"].notna()]
 
 
 def speedup_ratio_figure(summary: pd.DataFrame) -> Figure | None:
     """Speedup over fp32 of each compressed configuration against the communication /
     computation ratio (log x): one line per (compressor, backend, world size), and per scheme,
-    network and compute precision when those vary, each with its own colour and marker. Dashed
-    grey: no speedup (1x); dotted: the bound 32 / bits.
+    network and compute precision when those vary, each with its own colour and marker; 16-bit
+    casts are drawn too and marked "uncompressed". Dashed grey: no speedup (1x, the legend
+    names the fastest fp32 configurations' schemes); dotted: the bound 32 / bits.
 
     The ratio is fp32 gradient MB (4 x numel / 1e6) over the GFLOPs one rank computes per
     iteration, taken as 3 x forward GFLOPs per sample x per-rank batch (forward + backward about
@@ -111,15 +114,23 @@ def speedup_ratio_figure(summary: pd.DataFrame) -> Figure | None:
         _speedup_line(ax, line, label, looks[label])
     top = _speedup_top(rows["speedup_vs_fp32"], _bounds(rows))
     _draw_bounds(ax, _bounds(rows), top)
-    ax.axhline(1.0, color="#444444", ls="--", lw=1.0, label="fp32 (no speedup)")
+    ax.axhline(1.0, color="#444444", ls="--", lw=1.0, label=_fp32_label(rows))
     _log_ratio_axis(ax, rows["ratio"])
     ax.set_ylim(0, top)
-    ax.set(xlabel=RATIO_LABEL, ylabel="speedup over fp32 (samples/s ratio)")
+    ax.set(xlabel=RATIO_LABEL, ylabel="speedup over the fastest fp32 (samples/s ratio)")
     ax.grid(alpha=0.3, which="both")
-    ax.set_title("Speedup of compressed communication vs communication / computation ratio"
+    casts = "\n(16-bit lines: uncompressed baselines, which compression must beat too)"
+    ax.set_title("Speedup over fp32 vs communication / computation ratio"
+                 + (casts if rows["uncompressed"].astype(bool).any() else "")
                  + names.compute_note(rows))  # fmt: skip
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=2)
     return fig
+
+
+def _fp32_label(rows: pd.DataFrame) -> str:
+    """The 1x line names the baseline: ``1x: fastest fp32 (DDP)``; schemes where they differ."""
+    schemes = sorted({names.scheme(b) for b in rows["baseline"].dropna()})
+    return f"1x: fastest fp32 ({', '.join(schemes)})"
 
 
 def _log_ratio_axis(ax: Axes, ratios: pd.Series) -> None:
@@ -147,6 +158,8 @@ def _speedup_label(line: pd.DataFrame, key: dict[str, str]) -> str:
             else names.compressor(key["compressor"]))  # fmt: skip
     label = [name, key["backend"], f"{key['world_size']} ranks"]
     label += [key[c] for c in ("network", "precision") if c in key]
+    if line["uncompressed"].astype(bool).any():  # a 16-bit cast: what compression must beat
+        label.append("uncompressed")
     return legend_label(label, _is_simulated(line))
 
 

@@ -1,5 +1,10 @@
 """Speedups and their 95 % intervals: which baseline each ratio of a summary divides by.
 
+* ``speedup_vs_best`` (reports' ``vs best``, the page's headline): samples/s over the
+  FASTEST uncompressed configuration with the same ``SPEEDUP_KEYS`` (median over its repeats):
+  fp32 or a plain 16-bit cast (DDP's bf16 hook, say), whatever :func:`uncompressed` accepts,
+  since a compression study must beat 16-bit communication too (Han et al., arXiv
+  2407.01378); ``best_baseline`` and ``best_baseline_compressor`` name it (scheme, compressor);
 * ``speedup_vs_fp32`` (reports' ``vs fp32``): samples/s over the FASTEST fp32 configuration
   with the same ``SPEEDUP_KEYS`` (median over its repeats): PyTorch DDP where it ran, which is
   what users train with; ``baseline`` names that configuration's scheme;
@@ -19,9 +24,11 @@ import math
 
 import pandas as pd
 
-from qbench.report import intervals
+from qbench import catalog
+from qbench.catalog.schemes import CODEC_PARAMS
+from qbench.report import intervals, names
 
-RATIOS = ("speedup_vs_fp32", "speedup_vs_flat_fp32", "scalability")
+RATIOS = ("speedup_vs_fp32", "speedup_vs_flat_fp32", "scalability", "speedup_vs_best")
 """Ratio columns that carry a 95 % interval and sample counts (``<ratio>_low`` ...)."""
 
 
@@ -35,6 +42,9 @@ def add(table: pd.DataFrame, per_it: pd.DataFrame, global_batch: pd.Series) -> p
     speed = table["samples_per_s"].where(compared)
     table["samples_per_s"], kept = speed, table["samples_per_s"]
     table["speedup_vs_fp32"], table["baseline"] = _speedup_vs_fp32(table)
+    table["uncompressed"] = uncompressed(table)
+    best = _speedup_vs_best(table)
+    table[best.columns] = best
     table["speedup_vs_flat_fp32"] = _speedup_vs_flat_fp32(table)
     table["scalability"] = _scalability(table)
     table = _add_intervals(table, per_it, global_batch)
@@ -62,6 +72,55 @@ def _speedup_vs_fp32(table: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     matched = table[SPEEDUP_KEYS].merge(best, how="left", on=SPEEDUP_KEYS)
     speedup = table["samples_per_s"] / pd.Series(matched["_ref"].to_numpy(float), table.index)
     return speedup, pd.Series(matched["_baseline"].to_numpy(object), index=table.index)
+
+
+BEST_NAMES = ["best_baseline", "best_baseline_compressor"]
+"""The configuration ``speedup_vs_best`` divides by: its scheme and compressor labels."""
+BEST_COLUMNS = ("speedup_vs_best", *BEST_NAMES, "uncompressed")
+"""What :func:`add` writes for ``speedup_vs_best``; ``uncompressed``: whether a row can be a
+baseline of it."""
+
+
+def uncompressed(table: pd.DataFrame) -> pd.Series:
+    """Which rows are uncompressed baselines: the one rule ``speedup_vs_best``, the page and
+    the figures read (through the summary's ``uncompressed`` column). A speed-only simulation
+    never is one: it moves the bytes without reducing, so nobody trains with it."""
+    simulated = table["simulated"] if "simulated" in table else pd.Series(False, table.index)
+    rows = zip(table["compressor_name"], table["scheme"], strict=True)
+    plain = [_is_uncompressed(c, names.scheme_spec(s)) for c, s in rows]
+    return pd.Series(plain, index=table.index, dtype=bool) & ~simulated.fillna(False).astype(bool)
+
+
+def _is_uncompressed(compressor_name: object, scheme: catalog.SchemeSpec | None) -> bool:
+    """A run whose compressor is a plain cast (the catalog entry's ``uncompressed``: fp32,
+    fp16, bf16) and whose scheme, as the run recorded it (None: a record without its spec),
+    reduces the gradient in it."""
+    entry = catalog.COMPRESSORS.get(compressor_name) if isinstance(compressor_name, str) else None
+    if entry is None or not entry.uncompressed:
+        return False
+    if scheme is None:
+        return True
+    # a scheme's own codec (fsdp's parameter all-gather, a parameter server's way down) that
+    # is not a plain cast makes the run compressed, whatever the gradient's compressor
+    own = (scheme.params.get(k) for k in CODEC_PARAMS)
+    coded = any(c and not catalog.compressor(c).entry.uncompressed for c in own)
+    return scheme.entry.reduces and not coded
+
+
+def _speedup_vs_best(table: pd.DataFrame) -> pd.DataFrame:
+    """``speedup_vs_best`` and ``BEST_NAMES``: samples/s over the FASTEST uncompressed
+    configuration with the same keys (median over its repeats), and its labels."""
+    base = table[table["uncompressed"] & table["samples_per_s"].notna()]
+    config = ["scheme", "compressor"]
+    ref = base.groupby([*SPEEDUP_KEYS, *config], dropna=False)["samples_per_s"].median()
+    best = ref.reset_index().sort_values("samples_per_s", ascending=False, kind="stable")
+    best = best.drop_duplicates(SPEEDUP_KEYS).rename(
+        columns={"samples_per_s": "_ref", **dict(zip(config, BEST_NAMES, strict=True))}
+    )
+    matched = table[SPEEDUP_KEYS].merge(best, how="left", on=SPEEDUP_KEYS)
+    out = pd.DataFrame({c: matched[c].to_numpy(object) for c in BEST_NAMES}, index=table.index)
+    out.insert(0, "speedup_vs_best", table["samples_per_s"] / matched["_ref"].to_numpy(float))
+    return out
 
 
 def _speedup_vs_flat_fp32(table: pd.DataFrame) -> pd.Series:
@@ -123,6 +182,10 @@ def _add_intervals(
                           base=_flat_fp32(table), row_keys=SPEEDUP_KEYS, base_keys=SPEEDUP_KEYS),
         intervals.columns(table, through, "scalability", config=CONFIG_KEYS, base=ones,
                           row_keys=_SCALE_KEYS, base_keys=_SCALE_KEYS),
+        intervals.columns(table, through, "speedup_vs_best", config=CONFIG_KEYS,
+                          base=table[table["uncompressed"] & measured],
+                          row_keys=[*SPEEDUP_KEYS, *BEST_NAMES],
+                          base_keys=[*SPEEDUP_KEYS, "scheme", "compressor"]),
     ]  # fmt: skip
     return pd.concat([table, *found], axis=1)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from qbench.records import interference
+from qbench.records import interference, memory
 from qbench.records.schema import (
     EPOCH_COLUMNS,
     ITERATION_COLUMNS,
@@ -48,10 +48,11 @@ LABELS = (
 RUN_COLUMNS = (
     *("run_id", "status", "error", "exit_code", "git_commit", *LABELS),
     *("other_cores", "disturbed"),  # what else used the CPUs (qbench.records.interference)
+    *memory.PEAK_COLUMNS,  # the largest peak memory of a rank (qbench.records.memory)
 )
 _INT_COLUMNS = (
     *("exit_code", "world_size", "batch_size", "global_batch", "numel", "seed", "repeat"),
-    "nodes",
+    *("nodes", "peak_ranks"),
 )
 _LEVELS = ("bytes_intra", "bytes_inter")
 """Bytes a rank sent inside its node and between nodes (hierarchical schemes; NaN: not split)."""
@@ -69,6 +70,7 @@ SUMMARY_COLUMNS = (
     *("run_id", "model", "dataset", "backend", "scheme", "compressor", "world_size", "network"),
     *("precision", "status", "iterations", "samples_per_s", "t_iteration_median"),
     *("t_iteration_p95", *PARTS, "bytes_per_iteration", "compression_ratio", "bits_per_value"),
+    *speedups.BEST_COLUMNS,  # over the fastest uncompressed configuration, 16-bit included
     *("speedup_vs_fp32", "baseline", "speedup_vs_flat_fp32", "overlap", "scalability"),
     *(*accuracy.RUN_METRICS, *MONEY_COLUMNS),
     # 95 % intervals of the ratios, per configuration (qbench.report.intervals)
@@ -90,6 +92,7 @@ SUMMARY_COLUMNS = (
     # rank-iterations in which a real codec call outlasted its replayed time (NaN: not replayed)
     "codec_time",
     "codec_overrun_share",
+    *memory.PEAK_COLUMNS,  # MiB, the largest over ranks, and its ranks (qbench.records.memory)
 )
 
 
@@ -197,6 +200,7 @@ def _record_row(run_id: str, record: RunRecord) -> dict[str, Any]:
     fixed["profiled"] = bool(record.labels.get("profiled") or spec.get("profile"))
     fixed["other_cores"] = interference.other_cores(record.interference)
     fixed["disturbed"] = interference.disturbed(record.interference)
+    fixed.update(memory.peaks(record.memory))
     return {**{k: v for k, v in record.labels.items() if k not in fixed}, **fixed}
 
 
@@ -240,7 +244,7 @@ def _runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     runs["disturbed"] = runs["disturbed"].astype("boolean")  # <NA>: not recorded
     runs["nodes"] = runs["nodes"].fillna(1)  # run.json from before multi-node: one host
     runs["dilation"] = pd.to_numeric(runs["dilation"], errors="coerce").fillna(1.0)
-    for column in ("price_per_hour", "gflops_per_sample", "target_accuracy"):
+    for column in ("price_per_hour", "gflops_per_sample", "target_accuracy", *memory.PEAKS):
         runs[column] = pd.to_numeric(runs[column], errors="coerce")
     return runs
 

@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from qbench.errors import UserError, choice_error
+from qbench.records import memory
 from qbench.records.store import (
     ACCURACY_CSV,
     SUMMARY_CSV,
@@ -31,6 +32,7 @@ from qbench.report import (
     disturbed,
     intervals,
     names,
+    page_baselines,
     page_cells,
     plots,
     plots_accuracy,
@@ -161,9 +163,12 @@ def for_people(summary: pd.DataFrame) -> pd.DataFrame:
                          ("compressor", names.compressor)):  # fmt: skip
         shown[column] = [v if is_missing(v) else name(v) for v in summary[column]]
     records = summary.to_dict("records")
+    shown["best_baseline"] = [page_cells.best_baseline(r) for r in records]
     for prefix in stats.RATIOS:
         shown[prefix] = [ratio_text(r, prefix) for r in records]
     shown["others"] = [others_text(r) for r in records]
+    for column in memory.PEAKS:
+        shown[column] = [page_cells.peak_cell(r, column) for r in records]
     return shown
 
 
@@ -199,21 +204,26 @@ _COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "t_step": ("step ms", ms_cell),
     "bytes_per_iteration": ("MB/iter", number_cell(1e-6, 3)),
     "compression_ratio": ("ratio", number_cell(1.0, 1, "x")),
+    **{c: page_cells.DISPLAY[c] for c in memory.PEAKS},  # GPU: shown where measured
+    "speedup_vs_best": ("vs best (95% CI; samples)", text_cell),  # terminal-narrow
+    "best_baseline": ("best uncompressed baseline", text_cell),  # fp32 or a 16-bit cast
     "speedup_vs_fp32": ("vs fp32 (95% CI; samples)", text_cell),
     "baseline": ("fp32 baseline", text_cell),
     "speedup_vs_flat_fp32": ("vs flat fp32 (95% CI; samples)", text_cell),
     "scalability": ("scale (95% CI; samples)", text_cell),
     **{c: report_page.DISPLAY[c] for c in stats.MONEY_COLUMNS},  # shown when a price is set
 }
-_MD_COLUMNS = tuple(c for c in _COLUMNS if c not in (*stats.MONEY_COLUMNS, "skipped_steps"))
+_MD_COLUMNS = tuple(
+    c for c in _COLUMNS if c not in (*stats.MONEY_COLUMNS, "skipped_steps", memory.GPU)
+)
 _TERMINAL_COLUMNS = (  # the breakdown's other parts: summary.md, summary.csv, breakdown.png
     *(*_LABEL_COLUMNS, "compressor", "world_size", "status", "samples_per_s"),
     *("t_iteration_median", "t_comm", "bytes_per_iteration", "compression_ratio"),
-    *("speedup_vs_fp32", "baseline", "scalability"),
+    *("speedup_vs_best", "best_baseline", "speedup_vs_fp32", "baseline", "scalability"),
 )
 
 _FINE = ("ok", stats.PROFILED)  # a profiled run finished: measured, only not compared
-_TEXTUAL = (*_LABEL_COLUMNS, "compressor", "precision", "status", "baseline")
+_TEXTUAL = (*_LABEL_COLUMNS, "compressor", "precision", "status", "baseline", "best_baseline")
 
 
 def _cells(summary: pd.DataFrame, columns: tuple[str, ...]) -> list[list[str]]:
@@ -251,19 +261,19 @@ def markdown_report(summary: pd.DataFrame, title: str, acc: pd.DataFrame | None 
     parts = [f"# qbench report: {title}", f"{len(summary)} runs: {status}."]
     parts.append("Times are medians over measured iterations (warm-up dropped); an iteration")
     parts[-1] += " lasts as long as its slowest rank. `(simulated)`: speed-only simulation."
-    parts[-1] += (
-        " `vs fp32` is the speedup over the fastest fp32 configuration of the same model, ranks,"
-        " backend and network (`fp32 baseline` names it: `ddp` is PyTorch DDP, bucketed"
-        " allreduce overlapped with backward); `vs flat fp32` is over fp32 aggregated after"
-        " backward, the seeds' baseline. Runs with `+backward` or `ddp` communicate during"
-        " backward: their `comm` is the exposed part only."
+    parts[-1] += f" {page_baselines.SUMMARY_NOTE}" + (
+        " Runs with `+backward` or `ddp` communicate during backward: their `comm` is the"
+        " exposed part only."
     )
     money = tuple(c for c in stats.MONEY_COLUMNS if c in summary and summary[c].notna().any())
     parts[-1] += (
         " `other cores`: what other processes used of the CPUs while the run was measured, on"
         " average (`disturbed` past the rule of docs/reports.md#disturbed-runs)."
     )
+    parts[-1] += f" {page_cells.MEMORY_NOTE}"
     columns = _MD_COLUMNS + money
+    if memory.GPU in page_cells.shown_peaks(summary):
+        columns = _after(columns, memory.RSS, memory.GPU)
     if _skipped_any(summary):
         columns = _after(columns, "status", "skipped_steps")
         parts[-1] += f" {_SKIPPED_NOTE}"
@@ -305,7 +315,8 @@ def _after(columns: tuple[str, ...], anchor: str, column: str) -> tuple[str, ...
 
 def _print_table(summary: pd.DataFrame, out: TextIO) -> None:
     constant = [c for c in _LABEL_COLUMNS if summary[c].nunique(dropna=False) == 1]
-    columns = tuple(c for c in _TERMINAL_COLUMNS if c not in constant)
+    said = page_baselines.one_each(summary)  # named once in the caption, not in every row
+    columns = tuple(c for c in _TERMINAL_COLUMNS if c not in (*constant, *said))
     flagged = summary["disturbed"].fillna(False).astype(bool)
     if flagged.any():  # only then: a quiet sweep's table stays as narrow as it was
         columns = (*columns[: columns.index("status") + 1], "others",
@@ -324,6 +335,9 @@ def _print_table(summary: pd.DataFrame, out: TextIO) -> None:
         caption += " · time-dilated x" + ", x".join(f"{d:g}" for d in dilations)
         caption += " (times shown divided by it)"
     caption += codec_caption(summary)
+    if said:  # a line of its own: method names hold " · " themselves
+        named = "; ".join(f"{_COLUMNS[c][0]}: {name}" for c, name in said.items())
+        caption = f"{caption}\n{named}" if caption else named
     table = Table(title="qbench summary", caption=caption or None, header_style="bold")
     for column in columns:
         textual = column in _TEXTUAL  # text may fold; numbers never wrap

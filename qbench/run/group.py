@@ -112,7 +112,8 @@ def release(spec: RunSpec) -> None:
 
 
 def memory() -> dict[str, Any]:
-    """This process's resident memory now and its peak so far (MiB), and CUDA's."""
+    """This process's resident memory now and its peak since the run began (MiB; each run
+    resets the peak, ``qbench.run.memory``), and CUDA's."""
     pages = int(Path("/proc/self/statm").read_text().split()[1])
     out: dict[str, Any] = {
         "rss_mb": round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1),

@@ -29,9 +29,9 @@ from qbench.records.store import (
     rank_part,
     trace_path,
 )
-from qbench.run import async_ps, interference, profile, workload
+from qbench.run import async_ps, interference, memory, profile, workload
 from qbench.run.flat_loop import Run, async_parts
-from qbench.run.training import Training
+from qbench.run.training import Training, device_for
 from qbench.spec.matrix import RunSpec
 from qbench.spec.scenario import REPLAY
 from qbench.timing import PhaseTimer
@@ -41,7 +41,8 @@ def fault_injection(rank: int, run_id: str, index: int | None = None) -> tuple[i
     """QBENCH_FAULT=RANK:ITERATION[:MODE][@RUN] makes that rank die abruptly (MODE ``exit``, the
     default), raise (``raise``) or hang (``hang``) at that iteration, to test that a failed or
     hung rank fails its run, naming the rank, instead of hanging the others; ``leak`` keeps
-    LEAK_MB MiB for good and goes on, to test that a group's memory check catches a leak.
+    LEAK_MB MiB for good and goes on, to test that a group's memory check catches a leak;
+    ``spike`` holds SPIKE_MB MiB for a moment, to test that a run's peak is its own.
     ``@RUN`` limits it to one run: its run id, or in group mode its index in the rank group.
     Testing only."""
     fault = os.environ.get("QBENCH_FAULT")
@@ -65,11 +66,15 @@ def slow_start() -> None:
 
 _LEAKED: list[torch.Tensor] = []
 LEAK_MB = 16
+SPIKE_MB = 256  # far above the run-to-run noise of a small model's peak (tens of MiB)
 
 
 def _inject(fault: tuple[int, str], it: int) -> None:
     if fault[1] == "leak":  # memory a run never gives back, so tests can see the check fire
         _LEAKED.append(torch.ones(LEAK_MB * 2**18))  # float32: LEAK_MB MiB, every page touched
+        return
+    if fault[1] == "spike":  # every page touched, then given back (mmap'd: to the kernel)
+        torch.ones(SPIKE_MB * 2**18)
         return
     if fault[1] == "raise":
         raise RuntimeError(f"injected fault at iteration {it} (QBENCH_FAULT)")
@@ -103,7 +108,9 @@ def run_config(
         _write_model(parts, spec)
     run: Training | None = None
     tracer: profile.Tracer | None = None
+    peak: memory.Peak | None = None
     try:
+        peak = memory.Peak(parts, cm.rank, device_for(spec.device_kind))  # before the model
         watch = interference.Watch(parts, cm.rank, together=cm.barrier)
         if catalog.SCHEMES[spec.scheme].kind == "asynchronous":  # server + workers (seed 003)
             run = Training(spec, cm, shard=async_ps.shard(cm.rank, cm.world_size))
@@ -137,6 +144,8 @@ def run_config(
         tag_failure(cm.rank, e)
         return False
     finally:
+        if peak is not None:
+            peak.write()
         if tracer is not None:
             tracer.close()
         if run is not None:
@@ -146,8 +155,13 @@ def run_config(
 
 
 def training_loop(spec: RunSpec, cm: comm.Comm, parts: Path) -> Training:
-    """The loop the spec asks for: DDP's buckets during backward, or flat after it; each with
-    the model's work replayed for ``compute: replay`` (its timeline beside ``parts``)."""
+    """The loop the spec asks for: FSDP's, DDP's buckets during backward, or flat after it;
+    the latter two with the model's work replayed for ``compute: replay`` (its timeline beside
+    ``parts``)."""
+    if spec.scheme == rules.FSDP:
+        from qbench.run.fsdp_loop import FSDPRun  # torch's FSDP machinery only where it runs
+
+        return FSDPRun(spec, cm)
     ddp = rules.overlap(spec.scheme, spec.scheme_params) == "backward"
     if spec.compute == REPLAY:
         from qbench.run import replay_loops

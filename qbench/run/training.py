@@ -152,7 +152,7 @@ class Training:
         slowest = sums[:1].clone()
         epochs.quiet_allreduce(self.comm, slowest, op="max")
         epochs.quiet_allreduce(self.comm, sums)
-        avg = epochs.averaged(self.model, self.comm)
+        avg = self.eval_model()
         scores = epochs.evaluate(
             avg, self.epoch_data, self.comm, self.loss_fn if self.spec.loss else None
         )
@@ -170,6 +170,11 @@ class Training:
             "bytes_sent": sum(r["bytes_sent"] for r in self.rows),
             "consensus_distance": rows[-1].get("consensus_distance", float("nan")),
         })  # fmt: skip
+
+    def eval_model(self) -> nn.Module:
+        """The model evaluation scores: the replicas' mean (one allreduce, not counted); a
+        sharded loop gathers its shards instead."""
+        return epochs.averaged(self.model, self.comm)
 
     def buckets_frame(self) -> Any:
         """Per-bucket rows (records.BUCKET_COLUMNS) for loops that have buckets; else None."""

@@ -371,6 +371,7 @@ def _why_not(sc: Scenario, p: _Point) -> str | None:
         or _network_problem(p, sc.launcher)
         or _dilation_problem(p, sc.dilation)
         or _codec_time_problem(p, sc.codec_time)
+        or _fsdp_problem(p)
         or _text_problem(p)
         or device_problem
         or _placement_problem(p.world_size, p.nodes, kind, sc.gpus_per_node)
@@ -404,8 +405,18 @@ def _dilation_problem(p: _Point, dilation: float) -> str | None:
         )
     if rules.overlap(p.scheme, p.scheme_params) == "backward" and p.compressor.name != "none":
         return (
-            f"dilation: {dilation:g} stretches the codecs' time in the flat loop only; a DDP "
-            "hook's codec runs on its own thread: use compressor none with DDP, or a flat scheme"
+            f"dilation: {dilation:g} stretches the codecs' time in the flat loop only; DDP's "
+            "hooks and FSDP's collectives run theirs inside backward: use compressor none with "
+            "DDP or FSDP, or a flat scheme"
+        )
+    return None
+
+
+def _fsdp_problem(p: _Point) -> str | None:
+    if p.scheme == rules.FSDP and p.weight_bits:
+        return (
+            f"weights: {{bits: {p.weight_bits}}} rounds a replica's parameters after the step; "
+            "FSDP keeps shards, not replicas; drop `weights:` for fsdp"
         )
     return None
 
@@ -437,8 +448,9 @@ def _codec_time_problem(p: _Point, path: str) -> str | None:
         return None
     if rules.overlap(p.scheme, p.scheme_params) == "backward":
         return (
-            "codec_time replays the flat loop's codec calls; a DDP hook's codec runs on its own "
-            "thread: use compressor none with DDP, or a flat scheme"
+            "codec_time replays the flat loop's codec calls; DDP's hooks and FSDP's "
+            "collectives run theirs inside backward: use compressor none with DDP or FSDP, or "
+            "a flat scheme"
         )
     if not catalog.SCHEMES[p.scheme].codec_calls:
         return (

@@ -1,0 +1,182 @@
+"""FSDP as a scheme (issue 35): the catalog's rules, qbench's collectives inside FSDP2 on two
+gloo ranks (tests/dist_fsdp_prog.py, one launch), and runs through the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from qbench import catalog
+from qbench.catalog import rules
+from qbench.errors import UserError
+from tests.dist_fsdp_prog import QSGD2, SHARD, STEPS, known
+from tests.distributed import here, launch
+
+K = 2
+
+
+# ---- catalog and rules ------------------------------------------------------------------------
+
+
+def _why(scheme: str = "fsdp", comp: object = "none", **kw: object) -> str | None:
+    combo = rules.Combo(kw.pop("backend", "gloo"), scheme, {}, catalog.compressor(comp), **kw)
+    return rules.why_not(combo)
+
+
+@pytest.mark.parametrize(
+    ("kw", "reason"),
+    [({"backend": "mpi"}, "FSDP runs on torch.distributed process groups"),
+     ({"comp": "powersgd"}, "powersgd is torch's DDP communication hook"),
+     ({"overrides": (catalog.compressor("none"),)}, "layer overrides cannot apply"),
+     ({"telemetry": True}, "telemetry shadows a flat loop's encode"),
+     ({"compute": "bf16"}, "FSDP's mixed precision is its param_dtype")],
+)  # fmt: skip
+def test_what_fsdp_cannot_run_is_refused_saying_why(kw: dict, reason: str) -> None:
+    assert reason in (_why(**kw) or "")
+
+
+@pytest.mark.parametrize("comp", ["none", "bf16", "fp16", {"name": "qsgd", "bits": 4}, "onebit"])
+def test_fsdp_runs_torch_dtypes_and_qbench_codecs(comp: object) -> None:
+    assert _why(comp=comp) is None
+    assert rules.overlap("fsdp", {}) == "backward"  # communicated inside backward, like DDP
+
+
+def test_the_all_gather_codec_is_validated_and_named() -> None:
+    spec = catalog.scheme({"name": "fsdp", "all_gather": {"name": "qsgd", "bits": 8},
+                           "param_dtype": "bf16", "prefetch": 2})  # fmt: skip
+    assert spec.display() == "FSDP, bf16 parameters, prefetch 2, all-gather QSGD 8-bit"
+    label = catalog.scheme_label("fsdp", {"all_gather": spec.params["all_gather"],
+                                          "param_dtype": "bf16", "prefetch": 2})  # fmt: skip
+    assert label == "fsdp+all_gatherqsgd-8b-b512+param_dtypebf16+prefetch2"
+    back = catalog.scheme_from_label(label)
+    assert back.display() == spec.display() and back.params["all_gather"]["bits"] == 8
+    with pytest.raises(UserError, match="keeps error-feedback state"):
+        catalog.scheme({"name": "fsdp", "all_gather": "onebit"})
+    with pytest.raises(UserError, match="all_gather: 'powersgd' is not a qbench codec"):
+        catalog.scheme({"name": "fsdp", "all_gather": "powersgd"})
+
+
+def test_qbench_fsdp_refuses_what_is_not_its_codec() -> None:
+    import qbench.fsdp
+
+    with pytest.raises(UserError, match="a 16-bit reduce-scatter is FSDP's own"):
+        qbench.fsdp.register(torch.nn.Linear(2, 2), "bf16")
+
+
+# ---- the collectives on two ranks -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    out = tmp_path_factory.mktemp("fsdp")
+    launch("gloo", K, [here("dist_fsdp_prog.py"), str(out)], timeout=300)
+    return [torch.load(out / f"rank{r}.pt") for r in range(K)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["rs-none/sum", "rs-none/avg", "ag-none"])
+def test_the_none_codec_gives_exactly_torchs_collective(records: list[dict], case: str) -> None:
+    for rank in records:
+        assert torch.equal(rank[case]["qbench"], rank[case]["torch"])
+
+
+@pytest.mark.slow
+def test_the_compressed_reduce_scatter_sends_the_shards_it_owes(records: list[dict]) -> None:
+    # none: the fp32 shard to the one peer; QSGD: one payload of the codec's size per peer
+    assert records[0]["rs-none/sum"]["sent"] == (K - 1) * 4 * SHARD
+    rec = records[0]["rs-unbiased"]
+    assert set(rec["sent"]) == {(K - 1) * rec["wire"]} and rec["wire"] < SHARD
+
+
+@pytest.mark.slow
+def test_the_compressed_reduce_scatter_is_unbiased(records: list[dict]) -> None:
+    grads = [known(r, K).double() for r in range(K)]
+    exact = sum(grads) / K
+    # QSGD 2-bit (3 intervals of [-s, s], s a bucket's max |g|): one draw's variance is at most
+    # (2s/3)^2 / 4 per value and rank; the mean over K ranks and STEPS steps has sigma at most
+    # s / (3 sqrt(K STEPS)). Every shard is quantized, the own one too (as reduce-broadcast's).
+    s = max(float(g.abs().max()) for g in grads)
+    sigma = s / (3 * (K * STEPS) ** 0.5)
+    for rank, rec in enumerate(records):
+        err = rec["rs-unbiased"]["mean"] - exact[rank * SHARD : (rank + 1) * SHARD]
+        assert float(err.abs().max()) < 5 * sigma, (QSGD2, float(err.abs().max()), sigma)
+        assert float(err.abs().mean()) < sigma
+        assert float(err.abs().max()) > 0  # it did quantize
+
+
+@pytest.mark.slow
+def test_every_rank_gathers_the_same_decoded_parameters(records: list[dict]) -> None:
+    a, b = (r["ag-qsgd"]["gathered"] for r in records)
+    assert torch.equal(a, b)  # all compute with the same weights, the owner's shard too
+    exact = torch.cat([known(r, 1) for r in range(K)])
+    assert (a - exact).abs().max() < exact.abs().max() / 100  # 8 bits
+    assert not torch.equal(a, exact)
+
+
+@pytest.mark.slow
+def test_error_feedback_is_kept_per_shard(records: list[dict]) -> None:
+    assert records[0]["ef-slots"] == [f"rs5.{j}" for j in range(K)]
+
+
+@pytest.mark.slow
+def test_fsdp_through_qbench_trains_exactly_as_torchs(records: list[dict]) -> None:
+    for rank in records:
+        mine, theirs = rank["model/none"], rank["model/torch"]
+        assert mine["losses"] == theirs["losses"]
+        for name, p in theirs["params"].items():
+            assert torch.equal(mine["params"][name], p), name
+        coded = rank["model/qsgd8"]
+        assert coded["losses"] != theirs["losses"]  # it did quantize
+        assert coded["losses"][-1] < coded["losses"][0] / 4  # and it learns
+        assert coded["sent"] < mine["sent"]
+
+
+# ---- through the CLI --------------------------------------------------------------------------
+
+SCENARIO = """
+name: fsdp
+model: {name: gpt, layers: 2, seq_len: 32}
+dataset: synthetic
+world_size: 2
+backend: gloo
+scheme: [fsdp, {name: fsdp, all_gather: {name: qsgd, bits: 8}}]
+compressor: [none, bf16, {name: qsgd, bits: 8}]
+warmup: 1
+iterations: 3
+"""
+
+
+@pytest.mark.slow
+def test_fsdp_runs_record_both_collectives_apart(tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_text(SCENARIO)
+    out = tmp_path / "r"
+    proc = subprocess.run(
+        [sys.executable, "-m", "qbench.cli", "sweep", str(tmp_path / "s.yaml"), "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {}
+    for path in out.glob("*/run.json"):
+        rec = json.loads(path.read_text())
+        frame = pd.read_parquet(path.parent / "iterations.parquet")
+        rows[(rec["spec"]["compressor"]["name"], bool(rec["spec"]["scheme_params"]))] = frame
+    assert len(rows) == 6
+    fp32 = rows[("none", False)]
+    grad = int(fp32["grad_bytes"].iloc[0])
+    # reshard after forward: each shard (grad / K) gathered twice; fp32 reduce-scatter (K-1)/K
+    assert (fp32["bytes_allgather"] == 2 * (K - 1) * grad / K).all()
+    assert (fp32["bytes_reduce_scatter"] == (K - 1) * grad / K).all()
+    assert (fp32["bytes_sent"] == fp32["bytes_allgather"] + fp32["bytes_reduce_scatter"]).all()
+    assert (rows[("bf16", False)]["bytes_reduce_scatter"] == (K - 1) * grad / K / 2).all()
+    assert (rows[("qsgd", False)]["bytes_reduce_scatter"] < grad / K / 3).all()
+    assert (rows[("qsgd", True)]["bytes_allgather"] < fp32["bytes_allgather"] / 3).all()
+    for frame in rows.values():
+        phases = frame["t_compute"] + frame["t_comm"] + frame["t_step"]
+        assert ((phases - frame["t_iteration"]).abs() < 1e-3).all()
+        assert (frame[["t_allgather_total", "t_reduce_scatter_total"]] > 0).all().all()
