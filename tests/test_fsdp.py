@@ -145,8 +145,10 @@ model: {name: gpt, layers: 2, seq_len: 32}
 dataset: synthetic
 world_size: 2
 backend: gloo
-scheme: [fsdp, {name: fsdp, all_gather: {name: qsgd, bits: 8}}]
+scheme: [ddp, fsdp, {name: fsdp, all_gather: {name: qsgd, bits: 8}}]
 compressor: [none, bf16, {name: qsgd, bits: 8}]
+exclude: [{scheme: ddp, compressor: [bf16, qsgd]}]
+optimizer: adam
 warmup: 1
 iterations: 3
 """
@@ -161,12 +163,20 @@ def test_fsdp_runs_record_both_collectives_apart(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = {}
+    rows, state = {}, {}
     for path in out.glob("*/run.json"):
         rec = json.loads(path.read_text())
+        if rec["spec"]["scheme"] == "ddp":
+            ddp_state = [r["state_mib"] for r in rec["memory"]["ranks"]]
+            continue
         frame = pd.read_parquet(path.parent / "iterations.parquet")
-        rows[(rec["spec"]["compressor"]["name"], bool(rec["spec"]["scheme_params"]))] = frame
+        key = (rec["spec"]["compressor"]["name"], bool(rec["spec"]["scheme_params"]))
+        rows[key] = frame
+        state[key] = [r["state_mib"] for r in rec["memory"]["ranks"]]
     assert len(rows) == 6
+    # each rank holds 1/K of the parameters, gradients and Adam's moments (shards padded)
+    for held in state.values():
+        assert all(0.49 < s / ddp_state[0] < 0.52 for s in held), (held, ddp_state)
     fp32 = rows[("none", False)]
     grad = int(fp32["grad_bytes"].iloc[0])
     # reshard after forward: each shard (grad / K) gathered twice; fp32 reduce-scatter (K-1)/K

@@ -86,14 +86,15 @@ def test_the_driver_gathers_every_ranks_peak_into_run_json(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("doc", "expected"),
     [
-        ({"ranks": [{"rank": 0, "peak_rss_mib": 700.0}, {"rank": 1, "peak_rss_mib": 812.5}]},
-         (812.5, None, 2)),
+        ({"ranks": [{"rank": 0, "peak_rss_mib": 700.0, "state_mib": 6.5},
+                    {"rank": 1, "peak_rss_mib": 812.5, "state_mib": 6.25}]},
+         (812.5, None, 6.5, 2)),
         ({"ranks": [{"rank": 0, "peak_rss_mib": None, "rss_note": "cannot reset"},
                     {"rank": 1, "peak_rss_mib": 640.0, "peak_gpu_mib": 300.0},
                     {"rank": 2, "peak_rss_mib": True, "peak_gpu_mib": 420.0}]},
-         (640.0, 420.0, 1)),
-        (None, (None, None, None)),  # older records: not recorded
-        ({"ranks": "garbled"}, (None, None, None)),
+         (640.0, 420.0, None, 1)),
+        (None, (None, None, None, None)),  # older records: not recorded
+        ({"ranks": "garbled"}, (None, None, None, None)),
     ],
 )  # fmt: skip
 def test_a_runs_peak_is_the_largest_over_its_ranks(doc: Any, expected: tuple[Any, ...]) -> None:

@@ -134,6 +134,7 @@ def test_record_row_machine_cores_provenance_and_profile() -> None:
         "disturbed": None,
         "peak_rss_mib": None,  # no memory recorded (schema before 3): unknown
         "peak_gpu_mib": None,
+        "state_mib": None,
         "peak_ranks": None,
     }
     cases: tuple[tuple[Any, int | None], ...] = (

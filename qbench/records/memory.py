@@ -13,7 +13,10 @@ before its model is built, to its last measured iteration) and writes
 * ``peak_gpu_mib``, ``peak_gpu_reserved_mib`` (CUDA runs only): the caching allocator's peak
   of memory handed out to tensors (``torch.cuda.max_memory_allocated``) and of memory it held
   from the device (``max_memory_reserved``), MiB; NCCL's buffers and the CUDA context are in
-  neither.
+  neither;
+* ``state_mib``: the training state the rank holds once the run ended: its parameters, their
+  gradients and the optimizer's state (under FSDP its shards: about 1/K of DDP's), MiB, counted
+  tensor by tensor, so it shows what RSS's hundreds of MiB of interpreter hide.
 
 :func:`peaks` is the run's number for summaries: the largest over its ranks (the rank that
 needs most sets what a machine must have), with how many ranks it rests on.
@@ -23,8 +26,8 @@ from __future__ import annotations
 
 from typing import Any
 
-RSS, GPU = "peak_rss_mib", "peak_gpu_mib"
-PEAKS = (RSS, GPU)
+RSS, GPU, STATE = "peak_rss_mib", "peak_gpu_mib", "state_mib"
+PEAKS = (RSS, GPU, STATE)
 PEAK_COLUMNS = (*PEAKS, "peak_ranks")
 """A run's peaks (the largest over its ranks) and the number of ranks its RSS peak rests on."""
 
@@ -37,14 +40,15 @@ def combine(parts: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def peaks(memory: Any) -> dict[str, Any]:
-    """``peak_rss_mib`` and ``peak_gpu_mib``: the largest over the ranks that recorded one
-    (None where none did: older records, CPU runs for the GPU); ``peak_ranks``: how many ranks
-    recorded an RSS peak (None without a record)."""
+    """``peak_rss_mib``, ``peak_gpu_mib``, ``state_mib``: the largest over the ranks that
+    recorded one (None where none did: older records, CPU runs for the GPU); ``peak_ranks``:
+    how many ranks recorded an RSS peak (None without a record)."""
     ranks = memory.get("ranks") if isinstance(memory, dict) else None
     if not isinstance(ranks, list):
         return dict.fromkeys(PEAK_COLUMNS)
-    rss, gpu = _values(ranks, RSS), _values(ranks, GPU)
-    return {RSS: max(rss, default=None), GPU: max(gpu, default=None), "peak_ranks": len(rss)}
+    rss, gpu, state = (_values(ranks, k) for k in PEAKS)
+    return {RSS: max(rss, default=None), GPU: max(gpu, default=None),
+            STATE: max(state, default=None), "peak_ranks": len(rss)}  # fmt: skip
 
 
 def _values(ranks: list[Any], key: str) -> list[float]:

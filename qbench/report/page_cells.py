@@ -47,6 +47,7 @@ DISPLAY: dict[str, tuple[str, Formatter]] = {
     "cost_to_target": ("$ to target", dollars),
     memory.RSS: ("peak RSS MiB", text),  # cells from peak_cell
     memory.GPU: ("peak GPU MiB", text),
+    memory.STATE: ("state MiB", text),
 }
 MEMORY_NOTE = (
     "`peak RSS MiB`: the most resident memory any rank's process held during the run (model "
@@ -55,7 +56,9 @@ MEMORY_NOTE = (
     "warm rank group (`isolation: group`, the local default) a run starts from what the "
     "process kept of earlier runs; a difference between runs launched alone says more than "
     "the value itself. `peak GPU MiB` (CUDA runs): the most memory the caching allocator "
-    "handed to tensors at once (torch.cuda.max_memory_allocated), largest over ranks."
+    "handed to tensors at once (torch.cuda.max_memory_allocated), largest over ranks. "
+    "`state MiB`: the parameters, gradients and optimizer state a rank held at the end of the "
+    "run, counted tensor by tensor (under FSDP its shards), largest over ranks."
 )
 
 
@@ -81,9 +84,9 @@ def ratio_cell(prefix: str) -> Callable[[dict[str, Any]], str]:
 
 
 def shown_peaks(frame: pd.DataFrame) -> list[str]:
-    """The peak memory columns a table shows (``qbench.records.memory``): RSS always (``-``
-    where not recorded), the GPU's only where some run measured one."""
-    return [memory.RSS, *([memory.GPU] if frame[memory.GPU].notna().any() else [])]
+    """The memory columns a table shows (``qbench.records.memory``): RSS always (``-`` where
+    not recorded), the GPU's peak and the training state only where some run measured one."""
+    return [memory.RSS, *(c for c in (memory.GPU, memory.STATE) if frame[c].notna().any())]
 
 
 def peak_cell(row: dict[str, Any], column: str) -> str:
@@ -94,7 +97,8 @@ def peak_cell(row: dict[str, Any], column: str) -> str:
     if pd.isna(value):
         return "-"
     short = ranks < world  # False where either is unknown (NaN)
-    return f"{value:,.0f}" + (f" ({ranks:g}/{world:g} ranks)" if short else "")
+    shown = f"{value:,.0f}" if value >= 10 else f"{value:.2g}"  # a small model's state: 0.41
+    return shown + (f" ({ranks:g}/{world:g} ranks)" if short else "")
 
 
 def best_baseline(row: pd.Series | dict[str, Any]) -> str:

@@ -272,8 +272,8 @@ def markdown_report(summary: pd.DataFrame, title: str, acc: pd.DataFrame | None 
     )
     parts[-1] += f" {page_cells.MEMORY_NOTE}"
     columns = _MD_COLUMNS + money
-    if memory.GPU in page_cells.shown_peaks(summary):
-        columns = _after(columns, memory.RSS, memory.GPU)
+    for column in reversed(page_cells.shown_peaks(summary)[1:]):  # RSS, GPU, state
+        columns = _after(columns, memory.RSS, column)
     if _skipped_any(summary):
         columns = _after(columns, "status", "skipped_steps")
         parts[-1] += f" {_SKIPPED_NOTE}"

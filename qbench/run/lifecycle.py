@@ -145,7 +145,7 @@ def run_config(
         return False
     finally:
         if peak is not None:
-            peak.write()
+            peak.write(None if run is None else run.state_mib())
         if tracer is not None:
             tracer.close()
         if run is not None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from qbench.records.memory import GPU, RSS
+from qbench.records.memory import GPU, RSS, STATE
 from qbench.records.store import atomic_write_json, memory_part
 
 PROC_SELF = Path("/proc/self")
@@ -79,5 +79,10 @@ class Peak:
             )
         return doc
 
-    def write(self) -> None:
-        atomic_write_json(memory_part(self.parts, self.rank), self.read())
+    def write(self, state_mib: float | None = None) -> None:
+        """The peaks, with the training state the rank held at the end (``Training.state_mib``;
+        None where the run has none, e.g. it failed before building it)."""
+        doc = self.read()
+        if state_mib is not None:
+            doc[STATE] = round(state_mib, 3)
+        atomic_write_json(memory_part(self.parts, self.rank), doc)

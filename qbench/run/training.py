@@ -171,6 +171,16 @@ class Training:
             "consensus_distance": rows[-1].get("consensus_distance", float("nan")),
         })  # fmt: skip
 
+    def state_mib(self) -> float:
+        """MiB of training state this rank holds: parameters, gradients and the optimizer's
+        state (a sharded parameter's local shard only)."""
+        tensors: list[torch.Tensor] = list(self.model.parameters())
+        tensors += [p.grad for p in tensors if p.grad is not None]
+        tensors += [v for s in self.opt.state.values() for v in s.values()
+                    if isinstance(v, torch.Tensor)]  # fmt: skip
+        local = (getattr(t, "to_local", lambda t=t: t)() for t in tensors)  # DTensor: its shard
+        return sum(t.numel() * t.element_size() for t in local) / 2**20
+
     def eval_model(self) -> nn.Module:
         """The model evaluation scores: the replicas' mean (one allreduce, not counted); a
         sharded loop gathers its shards instead."""
