@@ -37,6 +37,7 @@ _REST = """\
 world_size: 2               # ranks (processes), one CPU thread each
 backend: gloo               # gloo (CPU), mpi, or nccl (one GPU per rank)
 scheme: ddp                 # PyTorch DDP; a qbench compressor under ddp is sent per DDP bucket
+# scheme: fsdp              # sharded (FSDP2): the compressor is what the reduce-scatter sends
 compressor:
   - none                    # fp32: DDP's own allreduce, the baseline
   - {name: qsgd, bits: 4, bucket_size: 512}
