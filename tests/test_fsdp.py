@@ -145,9 +145,16 @@ model: {name: gpt, layers: 2, seq_len: 32}
 dataset: synthetic
 world_size: 2
 backend: gloo
-scheme: [ddp, fsdp, {name: fsdp, all_gather: {name: qsgd, bits: 8}}]
+scheme:
+  - ddp
+  - fsdp
+  - {name: fsdp, all_gather: {name: qsgd, bits: 8}}
+  - {name: fsdp, param_dtype: bf16, reshard_after_forward: false, prefetch: 2}
 compressor: [none, bf16, {name: qsgd, bits: 8}]
-exclude: [{scheme: ddp, compressor: [bf16, qsgd]}]
+exclude:
+  - {scheme: ddp, compressor: [bf16, qsgd]}
+  - {scheme: {name: fsdp, param_dtype: bf16, reshard_after_forward: false, prefetch: 2},
+     compressor: [none, bf16]}
 optimizer: adam
 warmup: 1
 iterations: 3
@@ -170,10 +177,12 @@ def test_fsdp_runs_record_both_collectives_apart(tmp_path: Path) -> None:
             ddp_state = [r["state_mib"] for r in rec["memory"]["ranks"]]
             continue
         frame = pd.read_parquet(path.parent / "iterations.parquet")
-        key = (rec["spec"]["compressor"]["name"], bool(rec["spec"]["scheme_params"]))
+        params = rec["spec"]["scheme_params"]
+        how = "zero2" if "prefetch" in params else bool(params)  # True: a gathering codec
+        key = (rec["spec"]["compressor"]["name"], how)
         rows[key] = frame
         state[key] = [r["state_mib"] for r in rec["memory"]["ranks"]]
-    assert len(rows) == 6
+    assert len(rows) == 7
     # each rank holds 1/K of the parameters, gradients and Adam's moments (shards padded)
     for held in state.values():
         assert all(0.49 < s / ddp_state[0] < 0.52 for s in held), (held, ddp_state)
@@ -186,6 +195,8 @@ def test_fsdp_runs_record_both_collectives_apart(tmp_path: Path) -> None:
     assert (rows[("bf16", False)]["bytes_reduce_scatter"] == (K - 1) * grad / K / 2).all()
     assert (rows[("qsgd", False)]["bytes_reduce_scatter"] < grad / K / 3).all()
     assert (rows[("qsgd", True)]["bytes_allgather"] < fp32["bytes_allgather"] / 3).all()
+    # bf16 parameters, kept after forward (ZeRO-2), prefetched 2 ahead: gathered once, in bf16
+    assert (rows[("qsgd", "zero2")]["bytes_allgather"] == (K - 1) * grad / K / 2).all()
     for frame in rows.values():
         phases = frame["t_compute"] + frame["t_comm"] + frame["t_step"]
         assert ((phases - frame["t_iteration"]).abs() < 1e-3).all()
