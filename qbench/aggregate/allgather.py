@@ -55,6 +55,4 @@ class AllGather(Aggregator):
         k = self.comm.world_size
         if self.fixed:
             return [self.wire_size] * k
-        size = torch.tensor([own], dtype=torch.int64, device=device)
-        got = self.comm.allgatherv(size.view(torch.uint8), [8] * k)
-        return got.view(torch.int64).tolist()
+        return self.comm.allgather_sizes(own, device)

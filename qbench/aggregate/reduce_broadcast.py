@@ -153,18 +153,12 @@ class ReduceBroadcast(Aggregator):
     def _recv_sizes(self, ch: _Chunk, send_sizes: list[int]) -> list[int]:
         if self.fixed:
             return [ch.wire_sizes[self.comm.rank]] * self.comm.world_size
-        sizes = torch.tensor(send_sizes, dtype=torch.int64).view(torch.uint8)
-        got = self.comm.alltoallv(sizes, [8] * len(send_sizes), [8] * len(send_sizes))
-        return got.view(torch.int64).tolist()
+        return self.comm.alltoall_sizes(send_sizes)
 
     def _gather_sizes(self, ch: _Chunk, own: int) -> list[int]:
         if self.fixed:
             return ch.wire_sizes
-        k = self.comm.world_size
-        got = self.comm.allgatherv(
-            torch.tensor([own], dtype=torch.int64).view(torch.uint8), [8] * k
-        )
-        return got.view(torch.int64).tolist()
+        return self.comm.allgather_sizes(own)
 
     def _mean_of(
         self, received: torch.Tensor, sizes: list[int], n: int, pieces: list[int]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -156,3 +157,17 @@ class Comm(ABC):
         k = self.world_size
         # Direct exchange through alltoallv: own buffer once per peer, exactly (K-1) * own bytes.
         return self.alltoallv(send.repeat(k), [send.numel()] * k, list(counts))
+
+    def alltoall_sizes(self, counts: Sequence[int], device: Any = None) -> list[int]:
+        """What each rank will send this one, given what this one sends each (payload sizes
+        that depend on the data): one int64 per peer through ``alltoallv``, counted."""
+        k = self.world_size
+        sizes = torch.tensor(list(counts), dtype=torch.int64, device=device)
+        got = self.alltoallv(sizes.view(torch.uint8), [8] * k, [8] * k)
+        return [int(v) for v in got.view(torch.int64).tolist()]
+
+    def allgather_sizes(self, own: int, device: Any = None) -> list[int]:
+        """Every rank's ``own`` size (one int64 each through ``allgatherv``, counted)."""
+        size = torch.tensor([own], dtype=torch.int64, device=device)
+        got = self.allgatherv(size.view(torch.uint8), [8] * self.world_size)
+        return [int(v) for v in got.view(torch.int64).tolist()]

@@ -96,15 +96,19 @@ class CommLog:
             grads.zero_()
 
 
-class _Timed:
+class _Allocate:
+    """FSDP asks each collective for its buffers; plain tensors, as torch's default does."""
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+
+class _Timed(_Allocate):
     """Time a collective from its call to its completion; the training thread is held for the
     call and for any ``wait`` on the work it returns."""
 
     def __init__(self, log: CommLog, kind: str) -> None:
         self.log, self.kind = log, kind
-
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
 
     def _finish(self, work: dist.Work, start: float, async_op: bool) -> dist.Work | None:
         log, kind = self.log, self.kind
@@ -190,16 +194,13 @@ class TimedReduceScatter(_Timed, ReduceScatter):
         return self._finish(work, start, async_op)
 
 
-class CompressedReduceScatter(ReduceScatter):
+class CompressedReduceScatter(_Allocate, ReduceScatter):
     """qgZ: shards encoded, one all-to-all, each rank decodes its shard's K payloads and sums
     them in fp32. ``block``: the block's index (its random stream and error-feedback slots)."""
 
     def __init__(self, log: CommLog, comm: Comm, codec: Compressor, block: int) -> None:
         self.log, self.comm, self.codec, self.block = log, comm, codec, block
         self._acc: torch.Tensor | None = None
-
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(
         self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
@@ -234,11 +235,8 @@ class CompressedReduceScatter(ReduceScatter):
         counts = [w.numel() for w in sends]
         k, rank = self.comm.world_size, self.comm.rank
         # every shard has n values: a fixed-size codec's payloads are all alike
-        recv = (
-            [counts[rank]] * k
-            if self.codec.fixed_size
-            else _exchange_sizes(self.comm, counts, sends[0].device)
-        )
+        fixed = self.codec.fixed_size
+        recv = [counts[rank]] * k if fixed else self.comm.alltoall_sizes(counts, sends[0].device)
         before = self.comm.bytes_sent
         got = self.comm.alltoallv(torch.cat(sends), counts, recv)
         self.log.sent["reduce_scatter"] += self.comm.bytes_sent - before
@@ -256,15 +254,12 @@ class CompressedReduceScatter(ReduceScatter):
         return acc
 
 
-class CompressedAllGather(AllGather):
+class CompressedAllGather(_Allocate, AllGather):
     """qwZ: each rank's parameter shard encoded once, the payloads all-gathered, every shard
     decoded on every rank (its own too) into FSDP's gathered buffer."""
 
     def __init__(self, log: CommLog, comm: Comm, codec: Compressor, block: int) -> None:
         self.log, self.comm, self.codec, self.block = log, comm, codec, block
-
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(
         self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
@@ -284,7 +279,8 @@ class CompressedAllGather(AllGather):
             name=f"ag{self.block}",
         ).to_wire()  # fmt: skip
         self.log.codec += time.perf_counter() - t0
-        sizes = _gather_sizes(self.comm, own.numel(), self.codec.fixed_size, own.device)
+        n_own, fixed = own.numel(), self.codec.fixed_size
+        sizes = [n_own] * k if fixed else self.comm.allgather_sizes(n_own, own.device)
         before = self.comm.bytes_sent
         gathered = self.comm.allgatherv(own, sizes)
         self.log.sent["all_gather"] += self.comm.bytes_sent - before
@@ -324,23 +320,6 @@ def _averages(op: Any) -> bool:
     if op == dist.ReduceOp.SUM:
         return False
     raise ValueError(f"compressed reduce-scatter sums or averages; FSDP asked for {op}")
-
-
-def _exchange_sizes(comm: Comm, counts: list[int], device: torch.device) -> list[int]:
-    """What every rank will send this rank (payload sizes may depend on the data)."""
-    k = comm.world_size
-    sizes = torch.tensor(counts, dtype=torch.int64, device=device).view(torch.uint8)
-    got = comm.alltoallv(sizes, [8] * k, [8] * k)
-    return [int(v) for v in got.view(torch.int64).tolist()]
-
-
-def _gather_sizes(comm: Comm, own: int, fixed: bool, device: torch.device) -> list[int]:
-    k = comm.world_size
-    if fixed:
-        return [own] * k
-    own_size = torch.tensor([own], dtype=torch.int64, device=device).view(torch.uint8)
-    got = comm.allgatherv(own_size, [8] * k)
-    return [int(v) for v in got.view(torch.int64).tolist()]
 
 
 def _nbytes(t: torch.Tensor) -> int:

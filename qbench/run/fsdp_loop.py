@@ -76,8 +76,8 @@ class FSDPRun(Training):
         # evaluation reads the whole model: a plain replica, filled from the shards
         self.replica = copy.deepcopy(self.model) if spec.epochs else None
         self.grad_bytes = 4 * sum(p.numel() for p in self.named.values())
-        shard(self.model, self.options, DTYPES[name] if name != "none" and torch_own
-              else torch.float32)  # fmt: skip
+        # torch's own reduce-scatter in the 16-bit dtype named; fp32 for none and for codecs
+        shard(self.model, self.options, DTYPES.get(name, torch.float32))
         codec = {"name": "none"} if torch_own else spec.compressor
         self.coded = not torch_own or self.options["all_gather"] is not None
         self.log = fsdp.register(
