@@ -32,7 +32,8 @@ def test_the_catalog_and_the_planner_import_no_torch() -> None:
 @pytest.mark.parametrize("name", sorted(compress.COMPRESSORS))
 def test_every_codec_declares_exactly_its_catalog_parameters(name: str) -> None:
     codec = compress.COMPRESSORS[name]
-    declared = {k for k in codec.__annotations__ if k not in ("name", "wire_dtype")}
+    own = [c for c in codec.__mro__ if issubclass(c, compress.Compressor)][:-1]  # not the base
+    declared = {k for c in own for k in vars(c).get("__annotations__", {})} - {"name", "wire_dtype"}
     assert declared == {p.name for p in catalog.COMPRESSORS[name].params}
 
 
@@ -42,7 +43,10 @@ def test_every_codec_declares_exactly_its_catalog_parameters(name: str) -> None:
      {"name": "qsgd", "bits": 3, "bucket_size": 7}, {"name": "qsgd", "bits": 16},
      {"name": "qsgd", "bits": 1, "bucket_size": 64}, {"name": "onebit", "bucket_size": 5},
      {"name": "fixedpoint", "bits": 11}, {"name": "fixedpoint", "bits": 16, "delta": 0.5},
-     {"name": "fixedpoint", "bits": 3}, {"name": "topk", "ratio": 0.07}],
+     {"name": "fixedpoint", "bits": 3}, {"name": "topk", "ratio": 0.07},
+     {"name": "fp8"}, {"name": "fp8", "format": "e5m2", "block_size": 7},
+     {"name": "mx"}, {"name": "mx", "element": "e3m2", "error_feedback": True},
+     {"name": "mx", "element": "e4m3"}, {"name": "nvfp4", "rounding": "stochastic"}],
     ids=lambda s: "-".join(map(str, s.values())),
 )  # fmt: skip
 def test_payloads_have_the_catalogs_wire_bytes(spec: dict[str, Any]) -> None:
@@ -57,12 +61,15 @@ def test_payloads_have_the_catalogs_wire_bytes(spec: dict[str, Any]) -> None:
 def test_granularity_of_every_default_and_scope() -> None:
     # the built-in ones (installed plug-ins join catalog.COMPRESSORS too)
     built_in = ("none", "fp16", "bf16", "qsgd", "onebit", "fixedpoint", "topk", "adaptive",
-                "powersgd")  # fmt: skip
+                "powersgd", "fp8", "mx", "nvfp4")  # fmt: skip
     got = {n: catalog.compressor(n).granularity for n in built_in}
     assert got == {
         "none": "value", "fp16": "value", "bf16": "value", "qsgd": "bucket", "onebit": "bucket",
         "fixedpoint": "tensor", "topk": "tensor", "adaptive": "tensor", "powersgd": "tensor",
+        "fp8": "tensor", "mx": "bucket", "nvfp4": "tensor",
     }  # fmt: skip
+    assert catalog.compressor("fp8:block_size=128").granularity == "bucket"
+    assert catalog.compressor("nvfp4:scope=global").granularity == "call"
     if "scaledsign" in catalog.COMPRESSORS:  # the plug-in example, installed by `make venv`
         assert catalog.compressor("scaledsign").granularity == "bucket"
     assert catalog.compressor("topk:scope=global").granularity == "call"
@@ -105,6 +112,16 @@ LAYOUTS = {
     "fixedpoint:bits=16,delta=0.5": [("levels", "int16", 1000)],
     # ceil(0.07 x 1000) = 70 values and their indices
     "topk:ratio=0.07": [("values", "float32", 70), ("indices", "int32", 70)],
+    # a code byte per value; one fp32 scale (per tensor), or ceil(1000 / 128) = 8 block scales
+    "fp8": [("codes", "uint8", 1000), ("scales", "float32", 1)],
+    "fp8:format=e5m2,block_size=128": [("codes", "uint8", 1000), ("scales", "float32", 8)],
+    # MXFP4: 4-bit codes, 500 bytes; ceil(1000 / 32) = 32 E8M0 bytes
+    "mx": [("codes", "uint8", 500), ("scales", "uint8", 32)],
+    # MXFP6: 6-bit codes, 750 bytes; MXFP8: a byte each
+    "mx:element=e2m3": [("codes", "uint8", 750), ("scales", "uint8", 32)],
+    "mx:element=e5m2": [("codes", "uint8", 1000), ("scales", "uint8", 32)],
+    # NVFP4: 500 bytes of codes, ceil(1000 / 16) = 63 E4M3 block scales, the fp32 tensor scale
+    "nvfp4": [("codes", "uint8", 500), ("scales", "uint8", 63), ("tensor_scale", "float32", 1)],
 }
 
 
@@ -133,6 +150,22 @@ def test_which_payloads_integer_allreduce_can_sum() -> None:
         "use `align: contiguous`"
     )
     assert why("fp16") == why("onebit") == "its payload is not integer levels"
+    # the float formats on shared block scales, in units of their smallest value
+    assert why("mx") is why("mx:element=e4m3") is why("fp8:block_size=32") is None
+    assert why("nvfp4:scope=global") is None
+    assert why("mx:element=e5m2") == (
+        "e5m2 values span 2^-16 .. 57344, more than an int32 sum holds; use e4m3 (or "
+        "reduce-broadcast)"
+    )
+    assert "set `block_size` (e.g. 128)" in (why("fp8") or "")
+    assert "use `scope: global`" in (why("nvfp4") or "")
+    grid = {s: catalog.compressor(s).entry.integer_grid(catalog.compressor(s).params)
+            for s in ("qsgd:bits=8", "mx", "mx:element=e4m3", "mx:element=e3m2",
+                      "mx:element=e2m3", "nvfp4:scope=global", "fp8:block_size=64")}  # fmt: skip
+    # 6 / 0.5 = 12; 448 / 2^-9; 28 / 2^-4; 7.5 / 2^-3
+    assert grid == {"qsgd:bits=8": (127, 512), "mx": (12, 32), "mx:element=e4m3": (229376, 32),
+                    "mx:element=e3m2": (448, 32), "mx:element=e2m3": (60, 32),
+                    "nvfp4:scope=global": (12, 16), "fp8:block_size=64": (229376, 64)}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -146,7 +179,11 @@ def test_which_payloads_integer_allreduce_can_sum() -> None:
      ("adaptive:scope=global,entropy_grid=symmetric", "adaptive-c6-m4-f3%"),
      ("adaptive", "adaptive-c6-m4-f3%-layer-minmax"),
      ("adaptive:entropy_grid=symmetric", "adaptive-c6-m4-f3%-layer"),
-     ("qsgd:align=tensor", "qsgd-4b-b512-tensor"), ("powersgd:rank=2", "powersgd-r2")],
+     ("qsgd:align=tensor", "qsgd-4b-b512-tensor"), ("powersgd:rank=2", "powersgd-r2"),
+     ("fp8", "fp8-e4m3"), ("fp8:format=e5m2,block_size=128,rounding=stochastic",
+     "fp8-e5m2-b128-sr"), ("mx", "mxfp4"), ("mx:element=e4m3", "mxfp8-e4m3"),
+     ("mx:element=e2m3,error_feedback=true", "mxfp6-e2m3-ef"), ("nvfp4", "nvfp4"),
+     ("nvfp4:scope=global,rounding=stochastic", "nvfp4-global-sr")],
 )  # fmt: skip
 def test_labels_are_stable(spec: str, label: str) -> None:
     assert catalog.compressor_label(spec) == label  # run ids contain them: never change one
@@ -160,7 +197,9 @@ def test_labels_are_stable(spec: str, label: str) -> None:
      "topk:ratio=0.005", "topk:error_feedback=false", "topk:scope=global,error_feedback=false",
      "adaptive:sample_fraction=0.1,probe_bits=3,floor_bits=2", "adaptive:scope=global",
      "qsgd:bits=3,align=tensor,layout=sign,norm=l2",
-     "powersgd:rank=4,warm_start=false"],
+     "powersgd:rank=4,warm_start=false", "fp8", "fp8:format=e5m2,block_size=64,error_feedback=true",
+     "mx:element=e3m2,rounding=stochastic", "mx:element=e5m2", "mx",
+     "nvfp4:scope=global,rounding=stochastic,error_feedback=true"],
 )  # fmt: skip
 def test_labels_read_back_to_their_compressor(spec: str) -> None:
     c = catalog.compressor(spec)
@@ -228,7 +267,7 @@ QSGD4 = {"name": "qsgd", "bits": 4}
     ("backend", "scheme", "comp", "ws", "reason"),
     [("gloo", "allreduce", QSGD4, 2, "allreduce sums raw buffers and cannot sum packed qsgd"),
      ("mpi", "allreduce", {"name": "bf16"}, 2, "MPI cannot sum bf16 buffers"),
-     ("gloo", "integer-allreduce", {"name": "onebit"}, 2, "needs compressor qsgd, got onebit"),
+     ("gloo", "integer-allreduce", {"name": "onebit"}, 2, "cannot sum onebit"),
      ("gloo", "integer-allreduce", {"name": "qsgd", "bits": 1}, 2, "needs qsgd bits >= 2"),
      ("gloo", "integer-allreduce", {"name": "qsgd", "norm": "l2"}, 2, "use `norm: max`"),
      ("gloo", "integer-allreduce", {"name": "qsgd", "align": "tensor"}, 2,

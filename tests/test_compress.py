@@ -311,7 +311,7 @@ def test_registry() -> None:
 @pytest.mark.parametrize(
     ("name", "params", "needles"),
     [
-        ("qsgdd", {}, ["'qsgdd'", "none, onebit, powersgd, qsgd"]),
+        ("qsgdd", {}, ["'qsgdd'", "none, nvfp4, onebit, powersgd, qsgd"]),
         ("qsgd", {"bits": 12}, ["bits", "12", "bits: 4"]),
         ("qsgd", {"bits": 0}, ["bits", "0"]),
         (

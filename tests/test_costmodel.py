@@ -171,11 +171,11 @@ def test_world_size_formulas(k: int) -> None:
 
 
 def test_integer_allreduce_width_follows_the_backend() -> None:
-    assert cm.int_sum_bytes("gloo", 2, 4) == 1  # 2 x 7 fits int8
-    assert cm.int_sum_bytes("gloo", 20, 4) == 4  # 140 overflows int8; gloo cannot sum int16
-    assert cm.int_sum_bytes("mpi", 20, 4) == 2
+    assert cm.int_sum_bytes("gloo", 2, 7) == 1  # 2 x 7 fits int8
+    assert cm.int_sum_bytes("gloo", 20, 7) == 4  # 140 overflows int8; gloo cannot sum int16
+    assert cm.int_sum_bytes("mpi", 20, 7) == 2
     with pytest.raises(UserError):
-        cm.int_sum_bytes("gloo", 2**20, 16)
+        cm.int_sum_bytes("gloo", 2**20, 32767)
 
 
 def test_bandwidth_scaling_keeps_alpha_and_scales_beta() -> None:

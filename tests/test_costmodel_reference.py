@@ -212,7 +212,7 @@ def test_payload_bits_match_the_hand_written_table(
 
 @pytest.mark.parametrize(("backend", "k", "bits"), sorted(INT_WIDTH))
 def test_integer_width_matches_the_hand_written_table(backend: str, k: int, bits: int) -> None:
-    assert int_sum_bytes(backend, k, bits) == INT_WIDTH[backend, k, bits]
+    assert int_sum_bytes(backend, k, (1 << (bits - 1)) - 1) == INT_WIDTH[backend, k, bits]
 
 
 # kind: {K: (message steps, wire bytes)} of one collective of S = 1000 bytes (the module
@@ -239,7 +239,9 @@ def test_collectives_match_the_hand_written_table(kind: str, k: int) -> None:
 
 
 def test_plans_the_model_cannot_make_are_one_line_errors() -> None:
-    with pytest.raises(UserError, match=r"integer-allreduce needs a qsgd compressor, got fp16$"):
+    with pytest.raises(
+        UserError, match=r"integer-allreduce cannot sum fp16: its payload is not integer levels$"
+    ):
         comm_plan(scheme_option("integer-allreduce"), spec("fp16"), 2, N, 16, "gloo")
     valid = r"no scheme 'gossip'; valid: allreduce, reduce-broadcast, allgather, "
     with pytest.raises(UserError, match=valid):

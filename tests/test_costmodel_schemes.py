@@ -150,10 +150,10 @@ def test_compressors_without_a_fixed_size() -> None:
 
 def test_integer_widths_that_overflow_int32_are_user_errors() -> None:
     # 8 bits: level 127; 2^24 ranks x 127 = 2130706432 still fits int32, 2^25 ranks do not
-    assert int_sum_bytes("gloo", 2**24, 8) == 4
+    assert int_sum_bytes("gloo", 2**24, 127) == 4
     with pytest.raises(UserError) as got:
-        int_sum_bytes("gloo", 2**25, 8)
-    assert str(got.value) == "integer-allreduce: 33554432 ranks x 8-bit levels overflow int32"
+        int_sum_bytes("gloo", 2**25, 127)
+    assert str(got.value) == "integer-allreduce: 33554432 ranks x integers up to 127 overflow int32"
 
 
 # a run's recorded scheme spec (as qbench.records.view returns it) -> the model's scheme

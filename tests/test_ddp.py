@@ -150,7 +150,7 @@ def test_comm_hook_names_a_bad_parameter_and_a_bad_exchange() -> None:
         qbench.ddp.comm_hook("qsgd", comm=fake, bitz=4)
     with pytest.raises(UserError, match="exchange 'gossip' is not a per-bucket exchange"):
         qbench.ddp.comm_hook("qsgd", comm=fake, exchange="gossip")
-    with pytest.raises(UserError, match="integer-allreduce sums qsgd levels"):
+    with pytest.raises(UserError, match="integer-allreduce sums codes on shared scales"):
         qbench.ddp.comm_hook("onebit", comm=fake, exchange="integer-allreduce")
 
 

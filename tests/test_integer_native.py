@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qbench.aggregate import integer_allreduce as ia
+from qbench.compress import integer_sum as ia
 from qbench.compress import native
 from qbench.compress._buckets import buckets
 from qbench.compress.base import Key

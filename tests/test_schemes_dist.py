@@ -21,8 +21,10 @@ from qbench.aggregate.integer_allreduce import sum_dtype
 from qbench.catalog.rules import incompatibility
 from qbench.comm import Comm, allreduce_bus_bytes
 from qbench.compress import Key, from_spec
+from qbench.compress import blockscale as bs
 from qbench.compress._buckets import buckets
 from qbench.compress.draws import uniform
+from qbench.compress.lowfloat import ScaledFloat
 from qbench.errors import UserError
 from qbench.timing import PhaseTimer
 from tests.dist_schemes_prog import make_gradient
@@ -37,6 +39,8 @@ QSGD8 = {"name": "qsgd", "bits": 8, "bucket_size": 256}
 ADAPTIVE = {"name": "adaptive"}  # data-dependent sizes: exercises every size exchange
 TOPK = {"name": "topk", "ratio": 0.05}  # error feedback: state carried across steps
 COARSE = {"name": "qsgd", "bits": 2, "bucket_size": 16}  # levels -1, 0, 1: large variance
+MXFP4_SR = {"name": "mx", "element": "e2m1", "rounding": "stochastic"}
+FP8_BLOCK = {"name": "fp8", "block_size": 128}
 
 
 def _case(id_: str, scheme: str, comp: dict, **kw: Any) -> dict[str, Any]:
@@ -74,6 +78,12 @@ CASES = [
     ),
     _case("ar-fp16", "allreduce", {"name": "fp16"}),
     _case("ar-bf16", "allreduce", {"name": "bf16"}),
+    # the low-precision float formats: codes on shared block scales, summed as integers
+    _case("int-mxfp4", "integer-allreduce", MXFP4_SR),
+    _case("int-nvfp4", "integer-allreduce", {"name": "nvfp4", "scope": "global"}),
+    _case("int-fp8", "integer-allreduce", FP8_BLOCK, params={"overlap": 3}),
+    _case("ag-mxfp6", "allgather", {"name": "mx", "element": "e3m2", "error_feedback": True}),
+    _case("ps-nvfp4", "parameter-server", {"name": "nvfp4"}, params={"down": FP8_BLOCK}),
 ]
 CASES_4 = [
     _case("ag-qsgd", "allgather", QSGD4),
@@ -172,6 +182,23 @@ def ref_integer(case: dict[str, Any], world: int, step: int) -> torch.Tensor:
     return (ratio * s.unsqueeze(1)).reshape(-1)[:n]
 
 
+def ref_float_integer(case: dict[str, Any], world: int, step: int) -> torch.Tensor:
+    """The mean of each rank's block-scaled values on the shared (MAX) block maxima, in fp64:
+    the codes' exact sum."""
+    codecs = [c for _ in range(world) if isinstance(c := from_spec(case["comp"]), ScaledFloat)]
+    scaling = codecs[0].scaling
+    xs = grads(case, world, step)
+    block = scaling.block
+    amax = torch.stack([bs.blocks(x, block).abs().amax(dim=1) for x in xs]).amax(0)
+    divisor = scaling.divisors(*scaling.scales(amax)).double()[:, None]
+    total = torch.zeros(case["numel"], dtype=torch.float64)
+    for r, (codec, x) in enumerate(zip(codecs, xs, strict=True)):
+        enc = codec.encode_blocks(x, Key(seed=0, step=step, rank=r, stream=0), 0, amax)
+        values = scaling.element.decode(enc.codes).double().view(-1, block) * divisor
+        total += values.reshape(-1)[: x.numel()]
+    return (total / world).float()
+
+
 # -- multi-process tests -------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -186,7 +213,7 @@ def test_fp32_equals_exact_mean(ranks_of, backend: str, id_: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("id_", ["ag-qsgd", "ag-adaptive"])
+@pytest.mark.parametrize("id_", ["ag-qsgd", "ag-adaptive", "ag-mxfp6"])
 def test_allgather_matches_reference(ranks_of, backend: str, id_: str) -> None:
     case, world = BY_ID[id_], 2
     ref = ref_allgather(case, world)
@@ -202,7 +229,7 @@ def test_allgather_matches_reference(ranks_of, backend: str, id_: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("id_", ["ps-none", "ps-qsgd", "ps-adaptive", "ps-topk"])
+@pytest.mark.parametrize("id_", ["ps-none", "ps-qsgd", "ps-adaptive", "ps-topk", "ps-nvfp4"])
 def test_parameter_server_matches_reference(ranks_of, backend: str, id_: str) -> None:
     case, world = BY_ID[id_], 2
     ref = ref_parameter_server(case, world)
@@ -274,6 +301,31 @@ def test_integer_allreduce_equals_reference_exactly(
     assert recs[0]["payload_bytes"] == NUMEL * item + 4 * nb
     per_step = allreduce_bus_bytes(4 * nb, world) + allreduce_bus_bytes(NUMEL * item, world)
     assert recs[0]["bytes_sent"] == STEPS * per_step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("id_", "dtype"), [("int-mxfp4", {"gloo": "int8", "mpi": "int8"}),
+                       ("int-nvfp4", {"gloo": "int8", "mpi": "int8"}),
+                       ("int-fp8", {"gloo": "int32", "mpi": "int32"})],
+)  # fmt: skip
+def test_integer_allreduce_of_float_formats_is_their_exact_sum(
+    ranks_of, backend: str, id_: str, dtype: dict[str, str]
+) -> None:
+    """MXFP4 (6 = 12 units, 2 ranks: int8), NVFP4 and FP8 E4M3 (448 = 229376 units: int32), the
+    last pipelined in 3 chunks: the mean of the ranks' values on shared scales, exactly."""
+    case, world = BY_ID[id_], 2
+    recs = records(ranks_of, backend, id_)
+    for step in range(STEPS):
+        ref = ref_float_integer(case, world, step)
+        for rec in recs:
+            # the same sum in fp64, multiplied in another order: equal to float32's last bit
+            assert torch.allclose(rec["results"][step], ref, rtol=2**-23, atol=0)
+    assert recs[0]["dtype"] == f"torch.{dtype[backend]}"
+    exact = exact_mean(case, world, 0)
+    err = float((recs[0]["results"][0] - exact).norm() / exact.norm())
+    assert 0 < err < {"int-mxfp4": 0.25, "int-nvfp4": 0.15, "int-fp8": 0.05}[id_]
 
 
 @pytest.mark.slow
@@ -411,7 +463,7 @@ def test_integer_allreduce_takes_only_overlap(params: dict, match: str) -> None:
     [
         ("gloo", "allreduce", QSGD4, "cannot sum packed qsgd"),
         ("mpi", "allreduce", {"name": "bf16"}, "MPI cannot sum bf16"),
-        ("gloo", "integer-allreduce", {"name": "onebit"}, "needs compressor qsgd, got onebit"),
+        ("gloo", "integer-allreduce", {"name": "onebit"}, "cannot sum onebit"),
         ("gloo", "integer-allreduce", {"name": "qsgd", "bits": 1}, "bits >= 2"),
         ("mpi", "integer-allreduce", {"name": "qsgd", "norm": "l2"}, "norm l2"),
     ],

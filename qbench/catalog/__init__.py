@@ -170,7 +170,7 @@ def _codec_param(scheme_name: str, key: str, raw: Any) -> dict[str, Any]:
         down = compressor(raw)
     except UserError as e:
         raise UserError(f"scheme {scheme_name}: {key}: {e}") from None
-    if scheme_name == "async-ps" and down.entry.stateful:
+    if scheme_name == "async-ps" and (down.entry.stateful or down.error_feedback):
         raise UserError(
             f"scheme async-ps: down quantizes the model itself and cannot be {down.name} (it "
             "keeps error-feedback state); use qsgd, fixedpoint, fp16, bf16, adaptive or none"

@@ -31,6 +31,8 @@ from qbench.catalog.registry import Registry
 
 Params = dict[str, Any]
 WireBuffer = tuple[str, str, int]
+NOT_LEVELS = "its payload is not integer levels"
+"""``integer_levels``'s answer for a codec with no integer view at all."""
 """(buffer name, dtype name as torch spells it, element count), in wire order."""
 
 
@@ -58,8 +60,11 @@ class CompressorEntry:
     """Keeps the part left out at one step and adds it at the next (state per slot)."""
     unbiased: Callable[[Params], bool] = lambda p: False
     """E[decode(encode(x))] = x (stochastic rounding without clipping)."""
-    integer_levels: Callable[[Params], str | None] = lambda p: "its payload is not integer levels"
+    integer_levels: Callable[[Params], str | None] = lambda p: NOT_LEVELS
     """Why integer-allreduce cannot sum it as bounded integers; None when it can."""
+    integer_grid: Callable[[Params], tuple[int, int]] = lambda p: (0, 0)
+    """Where ``integer_levels`` is None: (the largest |integer| one rank contributes, values
+    per shared scale) of its integer view (qbench.compress.integer_sum)."""
     hook_only: bool = False
     """Not a codec: a DDP communication hook (scheme ddp) whose collectives are the algorithm."""
     cross_check: Callable[[Params], str | None] = lambda p: None
@@ -213,7 +218,7 @@ def _cast(name: str, dtype: str, bits: float, summary: str, codec: str) -> Compr
         summable=True,
         uncompressed=True,
         unbiased=lambda p: name == "none",
-        integer_levels=lambda p: None if name == "none" else "its payload is not integer levels",
+        integer_levels=lambda p: None if name == "none" else NOT_LEVELS,
         granularity=lambda p: "value",
     )  # fmt: skip
 
@@ -263,6 +268,7 @@ QSGD = CompressorEntry(
     granularity=lambda p: "tensor" if p["align"] == "tensor" else "bucket",
     unbiased=lambda p: True,
     integer_levels=lambda p: _qsgd_integer(p),
+    integer_grid=lambda p: ((1 << (p["bits"] - 1)) - 1, p["bucket_size"]),
     cross_check=lambda p: (
         "layout 'sign' needs bits >= 2 (one bit is the sign), got bits=1; use `bits: 2` or "
         "`layout: intervals`" if p["layout"] == "sign" and p["bits"] == 1 else None
@@ -419,6 +425,172 @@ ADAPTIVE = CompressorEntry(
     ),
 )  # fmt: skip
 
+# -- low-precision float wire formats (beyond the seeds: what hardware ships now) ------------
+# Element formats by name: (bits, exponent bits, mantissa bits, the smallest positive value as
+# a power of two, the largest value). The bit-level definitions (and the tables codecs use) are
+# qbench.compress.minifloat's; these are the numbers the planner needs without torch.
+ELEMENTS = {
+    "e4m3": (8, 4, 3, -9, 448.0), "e5m2": (8, 5, 2, -16, 57344.0),
+    "e3m2": (6, 3, 2, -4, 28.0), "e2m3": (6, 2, 3, -3, 7.5), "e2m1": (4, 2, 1, -1, 6.0),
+}  # fmt: skip
+MX_BLOCK = 32  # OCP MX v1.0: k = 32 elements share one scale
+NVFP4_BLOCK = 16
+_MX_NAMES = {"e4m3": "mxfp8-e4m3", "e5m2": "mxfp8-e5m2", "e3m2": "mxfp6-e3m2",
+             "e2m3": "mxfp6-e2m3", "e2m1": "mxfp4"}  # fmt: skip
+
+
+def integer_units(element: str) -> int | None:
+    """The largest element value in units of the format's smallest positive value: every value
+    of the format is an integer number of those units, so values on one shared scale sum exactly
+    as integers. None when it needs more than 31 bits with room for 2 ranks (E5M2)."""
+    _, _, _, low, top = ELEMENTS[element]
+    units = int(top * 2.0**-low)
+    return units if 2 * units < 2**31 else None
+
+
+def _rounding() -> Param:
+    return Param(
+        "rounding", "nearest", "nearest: round to nearest, ties to even (the specifications' "
+        "conversion); stochastic: up or down with probability by closeness (unbiased between "
+        "the neighbours; values beyond the largest still saturate)", str,
+        choices=("nearest", "stochastic"),
+    )  # fmt: skip
+
+
+def _ef_param() -> Param:
+    return Param("error_feedback", False, "add last step's rounding error first", bool)
+
+
+def _float_suffix(p: Params) -> str:
+    return ("-sr" if p["rounding"] == "stochastic" else "") + ("-ef" if p["error_feedback"] else "")
+
+
+def _float_details(p: Params) -> tuple[tuple[str, bool], ...]:
+    return (("stochastic rounding", p["rounding"] == "stochastic"),
+            ("error feedback", bool(p["error_feedback"])))  # fmt: skip
+
+
+def _float_unlabel(m: re.Match[str], first: int) -> Params:
+    return {
+        "rounding": "stochastic" if m[first] else "nearest",
+        "error_feedback": bool(m[first + 1]),
+    }
+
+
+def _fp8_wire(p: Params, n: int) -> list[WireBuffer]:
+    """FP8: one code byte per value, then the float32 scale of each block (block_size 0: one
+    for all n values, none for none)."""
+    return [
+        ("codes", "uint8", n),
+        ("scales", "float32", num_buckets(n, p["block_size"] or max(n, 1))),
+    ]
+
+
+def _mx_wire(p: Params, n: int) -> list[WireBuffer]:
+    """MX: the element codes bit-packed (8, 6 or 4 bits), then one E8M0 byte per 32 values."""
+    bits = ELEMENTS[p["element"]][0]
+    return [
+        ("codes", "uint8", packed_nbytes(n, bits)),
+        ("scales", "uint8", num_buckets(n, MX_BLOCK)),
+    ]
+
+
+def _nvfp4_wire(p: Params, n: int) -> list[WireBuffer]:
+    """NVFP4: 4-bit codes, one E4M3 byte per 16 values, then the float32 tensor scale."""
+    return [
+        ("codes", "uint8", packed_nbytes(n, 4)),
+        ("scales", "uint8", num_buckets(n, NVFP4_BLOCK)),
+        ("tensor_scale", "float32", 1),
+    ]
+
+
+def _float_integer(element: str) -> str | None:
+    if integer_units(element) is None:
+        return (
+            f"{element} values span 2^-16 .. 57344, more than an int32 sum holds; "
+            "use e4m3 (or reduce-broadcast)"
+        )
+    return None
+
+
+FP8 = CompressorEntry(
+    "fp8", "FP8 (OCP E4M3 or E5M2) with an fp32 scale per tensor or per block", "",
+    codec="qbench.compress.lowfloat:FP8",
+    params=(
+        Param("format", "e4m3", "e4m3: more precision, up to 448; e5m2: more range, up to "
+              "57344 (IEEE-like, with inf)", str, choices=("e4m3", "e5m2")),
+        Param("block_size", 0, "values sharing one fp32 scale (max |x| / the largest value); "
+              "0: one scale per tensor", int, "an integer >= 0", at_least(0), example=128),
+        _rounding(),
+        _ef_param(),
+    ),
+    label=lambda p: f"fp8-{p['format']}" + (f"-b{p['block_size']}" if p["block_size"] else "")
+    + _float_suffix(p),
+    unlabel=lambda text: _match(r"fp8-(e4m3|e5m2)(?:-b(\d+))?(-sr)?(-ef)?", text, lambda m: {
+        "format": m[1], "block_size": int(m[2]) if m[2] else 0, **_float_unlabel(m, 3)}),
+    display=lambda p, brief: _named(
+        f"FP8 {p['format'].upper()}",
+        (f"block {p['block_size']}" if p["block_size"] else "per tensor", not brief or
+         bool(p["block_size"])), *_float_details(p)),
+    nominal_bits=lambda p: 8.0,
+    wire=_fp8_wire,
+    error_feedback=lambda p: bool(p["error_feedback"]),
+    # the scale maps max |x| onto the largest value, so nothing saturates (but for the fp32
+    # rounding of that division, which can push the top value one step over: clamped)
+    unbiased=lambda p: p["rounding"] == "stochastic",
+    integer_levels=lambda p: _float_integer(p["format"]) or (
+        None if p["block_size"] else "its ranks share a scale per block, and fp8 block_size 0 "
+        "keeps one per tensor; set `block_size` (e.g. 128)"),
+    integer_grid=lambda p: (integer_units(p["format"]) or 0, p["block_size"]),
+    granularity=lambda p: "bucket" if p["block_size"] else "tensor",
+)  # fmt: skip
+
+MX = CompressorEntry(
+    "mx", "OCP Microscaling (MXFP8 / MXFP6 / MXFP4): 32 values share an E8M0 power-of-two "
+    "scale", "", codec="qbench.compress.lowfloat:MX",
+    params=(
+        Param("element", "e2m1", "element format: e4m3 or e5m2 (MXFP8), e3m2 or e2m3 (MXFP6), "
+              "e2m1 (MXFP4)", str, choices=tuple(_MX_NAMES)),
+        _rounding(),
+        _ef_param(),
+    ),
+    label=lambda p: _MX_NAMES[p["element"]] + _float_suffix(p),
+    unlabel=lambda text: _match(
+        r"(mxfp8-e4m3|mxfp8-e5m2|mxfp6-e3m2|mxfp6-e2m3|mxfp4)(-sr)?(-ef)?", text, lambda m: {
+            "element": {v: k for k, v in _MX_NAMES.items()}[m[1]], **_float_unlabel(m, 2)}),
+    display=lambda p, brief: _named(
+        _MX_NAMES[p["element"]].upper().replace("-E", " E"), *_float_details(p)),
+    nominal_bits=lambda p: float(ELEMENTS[p["element"]][0]),
+    wire=_mx_wire,
+    error_feedback=lambda p: bool(p["error_feedback"]),
+    # the specification's scale leaves max |x| / X in [2^emax, 2^(emax+1)), above the largest
+    # element value: a block's largest values saturate, so no rounding mode is unbiased
+    unbiased=lambda p: False,
+    integer_levels=lambda p: _float_integer(p["element"]),
+    integer_grid=lambda p: (integer_units(p["element"]) or 0, MX_BLOCK),
+    granularity=lambda p: "bucket",
+)  # fmt: skip
+
+NVFP4 = CompressorEntry(
+    "nvfp4", "NVFP4: E2M1 values, an E4M3 scale per 16 values and an fp32 scale per tensor", "",
+    codec="qbench.compress.lowfloat:NVFP4",
+    params=(_rounding(), _ef_param(), _scope("fp32 tensor scale")),
+    label=lambda p: "nvfp4" + ("-global" if p["scope"] == "global" else "") + _float_suffix(p),
+    unlabel=lambda text: _match(r"nvfp4(-global)?(-sr)?(-ef)?", text, lambda m: {
+        "scope": "global" if m[1] else "layer", **_float_unlabel(m, 2)}),
+    display=lambda p, brief: _named(
+        "NVFP4", ("global tensor scale", p["scope"] == "global"), *_float_details(p)),
+    nominal_bits=lambda p: 4.0,
+    wire=_nvfp4_wire,
+    error_feedback=lambda p: bool(p["error_feedback"]),
+    unbiased=lambda p: False,  # the block scale is rounded to E4M3: a block's top may saturate
+    integer_levels=lambda p: None if p["scope"] == "global" else (
+        "its ranks share one tensor scale over the slice they sum, and nvfp4 scope layer keeps "
+        "one per tensor; use `scope: global`"),
+    integer_grid=lambda p: (integer_units("e2m1") or 0, NVFP4_BLOCK),
+    granularity=lambda p: _per(p["scope"]),
+)  # fmt: skip
+
 POWERSGD = CompressorEntry(
     "powersgd", "PowerSGD low-rank approximation, torch's DDP hook (Vogels et al.)", "",
     codec="qbench.compress.powersgd:PowerSGD",
@@ -452,6 +624,7 @@ POWERSGD = CompressorEntry(
 )  # fmt: skip
 
 COMPRESSORS: Registry[CompressorEntry] = Registry({
-    e.name: e for e in (NONE, QSGD, ONEBIT, FP16, BF16, FIXEDPOINT, TOPK, ADAPTIVE, POWERSGD)
+    e.name: e for e in (NONE, QSGD, ONEBIT, FP16, BF16, FIXEDPOINT, TOPK, ADAPTIVE, FP8, MX, NVFP4,
+                        POWERSGD)
 })  # fmt: skip
 """Every compressor by name; plug-ins (``qbench.catalog.plugins``) join on first read."""

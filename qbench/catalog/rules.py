@@ -175,12 +175,13 @@ def _integer_levels(c: Combo) -> str | None:
     for comp in c.compressors:
         if comp.name == "none":  # groups the layer policy keeps in fp32: a plain allreduce
             continue
-        if comp.name != "qsgd":
-            return (
-                f"integer-allreduce sums qsgd levels as integers and needs compressor qsgd, "
-                f"got {comp.name}; e.g. `{{name: qsgd, bits: 8}}`, or scheme reduce-broadcast"
-            )
         why = comp.entry.integer_levels(comp.params)
+        if why == catalog.compressors.NOT_LEVELS:
+            return (
+                f"integer-allreduce sums codes on shared scales (qsgd, fp8 with blocks, mx, "
+                f"nvfp4) and cannot sum {comp.name}: {why}; e.g. `{{name: qsgd, bits: 8}}`, "
+                "or scheme reduce-broadcast"
+            )
         if why:
             return f"integer-allreduce: {why}"
     return None

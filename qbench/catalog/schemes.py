@@ -303,7 +303,9 @@ def _stateless_gather(given: Params, p: Params) -> str | None:
     entry = COMPRESSORS.get(name)
     if entry is None or entry.hook_only:
         return f"all_gather: {name!r} is not a qbench codec; e.g. `{{name: qsgd, bits: 8}}`"
-    if entry.stateful:
+    chosen = {q.name: q.default for q in entry.params}
+    chosen.update({} if isinstance(spec, str) else {k: v for k, v in spec.items() if k != "name"})
+    if entry.stateful or entry.error_feedback(chosen):
         return (
             f"all_gather: {name} keeps error-feedback state, but the parameters it would carry "
             "over are overwritten by every step; use a stateless codec such as qsgd"

@@ -18,6 +18,7 @@ from qbench.compress.adaptive import Adaptive
 from qbench.compress.base import Compressor, Key, Payload, WireField
 from qbench.compress.fixedpoint import FixedPoint
 from qbench.compress.fp16 import BFloat16, Half
+from qbench.compress.lowfloat import FP8, MX, NVFP4
 from qbench.compress.none import NoCompression
 from qbench.compress.onebit import OneBit
 from qbench.compress.powersgd import PowerSGD
@@ -31,7 +32,20 @@ __all__ = [
 ]  # fmt: skip
 
 COMPRESSORS: dict[str, type[Compressor]] = {
-    c.name: c for c in (NoCompression, QSGD, OneBit, Half, BFloat16, FixedPoint, TopK, Adaptive)
+    c.name: c
+    for c in (
+        NoCompression,
+        QSGD,
+        OneBit,
+        Half,
+        BFloat16,
+        FixedPoint,
+        TopK,
+        Adaptive,
+        FP8,
+        MX,
+        NVFP4,
+    )
 }
 """The codecs (parameters, labels and rules: qbench.catalog.compressors)."""
 # Not codecs but DDP communication hooks (scheme ddp): specified and validated like the codecs,

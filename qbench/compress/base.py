@@ -113,8 +113,8 @@ class Compressor:
 
     @property
     def stateful(self) -> bool:
-        """Keeps error-feedback residuals between steps (by design, whatever its parameters)."""
-        return self.spec.entry.stateful
+        """Keeps error-feedback residuals between steps (by design, or by its parameters)."""
+        return self.spec.entry.stateful or self.spec.error_feedback
 
     @property
     def hook_only(self) -> bool:

@@ -125,14 +125,15 @@ E8M0_NAN = 255
 
 
 def mx_scale_exponent(amax: torch.Tensor, fmt: Format) -> torch.Tensor:
-    """The E8M0 code of each MX block's scale, from the block's max |x|: floor(log2 amax) -
-    emax, within E8M0's range (2^-127 .. 2^127); a block of zeros gets the smallest scale,
-    a block holding NaN or inf the NaN scale."""
-    amax = amax.double()
-    safe = amax.where(amax > 0, torch.ones_like(amax))
-    exponent = torch.floor(torch.log2(safe)) - fmt.emax
-    code = (exponent + E8M0_BIAS).clamp(0, 2 * E8M0_BIAS).where(amax > 0, torch.zeros_like(amax))
-    return code.where(torch.isfinite(amax), torch.full_like(amax, E8M0_NAN)).to(torch.uint8)
+    """The E8M0 code of each MX block's scale, from the block's max |x| (float32): floor(log2
+    amax) - emax, within E8M0's range (2^-127 .. 2^127); a block of zeros gets the smallest
+    scale, a block holding NaN or inf the NaN scale. floor(log2) is frexp's exponent - 1, exact
+    for every float32 (subnormals too), as C's frexpf gives it."""
+    amax = amax.float()
+    _, exponent = torch.frexp(amax.where(amax > 0, torch.ones_like(amax)))
+    code = (exponent.long() - 1 - fmt.emax + E8M0_BIAS).clamp(0, 2 * E8M0_BIAS)
+    code = code.where(amax > 0, torch.zeros_like(code))
+    return code.where(torch.isfinite(amax), torch.full_like(code, E8M0_NAN)).to(torch.uint8)
 
 
 def e8m0_value(codes: torch.Tensor) -> torch.Tensor:

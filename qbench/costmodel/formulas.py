@@ -162,10 +162,11 @@ def comm_plan(
     if scheme.name == "integer-allreduce":
         if full_precision(compressor):  # full-precision groups take a plain allreduce
             return CommItem("allreduce", ring, (allreduce_wire(4 * n, k),))
-        if compressor.name != "qsgd":
-            raise UserError(f"integer-allreduce needs a qsgd compressor, got {compressor.label}")
-        bits, bucket = compressor.params["bits"], compressor.params["bucket_size"]
-        ints = allreduce_wire(n * int_sum_bytes(backend, k, bits), k)
+        why = compressor.entry.integer_levels(compressor.params)
+        if why is not None:
+            raise UserError(f"integer-allreduce cannot sum {compressor.label}: {why}")
+        top, bucket = compressor.entry.integer_grid(compressor.params)
+        ints = allreduce_wire(n * int_sum_bytes(backend, k, top), k)
         scales = allreduce_wire(4 * math.ceil(n / bucket), k)
         if c > 1:
             return CommItem("allreduce-int+overlap", (1 + c) * ring, (scales, ints))
@@ -177,7 +178,7 @@ def payload_bits(
     scheme: Scheme, compressor: CompressorSpec, bits_per_value: float, backend: str, k: int
 ) -> float:
     """Bits per value of a rank's own payload (``payload_bytes`` in records)."""
-    if scheme.name == "integer-allreduce" and compressor.name == "qsgd":
-        p = compressor.params
-        return 8 * int_sum_bytes(backend, k, p["bits"]) + 32 / p["bucket_size"]
+    if scheme.name == "integer-allreduce" and not full_precision(compressor):
+        top, block = compressor.entry.integer_grid(compressor.params)
+        return 8 * int_sum_bytes(backend, k, top) + 32 / block
     return bits_per_value

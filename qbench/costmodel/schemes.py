@@ -171,10 +171,11 @@ def incompatibility(scheme: Scheme, compressor: catalog.CompressorSpec) -> str |
     return why
 
 
-def int_sum_bytes(backend: str, k: int, bits: int) -> int:
+def int_sum_bytes(backend: str, k: int, top: int) -> int:
     """Width of integer-allreduce's integers: the narrowest the backend sums without overflow
-    for K ranks at level 2^(bits-1) - 1 (qbench.catalog.schemes.integer_sum_bytes)."""
-    width = integer_sum_bytes(backend, k, (1 << (bits - 1)) - 1)
+    for K ranks at integer ``top`` (the catalog's ``integer_grid``;
+    qbench.catalog.schemes.integer_sum_bytes)."""
+    width = integer_sum_bytes(backend, k, top)
     if width is None:
-        raise UserError(f"integer-allreduce: {k} ranks x {bits}-bit levels overflow int32")
+        raise UserError(f"integer-allreduce: {k} ranks x integers up to {top} overflow int32")
     return width

@@ -1,0 +1,97 @@
+"""The low-precision float wire formats hardware ships now: FP8 (E4M3, E5M2) with fp32 scales,
+the OCP Microscaling formats MXFP8 / MXFP6 / MXFP4, and NVFP4 (beyond the seeds).
+
+The arithmetic is ``qbench.compress.blockscale`` on the element formats of
+``qbench.compress.minifloat``; this module makes them codecs: error feedback (optional, off by
+default: the formats are usually sent as they are), stochastic rounding drawn from
+``qbench.compress.rng`` keyed like every other codec (element index, so a range encodes as the
+whole does), and the wire: the element codes bit-packed (8, 6 or 4 bits, ``bitpack``), then
+the block scales (float32 for FP8, one E8M0 or E4M3 byte per block for MX and NVFP4), then
+NVFP4's float32 tensor scale. Wire layouts: ``qbench.catalog.compressors`` (``_fp8_wire``...).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import torch
+
+from qbench.compress import bitpack
+from qbench.compress import blockscale as bs
+from qbench.compress import minifloat as mf
+from qbench.compress.base import Compressor, Key, Payload, require_finite
+from qbench.compress.draws import uniform
+
+
+class ScaledFloat(Compressor):
+    """The pipeline the three formats share; subclasses say how they scale (``scaling``)."""
+
+    rounding: Literal["nearest", "stochastic"]
+    error_feedback: bool
+
+    @property
+    def scaling(self) -> bs.Scaling:
+        raise NotImplementedError
+
+    def _encode(self, grad: torch.Tensor, key: Key, offset: int, name: str) -> Payload:
+        values = grad
+        if self.error_feedback:
+            residual = self.state.get(name)
+            values = grad + residual if residual is not None else grad
+        enc = self.encode_blocks(values, key, offset)
+        require_finite(self.name, grad, None, offset)
+        codes = enc.codes.reshape(-1)[: grad.numel()]  # the padding of the last block stays home
+        buffers = {"codes": bitpack.pack(codes, self.scaling.element.bits), "scales": enc.scales}
+        if enc.tensor_scale is not None:
+            buffers["tensor_scale"] = enc.tensor_scale
+        payload = Payload(numel=grad.numel(), buffers=buffers)
+        if self.error_feedback:
+            self.state[name] = values - self._decode(payload)
+        return payload
+
+    def encode_blocks(
+        self, values: torch.Tensor, key: Key, offset: int, amax: torch.Tensor | None = None
+    ) -> bs.Blocks:
+        """The unpacked codes and scales of ``values`` (``amax``: shared block maxima)."""
+        draws = None
+        if self.rounding == "stochastic":
+            u = uniform(key, offset, values.numel(), values.device)
+            pad = -values.numel() % self.scaling.block_of(values.numel())
+            draws = torch.cat([u, u.new_zeros(pad)])  # padding is 0 and rounds to 0 anyway
+        return bs.encode(values, self.scaling, draws, amax)
+
+    def _decode(self, payload: Payload) -> torch.Tensor:
+        n = payload.numel
+        block = self.scaling.block_of(n)
+        codes = bitpack.unpack(payload.buffers["codes"], self.scaling.element.bits, n)
+        padded = torch.cat([codes, codes.new_zeros(-n % block)])
+        enc = bs.Blocks(padded, payload.buffers["scales"], payload.buffers.get("tensor_scale"))
+        return bs.decode(enc, self.scaling, n)
+
+
+class FP8(ScaledFloat):
+    name: ClassVar[str] = "fp8"
+    format: Literal["e4m3", "e5m2"]
+    block_size: int
+
+    @property
+    def scaling(self) -> bs.Scaling:
+        return bs.fp8(mf.FORMATS[self.format], self.block_size)
+
+
+class MX(ScaledFloat):
+    name: ClassVar[str] = "mx"
+    element: Literal["e4m3", "e5m2", "e3m2", "e2m3", "e2m1"]
+
+    @property
+    def scaling(self) -> bs.Scaling:
+        return bs.mx(mf.FORMATS[self.element])
+
+
+class NVFP4(ScaledFloat):
+    name: ClassVar[str] = "nvfp4"
+    scope: Literal["layer", "global"]
+
+    @property
+    def scaling(self) -> bs.Scaling:
+        return bs.NVFP4
