@@ -15,13 +15,15 @@ import torch
 from click.testing import CliRunner
 from rich.console import Console
 
-import qbench.bench
 from qbench import compress
-from qbench.bench import kernels, render
+from qbench.bench import kernels, render, roofline
 from qbench.bench.kernels import KernelResult, KernelRow
 from qbench.cli import cli
 from qbench.errors import UserError
+from qbench.spec.codec_times import CodecTimes
 from tests import compiled
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +61,45 @@ def test_row_numbers_are_consistent(tiny: KernelResult) -> None:
         assert r.implementation
 
 
+def test_rows_sit_on_the_roofline(tiny: KernelResult) -> None:
+    """x floor is x copy times 8 n / the bytes the op must move (a copy moves 8 n), and those
+    bytes follow the rule: 4 n in and the payload out, 8 n more with error feedback; decode
+    the payload in and 4 n out."""
+    n = 1024
+    for r in tiny.rows:
+        p = r.roofline
+        assert p.floor_ratio == pytest.approx(r.ratio * 8 * n / p.moved_bytes, rel=1e-9), r
+        assert p.copy_gbps == pytest.approx(8 * n / r.copy_seconds / 1e9, rel=1e-9)
+    moved = {(r.compressor, r.op): r.roofline.moved_bytes for r in tiny.rows}
+    assert moved["fp32", "encode"] == moved["fp32", "decode"] == 8 * n
+    assert moved["qsgd-4b-b512", "encode"] == 4 * n + n // 2 + 4 * 2
+    assert moved["qsgd-4b-b512", "decode"] == n // 2 + 4 * 2 + 4 * n
+    assert moved["1bit-b64", "encode"] == 12 * n + n // 8 + 8 * 16  # residual in and out
+    assert moved["topk-1%-layer", "encode"] == 12 * n + 11 * 8  # k = 11 values + indices
+    adaptive = next(r for r in tiny.rows if r.compressor.startswith("adaptive"))
+    assert moved[adaptive.compressor, "encode"] == 4 * n + adaptive.wire_bytes  # measured
+    ef = {r.compressor for r in tiny.rows if r.roofline.error_feedback}
+    assert ef == {"1bit-b64", "topk-1%-layer"}
+
+
+def test_breakeven_is_one_per_compressor(tiny: KernelResult) -> None:
+    """B* from both ops, the same on both rows: (4n - wire) / (t_enc + t_dec) bytes/s; with
+    half the codec hidden, twice that; never for fp32."""
+    by = {(r.compressor, r.op): r for r in tiny.rows}
+    for label in DEFAULT_LABELS:
+        enc, dec = by[label, "encode"].roofline, by[label, "decode"].roofline
+        assert enc.breakeven_gbit == dec.breakeven_gbit
+        assert enc.breakeven_overlap_gbit == dec.breakeven_overlap_gbit
+        if label == "fp32":
+            assert enc.breakeven_gbit is None and enc.breakeven_overlap_gbit is None
+            continue
+        assert enc.breakeven_gbit is not None and enc.breakeven_overlap_gbit is not None
+        saved = 4 * 1024 - by[label, "encode"].wire_bytes
+        codec_s = by[label, "encode"].seconds + by[label, "decode"].seconds
+        assert enc.breakeven_gbit == pytest.approx(saved / codec_s * 8 / 1e9, rel=1e-9)
+        assert enc.breakeven_overlap_gbit == pytest.approx(2 * enc.breakeven_gbit, rel=1e-9)
+
+
 def test_known_wire_sizes(tiny: KernelResult) -> None:
     by_label = {r.compressor: r for r in tiny.rows}
     assert by_label["fp32"].wire_bytes == 4 * 1024
@@ -90,6 +131,8 @@ def test_bad_settings_are_user_errors() -> None:
         kernels.measure(["none"], sizes=[4], repeats=0)
     with pytest.raises(UserError, match="max time must be > 0 seconds, got 0"):
         kernels.measure(["none"], sizes=[4], max_time=0)
+    with pytest.raises(UserError, match="0 <= F < 1, got 1"):
+        kernels.measure(["none"], sizes=[4], overlap=1.0)
 
 
 def _render(table: Any) -> str:
@@ -127,9 +170,14 @@ def test_backend_switch_names_the_path() -> None:
 
 
 def _row(label: str, op: str, ratio: float) -> KernelRow:
+    placed = roofline.place(
+        2**24, {"encode": ratio, "decode": ratio}, 1.0, wire_bytes=1, measured=1,
+        error_feedback=False, overlap=0.5,
+    )  # fmt: skip
     return KernelRow(
         compressor=label, spec={}, op=op, numel=2**24, device="cpu", implementation="torch",
         seconds=ratio, gbps=1.0, copy_seconds=1.0, ratio=ratio, wire_bytes=1, bits_per_value=1.0,
+        roofline=placed[op],
     )  # fmt: skip
 
 
@@ -142,24 +190,76 @@ def test_target_lines_say_pass_or_miss() -> None:
     assert not KernelResult(rows[:1], [], "cpu", 1, 1, (24,)).targets()  # needs both ops
 
 
+def _command(path: Path | None, specs: tuple[str, ...] = ("none", "qsgd"), **kw: Any) -> None:
+    settings: dict[str, Any] = dict(
+        sizes=[8], repeats=1, max_time=5.0, device="cpu", threads=1, backend="auto", overlap=0.5
+    )
+    render.command(specs, **{**settings, **kw}, json_path=path)
+
+
 def test_json_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "k.json"
-    qbench.bench.kernels_command(["none", "qsgd"], [8], 1, 5.0, "cpu", 1, "auto", path)
+    _command(path, overlap=0.25)
     doc = json.loads(path.read_text())
     assert doc["schema"] == kernels.SCHEMA == "qbench.bench.kernels/1"
     assert {"machine", "versions", "git_commit", "threads", "rows"} <= set(doc)
     assert len(doc["rows"]) == 4 and doc["rows"][0]["numel"] == 256
     assert "qsgd-4b-b512" in capsys.readouterr().out
+    # The roofline: the overlap used, one copy bandwidth per size from both compressors' copies.
+    assert doc["roofline"]["overlap"] == 0.25
+    (copy,) = doc["roofline"]["copy"]
+    assert copy["numel"] == 256 and copy["samples"] == 2
+    assert copy["copy_gbps"] == pytest.approx(8 * 256 / copy["copy_seconds"] / 1e9)
+
+
+def test_json_round_trip(tmp_path: Path) -> None:
+    """Every row keeps the fields it had and gains ``roofline``, which reads back into the
+    same Placement; replay and the cost model still read the file."""
+    result = kernels.measure(["none", "onebit"], sizes=[8, 10], repeats=2, overlap=0.5)
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps(kernels.to_document(result)))
+    doc = json.loads(path.read_text())
+    old_fields = {
+        "compressor", "spec", "op", "numel", "device", "implementation", "seconds", "gbps",
+        "copy_seconds", "ratio", "wire_bytes", "bits_per_value", "samples", "copy_samples",
+    }  # fmt: skip
+    for raw, row in zip(doc["rows"], result.rows, strict=True):
+        assert set(raw) == old_fields | {"roofline"}
+        assert roofline.Placement(**raw["roofline"]) == row.roofline
+    assert [c["numel"] for c in doc["roofline"]["copy"]] == [256, 1024]
+    times = CodecTimes.read(path)
+    assert times.labels() == ["1bit-b64", "fp32"]
+    row = next(
+        r for r in result.rows if (r.compressor, r.op, r.numel) == ("1bit-b64", "encode", 1024)
+    )
+    assert times.seconds("1bit-b64", "encode", 1024) == row.seconds
+
+
+def test_shipped_old_kernels_file_still_loads_for_replay() -> None:
+    """docs/results/kernels-h100.json predates the roofline: no ``roofline`` anywhere, and
+    codec replay reads it as before."""
+    path = ROOT / "docs" / "results" / "kernels-h100.json"
+    doc = json.loads(path.read_text())
+    assert "roofline" not in doc and all("roofline" not in r for r in doc["rows"])
+    times = CodecTimes.read(path)
+    assert "qsgd-4b-b512" in times.labels() and times.device == "NVIDIA H100 80GB HBM3"
+    assert times.seconds("qsgd-4b-b512", "encode", 2**24) > 0
 
 
 def test_list_options_take_several_values(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
-    monkeypatch.setattr(qbench.bench, "kernels_command", lambda *a: seen.update(args=a))
+    monkeypatch.setattr(render, "command", lambda *a, **kw: seen.update(args=a, kw=kw))
     argv = ["bench", "kernels", "--sizes", "10", "12", "--compressor", "none", "qsgd:bits=8"]
     res = CliRunner().invoke(cli, [*argv, "--repeats", "2", "--sizes=14", "16", "--max-time=3"])
     assert res.exit_code == 0, res.output
-    want = (("none", "qsgd:bits=8"), (10, 12, 14, 16), 2, 3.0, "cpu", 1, "auto", None)
-    assert seen["args"] == want
+    assert seen["args"] == (("none", "qsgd:bits=8"),)
+    assert seen["kw"] == {
+        "sizes": (10, 12, 14, 16), "repeats": 2, "max_time": 3.0, "device": "cpu", "threads": 1,
+        "backend": "auto", "overlap": roofline.DEFAULT_OVERLAP, "json_path": None,
+    }  # fmt: skip
+    res = CliRunner().invoke(cli, ["bench", "kernels", "--overlap", "0.8", "--json", "k.json"])
+    assert res.exit_code == 0, res.output
+    assert seen["kw"]["overlap"] == 0.8 and seen["kw"]["json_path"] == Path("k.json")
 
 
 def _qbench(*args: str) -> subprocess.CompletedProcess[str]:
@@ -180,3 +280,30 @@ def test_cli_bad_size_is_one_line_exit_2() -> None:
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "40" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_cli_bad_overlap_is_one_line_exit_2() -> None:
+    """F = 1 (everything hidden) is refused too: compressing would pay on any link."""
+    proc = _qbench("bench", "kernels", "--sizes", "8", "--overlap", "1")
+    assert proc.returncode == 2, proc.stdout
+    assert proc.stderr.count("\n") == 1 and "got 1;" in proc.stderr
+    assert "0 <= F < 1" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""  # refused before timing anything
+
+
+def test_cli_table_shows_the_roofline_columns() -> None:
+    proc = _qbench(
+        "bench", "kernels", "--sizes", "10", "--repeats", "1", "--compressor", "none",
+        "--compressor", "onebit", "--overlap", "0.25",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    header = proc.stdout.split("┡")[0]
+    for column in ("GB/s", "x copy", "x floor", "break-even", "Gbit/s f=0 ", "Gbit/s f=0.25"):
+        assert column in header, column
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in proc.stdout.splitlines()]
+    rates = {(r[0], r[2]): r[-2:] for r in rows if len(r) == 12}  # (compressor, op): B*s
+    assert rates["fp32", "encode"] == ["never", "never"]  # r = 1
+    assert rates["fp32", "decode"] == ["", ""]  # one B* per compressor, on its encode row
+    f0, f25 = (float(x) for x in rates["1bit-b64", "encode"])
+    assert f25 == pytest.approx(f0 / 0.75, rel=0.01)  # 3 significant digits each
+    assert "below which compressing pays even when nothing hides the" in proc.stdout

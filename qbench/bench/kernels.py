@@ -3,7 +3,9 @@
 Per (compressor, size) the copy baseline is timed in the same loop as encode and decode, one
 copy right before each encode/decode pair, so machine noise hits both alike; ``ratio`` is
 seconds / copy_seconds. Every raw sample is kept; summaries are medians after one warm-up.
-Nothing here prints: see ``qbench.bench.render``.
+Each row also places its op on the roofline (``qbench.bench.roofline``: the bytes it must move
+at the copy bandwidth, and the link rate below which compressing pays). Nothing here prints:
+see ``qbench.bench.render``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, cast
 import torch
 
 from qbench import compress
+from qbench.bench import roofline
 from qbench.catalog import specs
 from qbench.errors import UserError
 from qbench.spec import codec_times
@@ -89,12 +92,16 @@ class KernelRow:
     seconds: float
     """Median of the timed samples."""
     gbps: float
-    """Float32 input bytes per second, 4 * numel / seconds / 1e9."""
+    """GB/s of input: float32 bytes per second, 4 * numel / seconds / 1e9 (roofline.input_gbps)."""
     copy_seconds: float
     """Median of the interleaved ``dst.copy_(src)`` samples."""
     ratio: float
+    """seconds / copy_seconds ("x copy"): 1 / ratio is the op's input rate over copy's."""
     wire_bytes: int
+    """Measured payload bytes (``Payload.nbytes``)."""
     bits_per_value: float
+    roofline: roofline.Placement
+    """The op against its memory floor, and the compressor's break-even link rates."""
     samples: list[float] = field(default_factory=list)
     copy_samples: list[float] = field(default_factory=list)
 
@@ -112,6 +119,8 @@ class KernelResult:
     """Compressor code path requested (``qbench.compress.native``): auto, torch or native."""
     max_time: float = DEFAULT_MAX_TIME
     """Seconds of timed repeats per compressor and size (rows may hold fewer than repeats)."""
+    overlap: float = roofline.DEFAULT_OVERLAP
+    """Fraction of codec time hidden behind other work in ``breakeven_overlap_gbit``."""
 
     def targets(self) -> list[TargetResult]:
         """Targets whose rows were measured, with their ratios."""
@@ -257,25 +266,28 @@ def _median(samples: list[float]) -> float:
 
 
 def _rows(
-    comp: compress.Compressor, src: torch.Tensor, repeats: int, max_time: float, clock: Clock
-) -> list[KernelRow]:
+    comp: compress.Compressor, src: torch.Tensor, repeats: int, max_time: float, clock: Clock,
+    overlap: float,
+) -> list[KernelRow]:  # fmt: skip
     impl = implementation(comp, src)
     times, copies, payload = _samples(comp, src, repeats, max_time, clock)
-    numel = src.numel()
-    copy_s = _median(copies)
-    spec = {"name": comp.name, **comp.spec.params}
-    rows = []
-    for op in OPS:
-        s = _median(times[op])
-        rows.append(
-            KernelRow(
-                compressor=comp.label, spec=spec, op=op, numel=numel, device=str(src.device),
-                implementation=impl, seconds=s, gbps=4 * numel / s / 1e9,
-                copy_seconds=copy_s, ratio=s / copy_s, wire_bytes=payload.nbytes,
-                bits_per_value=8 * payload.nbytes / numel, samples=times[op], copy_samples=copies,
-            )
-        )  # fmt: skip
-    return rows
+    numel, copy_s = src.numel(), _median(copies)
+    secs = {op: _median(times[op]) for op in OPS}
+    # The timed decode returns fresh values (no ``out``): nothing accumulates.
+    placed = roofline.place(
+        numel, secs, copy_s, wire_bytes=comp.spec.wire_bytes(numel), measured=payload.nbytes,
+        error_feedback=comp.stateful, overlap=overlap,
+    )  # fmt: skip
+    return [
+        KernelRow(
+            compressor=comp.label, spec={"name": comp.name, **comp.spec.params}, op=op,
+            numel=numel, device=str(src.device), implementation=impl, seconds=s,
+            gbps=roofline.input_gbps(numel, s), copy_seconds=copy_s, ratio=s / copy_s,
+            wire_bytes=payload.nbytes, bits_per_value=8 * payload.nbytes / numel,
+            samples=times[op], copy_samples=copies, roofline=placed[op],
+        )
+        for op, s in secs.items()
+    ]  # fmt: skip
 
 
 # -- entry ---------------------------------------------------------------------------------------
@@ -311,6 +323,7 @@ def measure(
     device: str = "cpu",
     threads: int = 1,
     backend: str = "auto",
+    overlap: float = roofline.DEFAULT_OVERLAP,
     on_progress: Callable[[str], None] | None = None,
 ) -> KernelResult:
     """Time encode and decode of every compressor on float32 tensors of 2^size elements.
@@ -320,28 +333,28 @@ def measure(
         least one sample each; a row's ``samples`` says how many).
     threads: torch intra-op threads while measuring (1 = one CPU rank); restored afterwards.
     backend: compressor code path, see ``qbench.compress.native`` (auto = compiled if built).
+    overlap: fraction f of codec time hidden, 0 <= f < 1, for ``breakeven_overlap_gbit``.
     """
     _check(sizes, repeats, threads, max_time)
+    roofline.check_overlap(overlap)
     dev = _device(device)
     comps, notes = resolve(specs)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         with _backend(backend):
-            rows = _measure_all(comps, sizes, repeats, max_time, dev, on_progress)
+            rows = _measure_all(comps, sizes, repeats, max_time, dev, overlap, on_progress)
     finally:
         torch.set_num_threads(previous)
-    return KernelResult(rows, notes, dev.type, threads, repeats, tuple(sizes), backend, max_time)
+    return KernelResult(
+        rows, notes, dev.type, threads, repeats, tuple(sizes), backend, max_time, overlap
+    )
 
 
 def _measure_all(
-    comps: list[compress.Compressor],
-    sizes: Sequence[int],
-    repeats: int,
-    max_time: float,
-    dev: torch.device,
-    on_progress: Callable[[str], None] | None,
-) -> list[KernelRow]:
+    comps: list[compress.Compressor], sizes: Sequence[int], repeats: int, max_time: float,
+    dev: torch.device, overlap: float, on_progress: Callable[[str], None] | None,
+) -> list[KernelRow]:  # fmt: skip
     clock = _clock(dev)
     rows: list[KernelRow] = []
     for e in sizes:
@@ -349,13 +362,14 @@ def _measure_all(
         for comp in comps:
             if on_progress:
                 on_progress(f"{comp.label} at 2^{e} on {dev.type}")
-            rows += _rows(comp, src, repeats, max_time, clock)
+            rows += _rows(comp, src, repeats, max_time, clock, overlap)
             comp.reset()
     return rows
 
 
 def to_document(result: KernelResult) -> dict[str, Any]:
-    """The JSON document for ``--json``: schema, provenance, settings, rows and targets."""
+    """The JSON document for ``--json``: schema, provenance, settings, rows, targets and the
+    roofline (each size's copy bandwidth and the overlap of ``breakeven_overlap_gbit``)."""
     from qbench.launch import machine
 
     return {
@@ -379,4 +393,7 @@ def to_document(result: KernelResult) -> dict[str, Any]:
             }
             for t in result.targets()
         ],
+        "roofline": roofline.summary(
+            result.overlap, [(r.numel, r.copy_samples) for r in result.rows if r.op == OPS[0]]
+        ),
     }

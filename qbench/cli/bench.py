@@ -63,20 +63,44 @@ def bench() -> None:
     "compiled only (native).",
 )
 @click.option(
+    "--overlap",
+    type=float,  # checked (and explained) by qbench.bench.roofline
+    default=0.5,
+    show_default=True,
+    help="Fraction F of the codec time hidden behind other work (backward, other buckets' "
+    "transfers), 0 <= F < 1, for the second break-even column: B* / (1 - F).",
+)
+@click.option(
     "--json",
     "json_path",
     type=click.Path(dir_okay=False),
-    help="Also write the rows and provenance to this JSON file.",
+    help="Also write the rows, the roofline and provenance to this JSON file.",
 )
 def kernels(
     specs: tuple[str, ...], sizes: tuple[int, ...], repeats: int, max_time: float, device: str,
-    threads: int, backend: str, json_path: str | None,
+    threads: int, backend: str, overlap: float, json_path: str | None,
 ) -> None:  # fmt: skip
-    """Encode/decode time of each compressor against a plain copy of the same tensor."""
-    from qbench.bench import kernels_command
+    """Encode/decode time of each compressor against a plain copy of the same tensor, and the
+    codec roofline.
 
-    path = Path(json_path) if json_path else None
-    kernels_command(specs, sizes, repeats, max_time, device, threads, backend, path)
+    GB/s is fp32 input (4 bytes a value) per second; x copy is time / the time of copy_ of the
+    same tensor; x floor is time / the time the bytes the op must move (encode: gradient in,
+    payload out, the residual in and out with error feedback; decode: payload in, values out)
+    take at that copy's bandwidth, 1.0 at the memory floor.
+
+    Break-even link rate B* (Gbit/s, per compressor and size): below this link rate, compressing
+    pays even when nothing hides the codec. Sending n fp32 values raw takes 4n / B; compressed
+    4n / (rB) plus the codec time, so it pays while B < B* = (1 - 1/r) / (1/C_enc + 1/C_dec),
+    with C the encode and decode throughputs (bytes of input per second) and r = 4n / wire bytes.
+    With a fraction F of the codec time hidden (--overlap), B* grows by 1 / (1 - F); "never":
+    r <= 1.
+    """
+    from qbench.bench import render
+
+    render.command(
+        specs, sizes=sizes, repeats=repeats, max_time=max_time, device=device, threads=threads,
+        backend=backend, overlap=overlap, json_path=Path(json_path) if json_path else None,
+    )  # fmt: skip
 
 
 @bench.command(cls=ListCommand)
