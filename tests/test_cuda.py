@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import pytest
 import torch
 
-from qbench.compress import cuda, native
+from qbench.compress import cuda, from_spec, native
 from qbench.compress.onebit import OneBit
 from qbench.compress.qsgd import QSGD
 
@@ -120,6 +120,39 @@ def test_onebit_cupy_matches_torch(bucket_size: int, error_feedback: bool) -> No
             assert _bits(got_out) == _bits(ref_out), (n, step)
             if error_feedback:
                 assert got_c.state["w"].is_cuda
+                assert _bits(got_c.state["w"]) == _bits(ref_c.state["w"]), (n, step)
+
+
+LOWFLOAT_SPECS = [
+    "fp8", "fp8:format=e5m2,block_size=128,rounding=stochastic", "mx", "mx:element=e4m3",
+    "mx:element=e3m2,rounding=stochastic,error_feedback=true", "mx:element=e2m3", "nvfp4",
+    "nvfp4:rounding=stochastic,error_feedback=true",
+]  # fmt: skip
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("spec", LOWFLOAT_SPECS)
+def test_lowfloat_cupy_matches_torch(spec: str) -> None:
+    """FP8 / MX / NVFP4 (kernels/lowfloat.cu) byte for byte against the CPU reference, the
+    residual too; torch on the GPU as well (its scale divisions are by tensors for this)."""
+    ref_c, gpu_ref_c, got_c = (from_spec(spec) for _ in range(3))
+    for n in (0, 1, 33, 1000, 100_003):
+        for c in (ref_c, gpu_ref_c, got_c):
+            c.reset()
+        for step in range(3):
+            g = _grad(n, seed=step)
+            with native.backend("torch"):
+                ref = ref_c.encode(g, step=step, offset=7, name="w")
+                ref_out = ref_c.decode(ref)
+                gpu_ref = gpu_ref_c.encode(g.cuda(), step=step, offset=7, name="w")
+            with native.backend("native"):
+                got = got_c.encode(g.cuda(), step=step, offset=7, name="w")
+                got_out = got_c.decode(got)
+            wire = _bits(ref.to_wire())
+            assert _bits(got.to_wire()) == wire == _bits(gpu_ref.to_wire()), (n, step)
+            assert _bits(got_out) == _bits(ref_out), (n, step)
+            if got_c.stateful:
                 assert _bits(got_c.state["w"]) == _bits(ref_c.state["w"]), (n, step)
 
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from qbench.compress import cuda, cuda_emulate, native
+from qbench.compress.lowfloat import NVFP4
 from qbench.compress.onebit import OneBit
 from qbench.compress.qsgd import QSGD
 from qbench.errors import UserError
@@ -211,6 +212,8 @@ def test_every_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
         _qsgd_outputs(QSGD(bits=4, bucket_size=8), _grad(100))
         _qsgd_outputs(QSGD(bits=4, bucket_size=7), _grad(100))
         _onebit_outputs(64, True, 100, steps=1)
+        nvfp4 = NVFP4()  # kernels/lowfloat.cu (tests/test_lowfloat_kernels.py tests them)
+        nvfp4.decode(nvfp4.encode(_grad(100)))
     assert {name for name, *_ in launched} == ALL_KERNELS
     assert ("qb_qsgd_encode_fused", 13, 32, 128) in launched  # a block per bucket, 4 B per thread
     assert ("qb_onebit_means", 2, 64, 512) in launched  # 8 B per thread

@@ -520,3 +520,338 @@ QB_EXPORT int qb_bucket_absmax(const float *restrict x, int64_t n, int64_t bucke
   }
   return 0;
 }
+
+/* -- FP8 / MX / NVFP4 (qbench/compress/lowfloat.py) ---------------------------------------------
+ * Block-scaled low-precision floats, byte-identical to the torch reference (blockscale.py,
+ * minifloat.py); the per-element maths is kernels/lowfloat_math.h, shared with the CUDA kernels.
+ * An encode walks chunks of whole blocks (or, for blocks longer than a chunk, one block at a
+ * time): the values v (grad, or grad + residual with error feedback), each block's max |v| and
+ * scale, the scales spread to one per value (so that the long loops need no block index), the
+ * codes, the new residual v - decoded v, and the bit packing. NVFP4 first takes every block's
+ * max into a scratch array: its tensor scale is the largest of them. */
+#include "lowfloat_math.h"
+
+#define QB_NONFINITE 3  // a gradient value is NaN or inf (see qb_lowfloat_encode)
+#define QB_LF_CHUNK 1024  // values per chunk; a multiple of 8 (one packing group)
+
+static int lf_args_ok(int64_t n, int32_t kind, int32_t element, int64_t block) {
+  const int element_ok = element >= QB_LF_E4M3 && element <= QB_LF_E2M1;
+  const int pair_ok = kind == QB_LF_MX || (kind == QB_LF_FP8 && element <= QB_LF_E5M2) ||
+                      (kind == QB_LF_NVFP4 && element == QB_LF_E2M1);
+  return n >= 0 && block >= 1 && element_ok && pair_ok;
+}
+
+// The value of every code (both signs) of a format, for the residual and the decode loops.
+static void lf_table(int32_t element, float table[256]) {
+  const qb_lf_format f = qb_lf_format_of(element);
+  for (uint32_t c = 0; c < 256u; c++) table[c] = qb_lf_value(c & ((1u << f.bits) - 1u), f);
+}
+
+// 1 when x[0..n) holds a NaN or an inf (exponent bits all ones).
+static int lf_any_nonfinite(const float *restrict x, int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; i++) bad |= (qb_lf_bits(x[i]) & 0x7f800000u) == 0x7f800000u;
+  return bad != 0;
+}
+
+// v[0..cnt) = g + r (float32 sums, as torch's grad + residual).
+static void lf_sum(const float *restrict g, const float *restrict r, int64_t cnt,
+                   float *restrict v) {
+  for (int64_t i = 0; i < cnt; i++) v[i] = g[i] + r[i];
+}
+
+// Bits of max |v| of each block of v[0..cnt) (blocks of B values, the last may be partial).
+QB_INLINE void lf_maxes_of(const float *restrict v, int64_t cnt, uint32_t *restrict m,
+                           const int64_t B) {
+  for (int64_t b = 0, i = 0; i < cnt; b++) {
+    const int64_t stop = min64(i + B, cnt);
+    uint32_t x = 0;
+    for (; i < stop; i++) {
+      const uint32_t a = qb_lf_abs_bits(v[i]);
+      x = a > x ? a : x;
+    }
+    m[b] = x;
+  }
+}
+
+static void lf_maxes(const float *v, int64_t cnt, int64_t block, uint32_t *m) {
+  if (block == 16) lf_maxes_of(v, cnt, m, 16);  // NVFP4: constant trip counts
+  else if (block == 32) lf_maxes_of(v, cnt, m, 32);  // MX
+  else lf_maxes_of(v, cnt, m, block);
+}
+
+// Codes of m values: x = v / d (or v * d for MX, d then the exact reciprocal), one d per value;
+// draws from counter on, stepping by the golden increment. element, multiply and stochastic
+// are constants at every call.
+QB_INLINE void lf_quantize(const float *restrict v, int64_t m, const float *restrict d,
+                           uint32_t counter, uint8_t *restrict lv, const int element,
+                           const int multiply, const int stochastic) {
+  const qb_lf_format f = qb_lf_format_of(element);
+  for (int64_t i = 0; i < m; i++, counter += QB_GOLDEN) {
+    const float x = multiply ? v[i] * d[i] : v[i] / d[i];
+    const float u = stochastic ? qb_uniform_counter(counter) : 0.0f;
+    lv[i] = (uint8_t)qb_lf_encode(x, f, stochastic, u);
+  }
+}
+
+#define QB_LF_CASE(E, M)                                                                     \
+  case (E) * 4 + (M) * 2:                                                                    \
+    lf_quantize(v, m, d, counter, lv, E, M, 0);                                              \
+    break;                                                                                   \
+  case (E) * 4 + (M) * 2 + 1:                                                                \
+    lf_quantize(v, m, d, counter, lv, E, M, 1);                                              \
+    break;
+
+// The specialisations the codecs use: FP8 E4M3 / E5M2 and NVFP4 E2M1 divide, MX multiplies.
+static void lf_quantize_any(const float *v, int64_t m, const float *d, uint32_t counter,
+                            uint8_t *lv, int element, int multiply, int stochastic) {
+  switch (element * 4 + multiply * 2 + stochastic) {
+    QB_LF_CASE(QB_LF_E4M3, 0)
+    QB_LF_CASE(QB_LF_E5M2, 0)
+    QB_LF_CASE(QB_LF_E2M1, 0)
+    QB_LF_CASE(QB_LF_E4M3, 1)
+    QB_LF_CASE(QB_LF_E5M2, 1)
+    QB_LF_CASE(QB_LF_E3M2, 1)
+    QB_LF_CASE(QB_LF_E2M3, 1)
+    QB_LF_CASE(QB_LF_E2M1, 1)
+    default: break;  // no other pair passes lf_args_ok
+  }
+}
+
+// The scales of nb blocks from their max |v| (bits m[k]; written to scales[b0 + k]), what
+// their values are multiplied by on decode (divisor[k]) and what they are divided by on
+// encode (d[k]; for MX the exact reciprocal, multiplied by). One loop per kind, so that each
+// vectorises.
+static void lf_block_scales(int32_t kind, const qb_lf_format *f, const uint32_t *restrict m,
+                            int64_t nb, float tensor, void *restrict scales, int64_t b0,
+                            float *restrict divisor, float *restrict d) {
+  if (kind == QB_LF_FP8) {
+    float *out = (float *)scales + b0;
+    const float max = f->max;
+    for (int64_t k = 0; k < nb; k++) {
+      out[k] = qb_lf_float(m[k]) / max;
+      divisor[k] = qb_lf_fp8_divisor(out[k]);
+      d[k] = qb_lf_safe(divisor[k]);
+    }
+  } else if (kind == QB_LF_MX) {
+    uint8_t *out = (uint8_t *)scales + b0;
+    const int32_t emax = f->emax;
+    for (int64_t k = 0; k < nb; k++) {
+      const uint32_t code = qb_lf_e8m0(qb_lf_float(m[k]), emax);
+      out[k] = (uint8_t)code;
+      divisor[k] = qb_lf_mx_divisor(code);
+      d[k] = qb_lf_mx_reciprocal(qb_lf_safe(divisor[k]));
+    }
+  } else {
+    uint8_t *out = (uint8_t *)scales + b0;
+    for (int64_t k = 0; k < nb; k++) {
+      const uint32_t code = qb_lf_nvfp4_scale(qb_lf_float(m[k]), tensor);
+      out[k] = (uint8_t)code;
+      divisor[k] = qb_lf_nvfp4_divisor(code, tensor);
+      d[k] = qb_lf_safe(divisor[k]);
+    }
+  }
+}
+
+// 1 when a block max is a NaN or inf: a gradient value was (without error feedback v = grad).
+static int lf_any_nonfinite_max(const uint32_t *m, int64_t nb) {
+  uint32_t top = 0;
+  for (int64_t k = 0; k < nb; k++) top = m[k] > top ? m[k] : top;
+  return top >= 0x7f800000u;
+}
+
+// A decode's divisor of block b (Scaling.divisors).
+static float lf_divisor(int32_t kind, const void *scales, int64_t b, float tensor) {
+  if (kind == QB_LF_FP8) return qb_lf_fp8_divisor(((const float *)scales)[b]);
+  if (kind == QB_LF_MX) return qb_lf_mx_divisor(((const uint8_t *)scales)[b]);
+  return qb_lf_nvfp4_divisor(((const uint8_t *)scales)[b], tensor);
+}
+
+// out[0..cnt) = per_block[value's block] (blocks of `block` values from out[0]).
+static void lf_spread(const float *restrict per_block, int64_t cnt, int64_t block,
+                      float *restrict out) {
+  for (int64_t b = 0, i = 0; i < cnt; b++) {
+    const int64_t stop = min64(i + block, cnt);
+    const float x = per_block[b];
+    for (; i < stop; i++) out[i] = x;
+  }
+}
+
+// The error carried to the next step: v - (value of the code x its divisor).
+static void lf_residual(const float *restrict v, const uint8_t *restrict lv, int64_t m,
+                        const float *restrict table, const float *restrict divisor,
+                        float *restrict r_out) {
+  for (int64_t i = 0; i < m; i++) r_out[i] = v[i] - table[lv[i]] * divisor[i];
+}
+
+typedef struct {  // what every chunk of an encode shares
+  int32_t kind, element, multiply, stochastic, error_feedback;
+  qb_lf_format f;
+  float tensor;
+  uint32_t key_hash, offset;
+  const float *table;
+  qb_packer *pk;
+} lf_encoder;
+
+// Codes (and residuals) of v[0..m), values start.. of the input, whose divisors are known.
+static void lf_encode_run(const lf_encoder *e, const float *v, int64_t m, int64_t start,
+                          const float *d, const float *divisor, uint8_t *lv, float *r_out) {
+  lf_quantize_any(v, m, d, qb_counter(e->key_hash, e->offset + (uint32_t)start), lv, e->element,
+                  e->multiply, e->stochastic);
+  if (e->error_feedback) lf_residual(v, lv, m, e->table, divisor, r_out + start);
+  packer_put(e->pk, lv, m);
+}
+
+// grad[0..n) (+ residual_in with error feedback; NULL: no residual yet, v = grad) -> codes
+// (ceil(n * bits / 8) bytes), scales (ceil(n / block): float32 for FP8, E8M0 / E4M3 bytes for
+// MX / NVFP4), NVFP4's tensor_scale, and with error feedback residual_out = v - decoded v
+// (residual_out may be residual_in: updated in place). Draws (stochastic) are keyed by
+// key_hash and the element index offset + i (mod 2^32). block: values per scale (FP8 with one
+// scale per tensor: max(n, 1)). Returns QB_NONFINITE when grad holds a NaN or an inf, as the
+// reference refuses them: nothing is written to residual_out, the other outputs are undefined.
+QB_EXPORT int qb_lowfloat_encode(const float *grad, const float *residual_in, float *residual_out,
+                                 int32_t error_feedback, int64_t n, int32_t kind, int32_t element,
+                                 int64_t block, int32_t stochastic, uint32_t key_hash,
+                                 uint32_t offset, uint8_t *restrict codes, void *restrict scales,
+                                 float *restrict tensor_scale) {
+  if (!lf_args_ok(n, kind, element, block) || (error_feedback && n > 0 && !residual_out) ||
+      (kind == QB_LF_NVFP4 && !tensor_scale))
+    return QB_EINVAL;
+  if (!error_feedback) residual_in = NULL;
+  // With error feedback the residual is written as the encode goes: check grad first.
+  if (error_feedback && lf_any_nonfinite(grad, n)) return QB_NONFINITE;
+  const int small = block <= QB_LF_CHUNK;  // else one block at a time, in chunks
+  const int64_t per_chunk = small ? QB_LF_CHUNK / block * block : QB_LF_CHUNK;
+  float vbuf[QB_LF_CHUNK], dbuf[QB_LF_CHUNK], divbuf[QB_LF_CHUNK];
+  float bd[QB_LF_CHUNK], bdiv[QB_LF_CHUNK], table[256];
+  uint32_t maxes[QB_LF_CHUNK];
+  uint8_t lv[QB_LF_CHUNK];
+  qb_packer pk = {codes, qb_lf_format_of(element).bits, 0, {0}};
+  lf_encoder e = {kind, element, kind == QB_LF_MX, stochastic, error_feedback,
+                  qb_lf_format_of(element), 1.0f, key_hash, offset, table, &pk};
+  if (error_feedback) lf_table(element, table);
+  uint32_t *pre = NULL;  // NVFP4: every block's max, taken first
+  if (kind == QB_LF_NVFP4) {
+    const int64_t nblocks = (n + block - 1) / block;
+    if (nblocks && !(pre = malloc(sizeof(uint32_t) * (size_t)nblocks))) return QB_ENOMEM;
+    uint32_t top = 0;
+    for (int64_t start = 0; start < n; start += per_chunk) {
+      const int64_t cnt = min64(per_chunk, n - start);
+      const float *v = grad + start;
+      if (residual_in) lf_sum(v, residual_in + start, cnt, vbuf);
+      lf_maxes(residual_in ? vbuf : v, cnt, block, pre + start / block);
+    }
+    for (int64_t b = 0; b < nblocks; b++) top = pre[b] > top ? pre[b] : top;
+    if (!error_feedback && top >= 0x7f800000u) {  // the largest block max
+      free(pre);
+      return QB_NONFINITE;
+    }
+    e.tensor = qb_lf_nvfp4_tensor(qb_lf_float(top));
+    *tensor_scale = e.tensor;
+  }
+  if (small) {
+    for (int64_t start = 0; start < n; start += per_chunk) {
+      const int64_t cnt = min64(per_chunk, n - start), b0 = start / block;
+      const int64_t nb = (cnt + block - 1) / block;
+      const float *v = grad + start;
+      if (residual_in) {
+        lf_sum(v, residual_in + start, cnt, vbuf);
+        v = vbuf;
+      }
+      const uint32_t *m = maxes;
+      if (pre) m = pre + b0;
+      else lf_maxes(v, cnt, block, maxes);
+      if (!error_feedback && lf_any_nonfinite_max(m, nb)) return QB_NONFINITE;
+      lf_block_scales(kind, &e.f, m, nb, e.tensor, scales, b0, bdiv, bd);
+      lf_spread(bd, cnt, block, dbuf);
+      if (error_feedback) lf_spread(bdiv, cnt, block, divbuf);
+      lf_encode_run(&e, v, cnt, start, dbuf, divbuf, lv, residual_out);
+    }
+  } else {  // FP8 with long blocks, or one scale for the whole tensor
+    for (int64_t start = 0, b = 0; start < n; start += block, b++) {
+      const int64_t cnt = min64(block, n - start);
+      const float *g = grad + start, *r = residual_in ? residual_in + start : NULL;
+      uint32_t amax = 0;
+      for (int64_t c0 = 0; c0 < cnt; c0 += QB_LF_CHUNK) {
+        const int64_t m = min64(QB_LF_CHUNK, cnt - c0);
+        if (r) lf_sum(g + c0, r + c0, m, vbuf);
+        lf_maxes(r ? vbuf : g + c0, m, m, maxes);
+        amax = maxes[0] > amax ? maxes[0] : amax;
+      }
+      if (!error_feedback && amax >= 0x7f800000u) return QB_NONFINITE;
+      lf_block_scales(kind, &e.f, &amax, 1, e.tensor, scales, b, bdiv, bd);
+      for (int64_t i = 0; i < QB_LF_CHUNK; i++) dbuf[i] = bd[0], divbuf[i] = bdiv[0];
+      for (int64_t c0 = 0; c0 < cnt; c0 += QB_LF_CHUNK) {
+        const int64_t m = min64(QB_LF_CHUNK, cnt - c0);
+        const float *v = g + c0;
+        if (r) {
+          lf_sum(v, r + c0, m, vbuf);
+          v = vbuf;
+        }
+        lf_encode_run(&e, v, m, start + c0, dbuf, divbuf, lv, residual_out);
+      }
+    }
+  }
+  packer_finish(&pk);
+  free(pre);
+  return 0;
+}
+
+// out[i] = value of code i x its divisor (accumulate: out[i] += that).
+QB_INLINE void lf_dequantize(const uint8_t *restrict lv, int64_t m, const float *restrict table,
+                             const float *restrict divisor, float *restrict out,
+                             const int accumulate) {
+  for (int64_t i = 0; i < m; i++) {
+    const float v = table[lv[i]] * divisor[i];
+    out[i] = accumulate ? out[i] + v : v;
+  }
+}
+
+// The 6-bit codes of values [c0, c0 + m) of a packed stream (c0 a multiple of 8): four codes
+// per 3 bytes, with 24-bit words (unpack_range's generic path is several times slower for 6).
+static void lf_unpack6(const uint8_t *restrict packed, int64_t c0, int64_t m,
+                       uint8_t *restrict c) {
+  const uint8_t *in = packed + c0 / 8 * 6;
+  const int64_t quads = m / 4;
+  for (int64_t q = 0; q < quads; q++) {
+    const uint32_t w = in[3 * q] | (uint32_t)in[3 * q + 1] << 8 | (uint32_t)in[3 * q + 2] << 16;
+    c[4 * q] = (uint8_t)(w & 63u);
+    c[4 * q + 1] = (uint8_t)((w >> 6) & 63u);
+    c[4 * q + 2] = (uint8_t)((w >> 12) & 63u);
+    c[4 * q + 3] = (uint8_t)(w >> 18);
+  }
+  if (m > 4 * quads) {  // the end of the stream: only the bytes holding its codes exist
+    uint8_t tmp[3] = {0, 0, 0};
+    memcpy(tmp, in + 3 * quads, (size_t)((6 * (m - 4 * quads) + 7) / 8));
+    const uint32_t w = tmp[0] | (uint32_t)tmp[1] << 8 | (uint32_t)tmp[2] << 16;
+    for (int64_t i = 4 * quads; i < m; i++) c[i] = (uint8_t)((w >> (6 * (i - 4 * quads))) & 63u);
+  }
+}
+
+// codes + scales (+ NVFP4's tensor_scale) of n values -> out[0..n) (accumulate: out[i] += value,
+// as out.add_(values)).
+QB_EXPORT int qb_lowfloat_decode(const uint8_t *restrict codes, const void *restrict scales,
+                                 const float *restrict tensor_scale, int64_t n, int32_t kind,
+                                 int32_t element, int64_t block, float *restrict out,
+                                 int32_t accumulate) {
+  if (!lf_args_ok(n, kind, element, block) || (kind == QB_LF_NVFP4 && n > 0 && !tensor_scale))
+    return QB_EINVAL;
+  const int bits = qb_lf_format_of(element).bits;
+  const float tensor = kind == QB_LF_NVFP4 && n > 0 ? *tensor_scale : 1.0f;
+  float table[256], divbuf[QB_LF_CHUNK];
+  lf_table(element, table);
+  uint8_t lv[QB_LF_CHUNK];
+  for (int64_t c0 = 0; c0 < n; c0 += QB_LF_CHUNK) {
+    const int64_t end = min64(c0 + QB_LF_CHUNK, n);
+    if (bits == 6) lf_unpack6(codes, c0, end - c0, lv);
+    else unpack_range(codes, bits, c0, end - c0, lv);
+    for (int64_t i = c0; i < end;) {  // the divisor of each value, block run by block run
+      const int64_t b = i / block, stop = min64((b + 1) * block, end);
+      const float divisor = lf_divisor(kind, scales, b, tensor);
+      for (; i < stop; i++) divbuf[i - c0] = divisor;
+    }
+    if (accumulate) lf_dequantize(lv, end - c0, table, divbuf, out + c0, 1);
+    else lf_dequantize(lv, end - c0, table, divbuf, out + c0, 0);
+  }
+  return 0;
+}

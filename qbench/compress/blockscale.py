@@ -60,13 +60,16 @@ class Scaling:
 
     def scales(self, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The wire scales of blocks with max |x| ``amax`` (float32), and NVFP4's tensor scale."""
+        # divisions by tensors: CUDA torch multiplies by the reciprocal of a Python number,
+        # which can differ from C's true division in the last bit
         if self.kind == "fp8":
-            return amax / self.element.max_normal, None
+            return amax / torch.full_like(amax, self.element.max_normal), None
         if self.kind == "mx":
             return mf.mx_scale_exponent(amax, self.element), None
         top = amax.max() if amax.numel() else amax.new_zeros(())
-        tensor = torch.where(top > 0, top / NVFP4_RANGE, torch.ones_like(top)).reshape(1)
-        return mf.E4M3.encode(amax / mf.E2M1.max_normal / tensor), tensor
+        tensor = torch.where(top > 0, top / torch.full_like(top, NVFP4_RANGE), torch.ones_like(top))
+        six = torch.full_like(amax, mf.E2M1.max_normal)
+        return mf.E4M3.encode(amax / six / tensor.reshape(1)), tensor.reshape(1)
 
     def divisors(self, scales: torch.Tensor, tensor: torch.Tensor | None) -> torch.Tensor:
         """Each block's scale as float32 (what its element values are multiplied by)."""

@@ -1,4 +1,4 @@
-"""The CUDA path: kernels/qsgd.cu and kernels/onebit.cu through CuPy, zero-copy with torch.
+"""The CUDA path: kernels/qsgd.cu, onebit.cu and lowfloat.cu through CuPy, zero-copy with torch.
 
 Sources are compiled with NVRTC on first use (``cupy.RawModule``), per device. Tensors cross
 over through DLPack (no copy) and kernels run on torch's current stream of the tensor's device,
@@ -17,14 +17,25 @@ from typing import Any
 import numpy as np
 import torch
 
+from qbench.catalog.compressors import ELEMENTS, packed_nbytes
 from qbench.compress import cuda_emulate
 from qbench.compress._buckets import levels_nbytes, num_buckets, tree_width
-from qbench.compress.kernel_abi import LAYOUTS, NORMS, Kernels, kernel_dir
+from qbench.compress.kernel_abi import (
+    LAYOUTS,
+    LOWFLOAT_ELEMENTS,
+    LOWFLOAT_KINDS,
+    NORMS,
+    Kernels,
+    LowFloatEncoded,
+    kernel_dir,
+)
 
 _SOURCES = {
     "qsgd.cu": ("qb_qsgd_encode_fused", "qb_qsgd_scales", "qb_qsgd_quantize", "qb_qsgd_decode"),
     "onebit.cu": ("qb_onebit_means", "qb_onebit_signs", "qb_onebit_decode"),
+    "lowfloat.cu": ("qb_lf_maxes", "qb_lf_top", "qb_lf_scales", "qb_lf_quantize", "qb_lf_decode"),
 }
+_LF_RUN = 64  # kernels/lowfloat.cu: QB_LF_RUN, values per thread of qb_lf_maxes
 _GROUP_THREADS = 256  # threads per block of the one-thread-per-8-values kernels
 _MAX_BLOCKS = 1 << 16  # grid-stride loops cover the rest
 _NULL = np.uint64(0)
@@ -237,6 +248,77 @@ class _CUDAKernels:
             args: tuple[Any, ...] = (signs.contiguous(), means.contiguous(), _i64(numel))
             args += (_i64(bucket_size), out, _i32(accumulate))
             _launch(means.device, "qb_onebit_decode", _group_blocks(numel), _GROUP_THREADS, args, 0)
+        return out
+
+    def lowfloat_encode(
+        self,
+        grad: torch.Tensor,
+        residual: torch.Tensor | None,
+        *,
+        kind: str,
+        element: str,
+        block: int,
+        stochastic: bool,
+        ef: bool,
+        key_hash: int,
+        offset: int,
+    ) -> LowFloatEncoded | None:
+        g, n, dev = grad.contiguous(), grad.numel(), grad.device
+        codes = _empty(packed_nbytes(n, ELEMENTS[element][0]), torch.uint8, dev)
+        nblocks = num_buckets(n, block)
+        scales = _empty(nblocks, torch.float32 if kind == "fp8" else torch.uint8, dev)
+        tensor_scale = _empty(1, torch.float32, dev) if kind == "nvfp4" else None
+        new_residual = None
+        if ef:  # updated in place when the old residual is a plain buffer
+            plain = residual is not None and residual.is_contiguous()
+            new_residual = residual if plain else _empty(n, torch.float32, dev).view(g.shape)
+            residual = residual.contiguous() if residual is not None else None
+        else:
+            residual = None
+        if n == 0:
+            if tensor_scale is not None:
+                tensor_scale.fill_(1.0)  # blockscale: the scale of no values
+            return LowFloatEncoded(codes, scales, tensor_scale, new_residual)
+        maxes = torch.zeros(nblocks, dtype=torch.int32, device=dev)
+        words = torch.zeros(2, dtype=torch.int32, device=dev)  # NaN / inf seen; NVFP4's top
+        r_in, ts = _ptr_or_null(residual), _ptr_or_null(tensor_scale)
+        args: tuple[Any, ...] = (g, r_in, _i64(n), _i64(block), maxes, words)
+        _launch(dev, "qb_lf_maxes", -(-n // _LF_RUN // _GROUP_THREADS), _GROUP_THREADS, args, 0)
+        if words[0].item():  # before anything is written, as the reference refuses it
+            return None
+        codec = (_i32(LOWFLOAT_KINDS[kind]), _i32(LOWFLOAT_ELEMENTS[element]))
+        if kind == "nvfp4":
+            threads = _bucket_threads(nblocks)
+            args = (maxes, _i64(nblocks), words)
+            _launch(dev, "qb_lf_top", -(-nblocks // threads), threads, args, 4 * threads)
+        args = (maxes, _i64(nblocks), *codec, words, scales, ts)
+        _launch(dev, "qb_lf_scales", -(-nblocks // _GROUP_THREADS), _GROUP_THREADS, args, 0)
+        args = (g, r_in, _ptr_or_null(new_residual), _i32(ef), _i64(n), *codec, _i64(block))
+        args += (_i32(stochastic), _u32(key_hash), _u32(offset), scales, ts, codes)
+        _launch(dev, "qb_lf_quantize", _group_blocks(n), _GROUP_THREADS, args, 0)
+        return LowFloatEncoded(codes, scales, tensor_scale, new_residual)
+
+    def lowfloat_decode(
+        self,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        tensor_scale: torch.Tensor | None,
+        numel: int,
+        *,
+        kind: str,
+        element: str,
+        block: int,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        accumulate = out is not None
+        if out is None:
+            out = _empty(numel, torch.float32, scales.device)
+        if numel:
+            ts = _ptr_or_null(tensor_scale.contiguous() if tensor_scale is not None else None)
+            args: tuple[Any, ...] = (codes.contiguous(), scales.contiguous(), ts, _i64(numel))
+            args += (_i32(LOWFLOAT_KINDS[kind]), _i32(LOWFLOAT_ELEMENTS[element]), _i64(block))
+            args += (out, _i32(accumulate))
+            _launch(scales.device, "qb_lf_decode", _group_blocks(numel), _GROUP_THREADS, args, 0)
         return out
 
 

@@ -3,17 +3,20 @@
 Builds the emulated kernels with gcov counters (-O0 --coverage) in a fresh directory, runs every
 kernel of qbench.compress.cuda through the compressors as QBENCH_CUDA=emulate does (both norms
 and layouts, fused and two-kernel QSGD, 16-bit codes, strided bucket trees, 1-bit with and
-without error feedback, decodes with and without accumulate), then reads the counters back with
-gcov. Counted: every line of kernels/*.cu, and the lines of the shared headers that the kernels
-compile for the device (__CUDA_ARCH__ is defined, as under nvcc). A line of a template counts as
-run only when every instantiation ran it. Exit status 1 when any line never ran. `make
-cuda-coverage` runs it and keeps gcov's annotated sources in kernels/build/coverage.
+without error feedback, every FP8 / MX / NVFP4 element format, decodes with and without
+accumulate), then reads the counters back with gcov. Counted: every line of kernels/*.cu, and
+the lines of the shared headers that the kernels compile for the device (__CUDA_ARCH__ is
+defined, as under nvcc). A line of a template counts as run only when every instantiation ran
+it. Exit status 1 when any line never ran. `make cuda-coverage` runs it and keeps gcov's
+annotated sources in kernels/build/coverage.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -24,6 +27,7 @@ from pathlib import Path
 import torch
 
 from qbench.compress import cuda, cuda_emulate, kernel_abi, native
+from qbench.compress.lowfloat import FP8, MX, NVFP4
 from qbench.compress.onebit import OneBit
 from qbench.compress.qsgd import QSGD
 
@@ -89,6 +93,27 @@ def exercise() -> None:
             payload = onebit.encode(x, name="w")
         onebit.decode(payload)
         onebit.decode(payload, out=torch.ones(x.numel()))
+    _exercise_lowfloat(x)
+
+
+def _exercise_lowfloat(x: torch.Tensor) -> None:
+    """FP8 / MX / NVFP4: every element format, blocks that groups of 8 straddle, one scale per
+    tensor, stochastic rounding, error feedback (NaN and inf through the residual: the NaN
+    codes), decodes with and without accumulate, and a NaN gradient (refused)."""
+    residual = torch.zeros(x.numel())
+    residual[5:8] = torch.tensor([math.nan, math.inf, -math.inf])
+    codecs = [FP8(format="e4m3", block_size=7, error_feedback=True),
+              FP8(format="e5m2", rounding="stochastic", error_feedback=True),
+              NVFP4(rounding="stochastic", error_feedback=True)]  # fmt: skip
+    codecs += [MX(element=e) for e in ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1")]
+    for codec in codecs:
+        if codec.error_feedback:
+            codec.state["w"] = residual.clone()
+        payload = codec.encode(x, name="w")
+        codec.decode(payload)
+        codec.decode(payload, out=torch.ones(x.numel()))
+    with contextlib.suppress(ValueError):
+        MX().encode(torch.tensor([1.0, math.nan]))
 
 
 def measure(keep: Path | None = None) -> Report:

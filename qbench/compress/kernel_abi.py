@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -17,6 +17,18 @@ ENV_CACHE = "QBENCH_CACHE"
 ENV_KERNELS = "QBENCH_KERNELS"
 LAYOUTS = {"intervals": 0, "sign": 1}  # kernels/qsgd_math.h: QB_LAYOUT_*
 NORMS = {"max": 0, "l2": 1}  # QB_NORM_*
+LOWFLOAT_KINDS = {"fp8": 0, "mx": 1, "nvfp4": 2}  # kernels/lowfloat_math.h: QB_LF_FP8 ...
+LOWFLOAT_ELEMENTS = {"e4m3": 0, "e5m2": 1, "e3m2": 2, "e2m3": 3, "e2m1": 4}  # QB_LF_E4M3 ...
+
+
+class LowFloatEncoded(NamedTuple):
+    """A compiled FP8 / MX / NVFP4 encode (``qbench.compress.lowfloat``): the packed codes, the
+    block scales, NVFP4's tensor scale (else None) and, with error feedback, the new residual."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    tensor_scale: torch.Tensor | None
+    residual: torch.Tensor | None
 
 
 class Kernels(Protocol):
@@ -57,6 +69,35 @@ class Kernels(Protocol):
         numel: int,
         *,
         bucket_size: int,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor: ...
+
+    def lowfloat_encode(
+        self,
+        grad: torch.Tensor,
+        residual: torch.Tensor | None,
+        *,
+        kind: str,
+        element: str,
+        block: int,
+        stochastic: bool,
+        ef: bool,
+        key_hash: int,
+        offset: int,
+    ) -> LowFloatEncoded | None:
+        """None when grad holds a NaN or an inf (the residual is then left as it was)."""
+        ...
+
+    def lowfloat_decode(
+        self,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        tensor_scale: torch.Tensor | None,
+        numel: int,
+        *,
+        kind: str,
+        element: str,
+        block: int,
         out: torch.Tensor | None,
     ) -> torch.Tensor: ...
 

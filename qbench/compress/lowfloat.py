@@ -16,15 +16,22 @@ from typing import ClassVar, Literal
 
 import torch
 
-from qbench.compress import bitpack
+from qbench.compress import bitpack, native
 from qbench.compress import blockscale as bs
 from qbench.compress import minifloat as mf
 from qbench.compress.base import Compressor, Key, Payload, require_finite
 from qbench.compress.draws import uniform
+from qbench.compress.rng import key_hash
 
 
 class ScaledFloat(Compressor):
-    """The pipeline the three formats share; subclasses say how they scale (``scaling``)."""
+    """The pipeline the three formats share; subclasses say how they scale (``scaling``).
+
+    ``_encode_torch`` and ``_decode`` are the reference. CPU and CUDA tensors go through
+    compiled kernels when they can be built (``qbench.compress.native``: kernels/cpu/qbench_cpu.c,
+    kernels/lowfloat.cu, both on kernels/lowfloat_math.h), with byte-identical codes, scales,
+    residuals (updated in place when contiguous) and decoded values;
+    ``native.set_backend("torch")`` forces the reference."""
 
     rounding: Literal["nearest", "stochastic"]
     error_feedback: bool
@@ -34,6 +41,38 @@ class ScaledFloat(Compressor):
         raise NotImplementedError
 
     def _encode(self, grad: torch.Tensor, key: Key, offset: int, name: str) -> Payload:
+        residual = self.state.get(name) if self.error_feedback else None
+        kernels = native.kernels_for(grad)
+        plain = residual is None or (
+            residual.shape == grad.shape
+            and (residual.dtype, residual.device) == (grad.dtype, grad.device)
+        )  # else the reference, which broadcasts or fails as torch does
+        if kernels is None or not plain:
+            return self._encode_torch(grad, key, offset, name)
+        scaling = self.scaling
+        enc = kernels.lowfloat_encode(
+            grad,
+            residual,
+            kind=scaling.kind,
+            element=scaling.element.name,
+            block=scaling.block_of(grad.numel()),
+            stochastic=self.rounding == "stochastic",
+            ef=self.error_feedback,
+            key_hash=key_hash(key),
+            offset=offset,
+        )
+        if enc is None:  # a NaN or inf in grad: the reference's error, the residual untouched
+            require_finite(self.name, grad, None, offset)
+            raise AssertionError(f"{self.name}: the kernel saw a NaN or inf that grad lacks")
+        buffers = {"codes": enc.codes, "scales": enc.scales}
+        if enc.tensor_scale is not None:
+            buffers["tensor_scale"] = enc.tensor_scale
+        if enc.residual is not None:
+            self.state[name] = enc.residual
+        return Payload(numel=grad.numel(), buffers=buffers)
+
+    def _encode_torch(self, grad: torch.Tensor, key: Key, offset: int, name: str) -> Payload:
+        """The reference: blockscale's arithmetic, then bitpack."""
         values = grad
         if self.error_feedback:
             residual = self.state.get(name)
@@ -60,7 +99,38 @@ class ScaledFloat(Compressor):
             draws = torch.cat([u, u.new_zeros(pad)])  # padding is 0 and rounds to 0 anyway
         return bs.encode(values, self.scaling, draws, amax)
 
+    def _decode_into(self, payload: Payload, out: torch.Tensor | None) -> torch.Tensor:
+        n, scales = payload.numel, payload.buffers["scales"]
+        kernels = native.kernels_for(scales)
+        if kernels is None or not (out is None or native.can_accumulate(out, n, scales.device)):
+            return super()._decode_into(payload, out)
+        self._check_payload(payload)
+        scaling = self.scaling
+        return kernels.lowfloat_decode(
+            payload.buffers["codes"],
+            scales,
+            payload.buffers.get("tensor_scale"),
+            n,
+            kind=scaling.kind,
+            element=scaling.element.name,
+            block=scaling.block_of(n),
+            out=out,
+        )
+
+    def _check_payload(self, payload: Payload) -> None:
+        # The compiled paths read exactly these buffers: check them as unpack does for torch.
+        want = [(f.name, f.dtype, f.numel) for f in self.wire_layout(payload.numel)]
+        got = [(k, b.dtype, b.numel()) for k, b in payload.buffers.items()]
+        if got != want:
+            raise ValueError(
+                f"{self.name}: payload of {payload.numel} values needs buffers {want}, got {got}"
+            )
+        devices = {b.device for b in payload.buffers.values()}
+        if len(devices) > 1:
+            raise ValueError(f"{self.name}: payload buffers on several devices: {devices}")
+
     def _decode(self, payload: Payload) -> torch.Tensor:
+        """The reference: bitpack.unpack, then blockscale's arithmetic."""
         n = payload.numel
         block = self.scaling.block_of(n)
         codes = bitpack.unpack(payload.buffers["codes"], self.scaling.element.bits, n)

@@ -38,13 +38,17 @@ from pathlib import Path
 import torch
 
 from qbench.catalog import toolchain
+from qbench.catalog.compressors import ELEMENTS, packed_nbytes
 from qbench.compress import rng
 from qbench.compress._buckets import levels_nbytes, num_buckets
 from qbench.compress.base import Key
 from qbench.compress.kernel_abi import (
     LAYOUTS,
+    LOWFLOAT_ELEMENTS,
+    LOWFLOAT_KINDS,
     NORMS,
     Kernels,
+    LowFloatEncoded,
     cache_dir,
     kernel_dir,
 )
@@ -54,7 +58,7 @@ BACKENDS = ("auto", "torch", "native")
 ENV_BACKEND = toolchain.BACKEND_ENV
 
 ABI_VERSION = 2  # kernels/cpu/qbench_cpu.c: QB_ABI_VERSION
-_SOURCES = ("cpu/qbench_cpu.c", "qsgd_math.h", "qbench_rng.h")
+_SOURCES = ("cpu/qbench_cpu.c", "qsgd_math.h", "qbench_rng.h", "lowfloat_math.h")
 # -ffp-contract=off: one rounding per operation, as torch does (no fused multiply-add);
 # never -ffast-math, which also flushes denormals process-wide.
 _FLAGS = ("-O3", "-funroll-loops", "-std=c99", "-ffp-contract=off", "-fno-math-errno")
@@ -239,6 +243,8 @@ def _open(path: Path) -> ctypes.CDLL:
         "qb_int_quantize": [p, p, i64, i64, i32, u32, u32, p, i32],
         "qb_int_dequantize": [p, p, i64, i64, i32, p, i32],
         "qb_bucket_absmax": [p, i64, i64, p],
+        "qb_lowfloat_encode": [p, p, p, i32, i64, i32, i32, i64, i32, u32, u32, p, p, p],
+        "qb_lowfloat_decode": [p, p, p, i64, i32, i32, i64, p, i32],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
@@ -298,6 +304,10 @@ def build_error() -> str:
 # -- the CPU path ---------------------------------------------------------------------------------
 def _ptr(t: torch.Tensor | None) -> int | None:
     return t.data_ptr() if t is not None and t.numel() else None
+
+
+_NONFINITE = 3  # qb_lowfloat_encode: a gradient value is NaN or inf
+ELEMENT_BITS = {name: spec[0] for name, spec in ELEMENTS.items()}  # code width per element
 
 
 def _check(rc: int, what: str) -> None:
@@ -399,6 +409,61 @@ class _CPUKernels:
         s, m = signs.contiguous(), means.contiguous()
         args = (_ptr(s), _ptr(m), numel, bucket_size, _ptr(out), int(accumulate))
         _check(lib.qb_onebit_decode(*args), "onebit decode")
+        return out
+
+    def lowfloat_encode(
+        self,
+        grad: torch.Tensor,
+        residual: torch.Tensor | None,
+        *,
+        kind: str,
+        element: str,
+        block: int,
+        stochastic: bool,
+        ef: bool,
+        key_hash: int,
+        offset: int,
+    ) -> LowFloatEncoded | None:
+        lib, g, n = _library(), grad.contiguous(), grad.numel()
+        bits = ELEMENT_BITS[element]
+        codes = _empty(packed_nbytes(n, bits), torch.uint8)
+        scale_type = torch.float32 if kind == "fp8" else torch.uint8
+        scales = _empty(num_buckets(n, block), scale_type)
+        tensor_scale = _empty(1) if kind == "nvfp4" else None
+        new_residual = None
+        if ef:  # updated in place when the old residual is a plain float32 buffer
+            plain = residual is not None and residual.is_contiguous()
+            new_residual = residual if plain else _empty(n)
+            residual = residual.contiguous() if residual is not None else None
+        rc = lib.qb_lowfloat_encode(
+            *(_ptr(g), _ptr(residual), _ptr(new_residual), int(ef), n, LOWFLOAT_KINDS[kind]),
+            *(LOWFLOAT_ELEMENTS[element], block, int(stochastic), key_hash, offset & rng.MASK32),
+            *(_ptr(codes), _ptr(scales), _ptr(tensor_scale)),
+        )
+        if rc == _NONFINITE:
+            return None
+        _check(rc, f"{kind} encode")
+        return LowFloatEncoded(codes, scales, tensor_scale, new_residual)
+
+    def lowfloat_decode(
+        self,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        tensor_scale: torch.Tensor | None,
+        numel: int,
+        *,
+        kind: str,
+        element: str,
+        block: int,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        lib, accumulate = _library(), out is not None
+        out = _empty(numel) if out is None else out
+        c, s = codes.contiguous(), scales.contiguous()
+        t = tensor_scale.contiguous() if tensor_scale is not None else None
+        args = (numel, LOWFLOAT_KINDS[kind], LOWFLOAT_ELEMENTS[element], block)
+        rc = lib.qb_lowfloat_decode(_ptr(c), _ptr(s), _ptr(t), *args, _ptr(out), int(accumulate))
+        _check(rc, f"{kind} decode")
         return out
 
 
