@@ -32,19 +32,21 @@ def tiny() -> KernelResult:
 
 
 # The labels of kernels.DEFAULT_SPECS, written out: none, fp16, bf16, qsgd bits/bucket 2/128,
-# 4/512, 8/512, 16/8192, onebit bucket 64, fixedpoint 8 bits, topk 1 %, adaptive defaults (the
+# 4/512, 8/512, 16/8192, onebit bucket 64, FP8 E4M3 in blocks of 128, MXFP8 E4M3, MXFP4, NVFP4,
+# fixedpoint 8 bits, topk 1 %, adaptive defaults (the
 # last three per tensor: one tensor here, so the same work as per call; adaptive's probe bins
 # over [min, max] as the paper's).
 DEFAULT_LABELS = (
     "fp32", "fp16", "bf16", "qsgd-2b-b128", "qsgd-4b-b512", "qsgd-8b-b512", "qsgd-16b-b8192",
-    "1bit-b64", "fixed-8b-layer", "topk-1%-layer", "adaptive-c6-m4-f3%-layer-minmax",
+    "1bit-b64", "fp8-e4m3-b128", "mxfp8-e4m3", "mxfp4", "nvfp4", "fixed-8b-layer",
+    "topk-1%-layer", "adaptive-c6-m4-f3%-layer-minmax",
 )  # fmt: skip
 
 
 def test_rows_cover_every_default_and_op(tiny: KernelResult) -> None:
     expected = {(label, op) for label in DEFAULT_LABELS for op in ("encode", "decode")}
     assert {(r.compressor, r.op) for r in tiny.rows} == expected
-    assert len(tiny.rows) == len(expected) == 22
+    assert len(tiny.rows) == len(expected) == 30
     assert tiny.notes == []  # every default is registered: nothing skipped
     assert {r.numel for r in tiny.rows} == {2**10}
     assert {r.device for r in tiny.rows} == {"cpu"}

@@ -37,18 +37,11 @@ DEFAULT_MAX_TIME = 5.0
 
 # The compressor families we compare; names not registered yet are skipped with a note.
 DEFAULT_SPECS = (
-    "none",
-    "fp16",
-    "bf16",
-    "qsgd:bits=2,bucket_size=128",
-    "qsgd:bits=4,bucket_size=512",
-    "qsgd:bits=8,bucket_size=512",
-    "qsgd:bits=16,bucket_size=8192",
-    "onebit:bucket_size=64",
-    "fixedpoint:bits=8",
-    "topk:ratio=0.01",
-    "adaptive",
-)
+    "none", "fp16", "bf16", "qsgd:bits=2,bucket_size=128", "qsgd:bits=4,bucket_size=512",
+    "qsgd:bits=8,bucket_size=512", "qsgd:bits=16,bucket_size=8192", "onebit:bucket_size=64",
+    "fp8:block_size=128", "mx:element=e4m3", "mx", "nvfp4", "fixedpoint:bits=8",
+    "topk:ratio=0.01", "adaptive",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
