@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # GPU checks for one machine with a CUDA GPU, from the repository root:
-#   benchmarks/gpu_check.sh [OUTDIR]
-# Runs the GPU tests (CuPy kernels byte for byte against the CPU reference), the kernel
-# benchmark on the GPU (encode/decode vs a device copy, 2^16..2^26 elements), and a one-GPU
-# training sweep whose runs put every scheme's collectives through NCCL. Uses the python3 on PATH
-# (set PYTHON to choose another); qbench is taken from this checkout.
+#   benchmarks/gpu_check.sh [OUTDIR]          on the GPU machine (about 4 minutes on an H100)
+#   CPU=1 benchmarks/gpu_check.sh [OUTDIR]    the same flow here, without a GPU: the CUDA
+#                                             kernels under the emulator, the sweep on gloo/CPU
+# Runs the GPU tests (CuPy kernels byte for byte against the CPU reference: QSGD, 1bitSGD, FP8,
+# MX, NVFP4), the kernel benchmark with the codec roofline on the GPU (encode/decode vs a device
+# copy, x floor, break-even link rate, 2^16..2^26 elements), and a one-GPU training sweep whose
+# runs put every scheme's collectives, DDP's hooks and FSDP through NCCL. Uses the python3 on
+# PATH (set PYTHON to choose another); qbench is taken from this checkout. Everything it writes
+# goes under OUTDIR (default $OUT or results/gpu-check).
 set -u -o pipefail
 out=${1:-${OUT:-results/gpu-check}}
 mkdir -p "$out"
@@ -14,17 +18,26 @@ qb() { "$py" -m qbench.cli "$@"; }
 status=0
 step() { echo "== $*"; "$@" || { echo "!! failed ($?): $*"; status=1; }; }
 
-step nvidia-smi -L
-step "$py" -c "import torch, cupy; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
-'cupy', cupy.__version__, torch.cuda.get_device_name(0))"
+if [ "${CPU:-0}" = 1 ]; then
+  device=cpu; sizes="16 20"; tests="tests/test_cuda_emulate.py tests/test_lowfloat_kernels.py"
+  sweep_set=(--set backend=gloo --set device=cpu --set iterations=5 --set warmup=2)
+else
+  device=cuda; sizes="16 20 24 26"; tests=tests/test_cuda.py; sweep_set=()
+  step nvidia-smi -L
+  step "$py" -c "import torch, cupy; print('torch', torch.__version__, 'cuda', \
+torch.version.cuda, 'cupy', cupy.__version__, torch.cuda.get_device_name(0))"
+fi
 step qb info
-step "$py" -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py -o addopts="" 2>&1 | tee "$out/test_cuda.log"
+# shellcheck disable=SC2086
+step "$py" -m pytest -q -rs -p no:cacheprovider $tests -o addopts="" -W ignore::DeprecationWarning \
+  2>&1 | tee "$out/tests.log"
 # --max-time: a torch-only codec (adaptive: a Python loop per bucket) takes seconds a call on a
 # GPU; on an H100 it took most of the 8 minutes before the limit existed (docs/results/gpu.md).
-step qb bench kernels --device cuda --sizes 16 20 24 26 --repeats 20 --max-time 2 \
-  --json "$out/kernels_cuda.json"
+# shellcheck disable=SC2086
+step qb bench kernels --device "$device" --sizes $sizes --repeats 20 --max-time 2 \
+  --json "$out/kernels_$device.json"
 # One GPU holds one NCCL rank and one rank sends nothing (`bench comm` refuses world size 1):
 # the one-GPU sweep below runs every scheme's collectives through NCCL instead.
-step qb sweep scenarios/smoke-1gpu.yaml --out "$out/sweep"
+step qb sweep scenarios/smoke-1gpu.yaml --out "$out/sweep" "${sweep_set[@]}"
 step qb report "$out/sweep" --format md
 exit $status
