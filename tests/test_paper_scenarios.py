@@ -24,6 +24,7 @@ def test_there_are_paper_scenarios_for_every_seed() -> None:
         "cluster",
         "replay-scale",  # replayed compute past the cores (issue 34)
         "sharded",  # FSDP with compressed collectives against 16-bit baselines (issue 35)
+        "wire-formats",  # FP8 / MX / NVFP4 next to QSGD: top-1 for the bits (issue 36)
     }
 
 
