@@ -148,7 +148,9 @@ def test_the_timer_stretches_only_what_no_replayed_call_paced() -> None:
 def test_a_replayed_flat_run_records_overruns_and_replayed_phases(
     tmp_path: Path, process_group: Any
 ) -> None:
-    path = _file(tmp_path, {1024: 0.004, 2**20: 0.004})
+    # 40 ms a call: far above mlp's QSGD encode even on a loaded machine (4 ms was not: a
+    # run of the file beside three other jobs saw one overrun in the first iteration)
+    path = _file(tmp_path, {1024: 0.04, 2**20: 0.04})
     spec = expand(_scenario(f"compute: replay\ncodec_time: {path}\n")).runs[0]
     parts = tmp_path / "out" / "run" / "parts"
     parts.mkdir(parents=True)
@@ -158,8 +160,8 @@ def test_a_replayed_flat_run_records_overruns_and_replayed_phases(
         run.iteration(it, timer)
     frame = run.frame()
     calls = len([a for a in run.aggs if a[1].compressor.name != "none"])
-    assert calls >= 1 and (frame["t_encode"] >= 0.004 * calls).all()
-    assert (frame["codec_overrun"] == 0).all()  # 4 ms covers mlp's QSGD encode here
+    assert calls >= 1 and (frame["t_encode"] >= 0.04 * calls).all()
+    assert (frame["codec_overrun"] == 0).all()
 
 
 def test_tables_figures_and_pages_name_the_device() -> None:
