@@ -121,15 +121,19 @@ def load(directory: str | os.PathLike[str]) -> Results:
 
 
 def report(
-    directory: str | os.PathLike[str], fmt: str | None = None, include_disturbed: bool = False
-) -> ReportPaths:
+    directory: str | os.PathLike[str], fmt: str | None = None, include_disturbed: bool = False,
+    kernels: str | os.PathLike[str] | None = None,
+) -> ReportPaths:  # fmt: skip
     """Write ``directory/report/`` as ``qbench report`` does (summary.md and .csv, figures,
     index.html) and return their paths with the summary (``.summary``). ``fmt`` (table, csv,
-    md, json) also prints the summary to stdout; None prints nothing. ``include_disturbed``:
-    as ``qbench report --include-disturbed``."""
+    md, json) also prints the summary to stdout; None prints nothing. ``include_disturbed``,
+    ``kernels``: as ``qbench report --include-disturbed``, ``--kernels FILE``."""
     from qbench.report import tables
 
-    return tables.write_report(Path(directory), fmt, include_disturbed=include_disturbed)
+    return tables.write_report(
+        Path(directory), fmt, include_disturbed=include_disturbed,
+        kernels=None if kernels is None else Path(kernels),
+    )  # fmt: skip
 
 
 def _scenario_text(scenario: ScenarioLike) -> tuple[str, str]:

@@ -16,10 +16,11 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from qbench import compress
-from qbench.bench import kernels, render, roofline
+from qbench.bench import kernels, render
 from qbench.bench.kernels import KernelResult, KernelRow
 from qbench.cli import cli
 from qbench.errors import UserError
+from qbench.spec import roofline
 from qbench.spec.codec_times import CodecTimes
 from tests import compiled
 

@@ -1,4 +1,4 @@
-"""The codec roofline's arithmetic (qbench.bench.roofline), each number worked out by hand."""
+"""The codec roofline's arithmetic (qbench.spec.roofline), each number worked out by hand."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 import pytest
 
 from qbench import catalog
-from qbench.bench import roofline
 from qbench.bench.render import link_rate
 from qbench.errors import UserError
+from qbench.spec import roofline
 
 N = 2**20
 

@@ -3,7 +3,7 @@
 Per (compressor, size) the copy baseline is timed in the same loop as encode and decode, one
 copy right before each encode/decode pair, so machine noise hits both alike; ``ratio`` is
 seconds / copy_seconds. Every raw sample is kept; summaries are medians after one warm-up.
-Each row also places its op on the roofline (``qbench.bench.roofline``: the bytes it must move
+Each row also places its op on the roofline (``qbench.spec.roofline``: the bytes it must move
 at the copy bandwidth, and the link rate below which compressing pays). Nothing here prints:
 see ``qbench.bench.render``.
 """
@@ -23,10 +23,9 @@ from typing import Any, cast
 import torch
 
 from qbench import compress
-from qbench.bench import roofline
 from qbench.catalog import specs
 from qbench.errors import UserError
-from qbench.spec import codec_times
+from qbench.spec import codec_times, roofline
 
 SCHEMA = codec_times.SCHEMA
 OPS = codec_times.OPS

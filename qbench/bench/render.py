@@ -11,8 +11,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from qbench.bench import kernels, roofline
+from qbench.bench import kernels
 from qbench.bench.kernels import KernelResult, KernelRow, TargetResult
+from qbench.spec import roofline
 
 # Wide when writing to a file or CI log, as in qbench.cli.console.
 out = Console(width=None if sys.stdout.isatty() else 200)

@@ -68,7 +68,7 @@ def bench() -> None:
 )
 @click.option(
     "--overlap",
-    type=float,  # checked (and explained) by qbench.bench.roofline
+    type=float,  # checked (and explained) by qbench.spec.roofline
     default=0.5,
     show_default=True,
     help="Fraction F of the codec time hidden behind other work (backward, other buckets' "

@@ -242,10 +242,13 @@ def _print_reruns(summary: SweepSummary) -> None:
               + (f"; still disturbed: {', '.join(still)}" if still else ""))  # fmt: skip
 
 
-def report(directory: Path, fmt: str, include_disturbed: bool = False) -> None:
+def report(
+    directory: Path, fmt: str, include_disturbed: bool = False, kernels: str | None = None
+) -> None:
     from qbench.report import tables as report_mod
 
-    paths = report_mod.write_report(directory, fmt, include_disturbed=include_disturbed)
+    paths = report_mod.write_report(directory, fmt, include_disturbed=include_disturbed,
+                                    kernels=kernels)  # fmt: skip
     for note in paths.notes:
         err.print(note)
     if fmt != "table":  # the table prints them under itself

@@ -24,9 +24,15 @@ import click
     help="Compare runs measured while other processes used the CPUs too (flagged `disturbed`; "
     "by default they are shown but left out of every speedup, baseline and verdict).",
 )  # fmt: skip
+@click.option(
+    "--kernels", metavar="FILE", default=None,
+    help="A `qbench bench kernels --json` file: the page shows each compressor's break-even link "
+    "rate from its codec times (default: the sweep's own `codec_time:` file, if any).",
+)  # fmt: skip
 def report(
-    directory: str, other: str | None, fmt: str, fail_pct: float | None, include_disturbed: bool
-) -> None:
+    directory: str, other: str | None, fmt: str, fail_pct: float | None, include_disturbed: bool,
+    kernels: str | None,
+) -> None:  # fmt: skip
     """Summarise DIRECTORY's runs: tables and figures in DIRECTORY/report/.
 
     With OTHER: compare OTHER (B) against DIRECTORY (A, the baseline) per matching
@@ -35,8 +41,10 @@ def report(
     from qbench.cli import console
 
     if other is not None:
+        if kernels is not None:  # A B writes no page, so codec times would go unread
+            raise click.UsageError("--kernels adds to one directory's page: qbench report DIR")
         console.compare(Path(directory), Path(other), fmt, fail_pct, include_disturbed)
         return
     if fail_pct is not None:
         raise click.UsageError("--fail-if-slower compares two directories: qbench report A B")
-    console.report(Path(directory), fmt, include_disturbed)
+    console.report(Path(directory), fmt, include_disturbed, kernels)

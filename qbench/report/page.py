@@ -25,6 +25,7 @@ import pandas as pd
 from qbench.records.store import INDEX_HTML, INDEX_MD, atomic_write_bytes
 from qbench.report import disturbed, intervals, names, provenance
 from qbench.report import page_baselines as baselines
+from qbench.report import page_breakeven as breakeven
 from qbench.report import page_cells as cells
 from qbench.report import page_one_bit as one_bit
 from qbench.report.page_render import Section, markdown_table, slug, to_html, to_markdown
@@ -39,13 +40,14 @@ CONFIG = ["model", "dataset", "backend", "scheme", "compressor", "world_size", "
 
 def write_page(
     report_dir: Path, summary: pd.DataFrame, acc_table: pd.DataFrame, figures: list[Path],
-    throughputs: intervals.Throughputs | None = None,
+    throughputs: intervals.Throughputs | None = None, codec: breakeven.Codec | None = None,
 ) -> Path:  # fmt: skip
     """Write ``index.md`` and ``index.html`` into ``report_dir``; returns the HTML path.
     ``figures``: what the report saved (PNGs are shown, PDFs linked); ``throughputs``: the
-    per-iteration samples that give backend comparisons their intervals."""
+    per-iteration samples that give backend comparisons their intervals; ``codec``: the codec
+    times of the break-even section (``page_breakeven.load``)."""
     pngs = [p.name for p in figures if p.suffix == ".png"]
-    sections = build_sections(summary, acc_table, pngs, throughputs)
+    sections = build_sections(summary, acc_table, pngs, throughputs, codec)
     title = f"qbench study: {report_dir.resolve().parent.name}"
     counts = ", ".join(f"{n} {s}" for s, n in summary["status"].value_counts().items())
     intro = f"{len(summary)} runs: {counts}. Configurations merge repeats and seeds (medians)."
@@ -76,14 +78,21 @@ def write_page(
 
 def build_sections(
     summary: pd.DataFrame, acc: pd.DataFrame, pngs: list[str],
-    throughputs: intervals.Throughputs | None = None,
+    throughputs: intervals.Throughputs | None = None, codec: breakeven.Codec | None = None,
 ) -> list[Section]:  # fmt: skip
-    """The study's questions in seed 002's order, then cost, failures and leftover figures."""
+    """The study's questions in seed 002's order, then cost, where each codec pays (with codec
+    times), failures and leftover figures."""
     configs = _configs(summary)
+    speed = _speed(configs, summary)
     sections = [
-        _speed(configs, summary), _accuracy(acc), one_bit.answer(configs, acc),
-        _backends(configs, throughputs), _ranks(configs), _money(configs), _failed(summary),
+        speed, _accuracy(acc), one_bit.answer(configs, acc),
+        _backends(configs, throughputs), _ranks(configs), _money(configs),
     ]  # fmt: skip
+    if codec is not None and codec.times is not None:
+        sections.append(breakeven.answer(configs, summary, codec))
+    else:  # no codec times, no section: one line says how to get them
+        speed.notes.append(breakeven.HOW if codec is None else codec.origin)
+    sections.append(_failed(summary))
     homes = {"breakdown": 0, "speedup_ratio": 0, "utility": 0, "accuracy": 1, "pareto": 1,
              "scalability": 4}  # fmt: skip
     extra = Section("Other figures", [])

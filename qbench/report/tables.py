@@ -41,6 +41,7 @@ from qbench.report import (
     stats,
 )
 from qbench.report import page as report_page
+from qbench.report import page_breakeven as breakeven
 
 FORMATS = ("table", "csv", "md", "json")
 _LABEL_COLUMNS = ("model", "dataset", "backend", "scheme", "network")
@@ -62,18 +63,20 @@ class ReportPaths:
 
 def write_report(
     root: Path | str, fmt: str | None = "table", out: TextIO | None = None,
-    include_disturbed: bool = False,
+    include_disturbed: bool = False, kernels: str | Path | None = None,
 ) -> ReportPaths:  # fmt: skip
     """Summarize ``root``, write ``root/report/{summary.csv,summary.md,*.png,*.pdf}``, then
     render the summary to ``out`` (stdout) in ``fmt`` (None: print nothing). Disturbed runs
-    are shown but compared only with ``include_disturbed`` (``stats.summarize``).
+    are shown but compared only with ``include_disturbed`` (``stats.summarize``); ``kernels``:
+    a ``bench kernels --json`` file for the page's break-even link rates.
 
-    Raises UserError when ``fmt`` is unknown or ``root`` holds no runs.
+    Raises UserError when ``fmt`` is unknown, ``root`` holds no runs or ``kernels`` is bad.
     """
     if fmt is not None and fmt not in FORMATS:
         raise choice_error("report format", fmt, FORMATS)
     results = _load(root)
     summary = stats.summarize(results, include_disturbed)
+    codec = breakeven.load(Path(root), results.iterations, summary, kernels)  # before writing
     acc = accuracy.table(summary)
     report_dir = ResultStore(root).report_dir()
     csv_path, md_path = report_dir / SUMMARY_CSV, report_dir / SUMMARY_MD
@@ -89,7 +92,7 @@ def write_report(
     figures, notes = figures + study[0], notes + study[1]
     figures += plots_utility.write_utility_figure(summary, report_dir)
     through = stats.throughputs(results, summary)
-    page = report_page.write_page(report_dir, summary, acc, figures, through)
+    page = report_page.write_page(report_dir, summary, acc, figures, through, codec)
     if fmt is not None:
         render(summary, fmt, out)
     return ReportPaths(csv_path, md_path, tuple(figures), tuple(notes), summary, page)

@@ -1,17 +1,22 @@
 """A ``qbench bench kernels --json`` document read without torch: its rows (the cost model
 fits them, ``qbench.costmodel``) and each compressor's encode and decode time at any size, as
-measured on the document's device (replayed codec time, ``qbench.run.replay_codec``).
+measured on the document's device (replayed codec time, ``qbench.run.replay_codec``), and the
+break-even link rate those times give (the report page, ``qbench.report.page_breakeven``).
+Documents from before the roofline (no ``roofline`` block or row key) read the same.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qbench import catalog
 from qbench.errors import UserError
+from qbench.spec import roofline
 
 SCHEMA = "qbench.bench.kernels/1"
 OPS = ("encode", "decode")
@@ -60,24 +65,31 @@ class CodecTimes:
     source: str
     device: str
     points: dict[tuple[str, str], tuple[tuple[int, float], ...]]
+    wires: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    """Payload bytes measured per label and size (the rows' ``wire_bytes``): the payload of a
+    compressor whose size depends on the data, for which the catalog has no count."""
 
     @classmethod
-    def read(cls, path: str | Path) -> CodecTimes:
+    def read(cls, path: str | Path, what: str = "codec_time") -> CodecTimes:
+        """``what``: the key or option that named the file, for the error message."""
         p = Path(path)
         try:
             doc = json.loads(p.read_text())
         except (OSError, ValueError) as e:
             raise UserError(
-                f"codec_time: {p} cannot be read ({type(e).__name__}); give a "
+                f"{what}: {p} cannot be read ({type(e).__name__}); give a "
                 "`qbench bench kernels --json` file"
             ) from None
         table: dict[tuple[str, str], dict[int, float]] = {}
-        for r in rows(doc, f"codec_time: {p}"):
-            table.setdefault((str(r["compressor"]), str(r["op"])), {})[int(r["numel"])] = float(
-                r["seconds"]
-            )
+        wires: dict[str, dict[int, int]] = {}
+        for r in rows(doc, f"{what}: {p}"):
+            label, numel = str(r["compressor"]), int(r["numel"])
+            table.setdefault((label, str(r["op"])), {})[numel] = float(r["seconds"])
+            if isinstance(r.get("wire_bytes"), int) and r["wire_bytes"] > 0:
+                wires.setdefault(label, {})[numel] = r["wire_bytes"]
         points = {k: tuple(sorted(v.items())) for k, v in table.items()}
-        return cls(source=str(p), device=device_name(doc), points=points)
+        measured = {k: tuple(sorted(v.items())) for k, v in wires.items()}
+        return cls(source=str(p), device=device_name(doc), points=points, wires=measured)
 
     def has(self, label: str) -> bool:
         return all((label, op) in self.points for op in OPS)
@@ -95,3 +107,27 @@ class CodecTimes:
         i = bisect.bisect_left(sizes, numel)
         (n0, t0), (n1, t1) = pts[i - 1], pts[i]
         return t0 + (t1 - t0) * (numel - n0) / (n1 - n0)
+
+    def wire_bytes(self, label: str, numel: int) -> int | None:
+        """The payload bytes of ``numel`` values: the catalog's count (UserError for a label no
+        entry makes), or for a payload whose size depends on the data the one measured at the
+        nearest size, scaled to ``numel`` (its ratio kept); None where neither is known."""
+        exact = catalog.from_label(label).wire_bytes(numel)
+        if exact is not None:
+            return exact
+        measured = self.wires.get(label)
+        if not measured:
+            return None
+        size, wire = min(measured, key=lambda p: abs(math.log(p[0] / numel)))
+        return max(1, round(wire * numel / size))
+
+    def breakeven(self, label: str, numel: int, overlap: float = 0.0) -> float | None:
+        """B* in Gbit/s (``roofline.breakeven_of_times``): below this link rate ``label``'s
+        codec, at this document's encode and decode times of ``numel`` values, costs less time
+        than the bytes it saves, with a fraction ``overlap`` of the codec time hidden. None
+        where compressing never pays (payload not smaller than fp32) or the payload is unknown."""
+        wire = self.wire_bytes(label, numel)
+        if wire is None:
+            return None
+        encode, decode = (self.seconds(label, op, numel) for op in OPS)
+        return roofline.breakeven_of_times(numel, wire, encode, decode, overlap)
