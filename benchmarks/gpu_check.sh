@@ -6,7 +6,8 @@
 # Runs the GPU tests (CuPy kernels byte for byte against the CPU reference: QSGD, 1bitSGD, FP8,
 # MX, NVFP4), the kernel benchmark with the codec roofline on the GPU (encode/decode vs a device
 # copy, x floor, break-even link rate, 2^16..2^26 elements), and a one-GPU training sweep whose
-# runs put every scheme's collectives, DDP's hooks and FSDP through NCCL. Uses the python3 on
+# runs put every scheme's collectives, DDP's hooks and FSDP through NCCL, and DDP over gloo with
+# 2 ranks sharing the GPU. Uses the python3 on
 # PATH (set PYTHON to choose another); qbench is taken from this checkout. Everything it writes
 # goes under OUTDIR (default $OUT or results/gpu-check).
 set -u -o pipefail
@@ -40,4 +41,7 @@ step qb bench kernels --device "$device" --sizes $sizes --repeats 20 --max-time 
 # the one-GPU sweep below runs every scheme's collectives through NCCL instead.
 step qb sweep scenarios/smoke-1gpu.yaml --out "$out/sweep" "${sweep_set[@]}"
 step qb report "$out/sweep" --format md
+# DDP with gloo over CUDA tensors, 2 ranks sharing the GPU (torch's hooks only).
+step qb sweep scenarios/smoke-1gpu-gloo.yaml --out "$out/sweep-gloo" "${sweep_set[@]}"
+step qb report "$out/sweep-gloo" --format md
 exit $status

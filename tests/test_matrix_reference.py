@@ -196,7 +196,8 @@ def test_model_params_and_seed_in_labels_are_the_scenarios() -> None:
 # -- devices and placement: the reasons word for word, and what a runnable pair records ------
 NCCL_CPU = "nccl reduces GPU tensors only; use device cuda (or auto) or backend gloo"
 GLOO_CUDA = (
-    "gloo has no CUDA all-to-all for the compressed schemes; use nccl or mpi for device cuda"
+    "gloo has no CUDA all-to-all for the compressed schemes; use nccl or mpi for device cuda "
+    "(gloo on CUDA runs only DDP with torch's hooks: none, fp16, bf16, powersgd)"
 )
 
 
@@ -229,6 +230,21 @@ def test_device_recorded_only_when_not_the_backends_own(
         return
     assert [(r.device, r.device_kind, r.labels()["device"]) for r in mine] == [
         (recorded, kind, kind)]  # fmt: skip
+
+
+def test_gloo_ranks_share_a_gpu_under_torchs_ddp_only() -> None:
+    """gloo stages CUDA tensors through the host: DDP with torch's hooks runs on CUDA with two
+    ranks on one GPU; a qbench codec (compressed all-to-all) and nccl (one GPU a rank) do not."""
+    text = (
+        "name: s\nmodel: mlp\nworld_size: 2\ngpus_per_node: 1\nbackend: [gloo, nccl]\n"
+        "device: cuda\nscheme: ddp\ncompressor: [none, fp16, qsgd]\n"
+    )
+    m = expand(text)
+    assert sorted((r.backend, r.compressor_label, r.device_kind) for r in m.runs) == [
+        ("gloo", "fp16", "cuda"), ("gloo", "fp32", "cuda")]  # fmt: skip
+    reasons = {x.reason for x in m.excluded}
+    assert GLOO_CUDA in reasons
+    assert "2 ranks per node but gpus_per_node is 1; each CUDA rank needs its own GPU" in reasons
 
 
 @pytest.mark.parametrize(

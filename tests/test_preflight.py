@@ -123,6 +123,16 @@ def test_cuda_runs_without_gpus_are_one_line(monkeypatch: pytest.MonkeyPatch) ->
     assert sorted(r.split("-")[1] for r in v.unavailable()) == ["nccl", "nccl"]
 
 
+def test_gloo_ranks_on_cuda_need_one_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = "name: g\nmodel: mlp\nbackend: gloo\ndevice: cuda\nscheme: ddp\nworld_size: 2\n"
+    runs = _runs(text)
+    monkeypatch.setattr(preflight.Probe, "_cuda_facts", lambda self: (1, True, False, ""))
+    assert preflight.check(runs, probe=_probe()).missing() == []  # they share it
+    monkeypatch.setattr(preflight.Probe, "_cuda_facts", lambda self: (0, True, False, "no NVML"))
+    (m,) = preflight.check(runs, probe=_probe()).missing()
+    assert m.what == "CUDA ranks: no GPU here (no NVML)"
+
+
 def test_cuda_counts_gpus_and_asks_for_nccl(monkeypatch: pytest.MonkeyPatch) -> None:
     runs = _runs("name: g\nmodel: mlp\nbackend: nccl\nworld_size: [1, 2]\n")
     monkeypatch.setattr(preflight.Probe, "_cuda_facts", lambda self: (1, True, True, ""))

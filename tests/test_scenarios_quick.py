@@ -66,8 +66,8 @@ def test_quick_covers_every_axis_value_at_the_first_seed() -> None:
         total += len(kept)
     # the first seeds' cross products hold 375: utility alone 96; sharded's 8 methods (FSDP in
     # this test, issue 35) took the quick runs from 119 to 129; wire-formats' 13 compressors
-    # (issue 36) to 142, smoke-1gpu's MXFP4, DDP and FSDP runs to 153
-    assert total <= 155
+    # (issue 36) to 142, smoke-1gpu's MXFP4, DDP and FSDP runs to 153, smoke-1gpu-gloo to 156
+    assert total <= 158
 
 
 def seeds_0_to_3(path: Path) -> bool:

@@ -254,7 +254,10 @@ def needs(spec: RunSpec, launcher: Launcher, probe: Probe) -> tuple[Missing, ...
 
 _LAUNCHER_CHECKS: dict[str, Callable[[Probe, RunSpec], Iterable[Missing | None]]] = {
     "netns": lambda probe, spec: probe.shaped(),  # emulated hosts: root, ip, tc
-    "cuda": lambda probe, spec: probe.cuda(spec.world_size, spec.backend == "nccl"),
+    # gloo ranks share a GPU (torch's DDP on CUDA tensors): one is enough
+    "cuda": lambda probe, spec: probe.cuda(
+        1 if spec.backend == "gloo" else spec.world_size, spec.backend == "nccl"
+    ),
     "slurm": lambda probe, spec: (probe.slurm(),),
 }
 

@@ -23,6 +23,7 @@ from qbench import catalog
 from qbench.catalog import models as zoo
 from qbench.catalog import rules
 from qbench.catalog.datasets import TEXT_DATASETS, TEXT_VOCAB
+from qbench.catalog.schemes import TORCH_HOOKS
 from qbench.errors import UserError
 from qbench.spec import checks, codec_times, network
 from qbench.spec import workload as user
@@ -364,7 +365,7 @@ def _why_not(sc: Scenario, p: _Point) -> str | None:
         accuracy=bool(sc.epochs), momentum=user.optimizer(sc)[1], telemetry=sc.telemetry,
         compute=p.compute, profile=sc.profile, optimizer=user.optimizer(sc)[3].get("name", ""),
     )  # fmt: skip
-    device, device_problem = _device_for(p.backend, p.device)
+    device, device_problem = _device_for(p.backend, p.device, _torch_ddp(p))
     kind = device or natural_device(p.backend)
     return (
         rules.why_not(combo)
@@ -374,7 +375,7 @@ def _why_not(sc: Scenario, p: _Point) -> str | None:
         or _fsdp_problem(p)
         or _text_problem(p)
         or device_problem
-        or _placement_problem(p.world_size, p.nodes, kind, sc.gpus_per_node)
+        or _placement_problem(p.world_size, p.nodes, kind, sc.gpus_per_node, p.backend)
         or _filtered(_filter_values(p, kind), sc.include, sc.exclude)
     )
 
@@ -502,7 +503,7 @@ def _describe(p: _Point) -> str:
 
 
 def _run_spec(sc: Scenario, p: _Point) -> RunSpec:
-    device, _ = _device_for(p.backend, p.device)
+    device, _ = _device_for(p.backend, p.device, _torch_ddp(p))
     lr, momentum, weight_decay, optimizer = user.optimizer(sc)
     return RunSpec(
         scenario=sc.name, model=p.model, dataset=p.dataset, world_size=p.world_size,
@@ -534,23 +535,41 @@ def natural_device(backend: str) -> str:
     return "cuda" if backend == "nccl" else "cpu"
 
 
-def _device_for(backend: str, device: str) -> tuple[str, str | None]:
-    """RunSpec.device ('' when it is the backend's own) and why the pair cannot run."""
+def _torch_ddp(p: _Point) -> bool:
+    """DDP with torch's own communication (its allreduce, which gloo runs on CUDA tensors)."""
+    return p.scheme == "ddp" and p.compressor.name in TORCH_HOOKS
+
+
+def _device_for(backend: str, device: str, torch_ddp: bool = False) -> tuple[str, str | None]:
+    """RunSpec.device ('' when it is the backend's own) and why the pair cannot run.
+    ``torch_ddp``: DDP with torch's own communication, whose allreduce gloo runs on CUDA
+    tensors (staged through the host), so gloo ranks may share a GPU there."""
     kind = natural_device(backend) if device == "auto" else device
     if backend == "nccl" and kind == "cpu":
         return "", "nccl reduces GPU tensors only; use device cuda (or auto) or backend gloo"
-    if backend == "gloo" and kind == "cuda":
+    if backend == "gloo" and kind == "cuda" and not torch_ddp:
         return "", (
             "gloo has no CUDA all-to-all for the compressed schemes; use nccl or mpi for "
-            "device cuda"
+            "device cuda (gloo on CUDA runs only DDP with torch's hooks: none, fp16, bf16, "
+            "powersgd)"
         )
     return ("" if kind == natural_device(backend) else kind), None
 
 
-def _placement_problem(ws: int, nodes: int, device: str, gpus_per_node: int | None) -> str | None:
+def _placement_problem(
+    ws: int, nodes: int, device: str, gpus_per_node: int | None, backend: str
+) -> str | None:
     if ws % nodes:
         return f"world_size {ws} does not split evenly over nodes {nodes}"
-    if device == "cuda" and gpus_per_node is not None and ws // nodes > gpus_per_node:
+    # gloo stages CUDA tensors through the host, so its ranks may share a GPU (LOCAL_RANK
+    # modulo the GPUs: qbench.run.training); NCCL refuses two ranks on one GPU
+    shares = backend == "gloo"
+    if (
+        device == "cuda"
+        and gpus_per_node is not None
+        and ws // nodes > gpus_per_node
+        and not shares
+    ):
         return (
             f"{ws // nodes} ranks per node but gpus_per_node is {gpus_per_node}; each CUDA rank "
             "needs its own GPU"
