@@ -121,3 +121,20 @@ def test_mx_scale_puts_the_block_max_in_the_top_binade() -> None:
     assert ((scaled >= 2**mf.E4M3.emax) & (scaled < 2 ** (mf.E4M3.emax + 1))).all()
     assert mf.E2M1.emax == 2 and mf.E4M3.emax == 8 and mf.E5M2.emax == 15
     assert math.isnan(mf.e8m0_value(torch.tensor([255])).item())
+
+
+def test_the_catalogs_element_numbers_are_the_bit_fields_own() -> None:
+    """qbench.catalog.compressors.ELEMENTS repeats, without torch, what the planner needs of each
+    format (bits, exponent and mantissa bits, the smallest positive value, the largest): it must
+    be what the bit-field definitions give."""
+    from qbench.catalog.compressors import ELEMENTS
+
+    for name, fmt in mf.FORMATS.items():
+        smallest = float(fmt.finite[1])
+        assert ELEMENTS[name] == (
+            fmt.bits,
+            fmt.exp,
+            fmt.man,
+            math.frexp(smallest)[1] - 1,
+            fmt.max_normal,
+        ), name

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qbench.catalog.compressors import COMPRESSORS
-from qbench.catalog.params import Param, at_least, fraction
+from qbench.catalog.params import Param, at_least, fraction, validate
 from qbench.catalog.registry import Registry
 
 Params = dict[str, Any]
@@ -303,9 +303,8 @@ def _stateless_gather(given: Params, p: Params) -> str | None:
     entry = COMPRESSORS.get(name)
     if entry is None or entry.hook_only:
         return f"all_gather: {name!r} is not a qbench codec; e.g. `{{name: qsgd, bits: 8}}`"
-    chosen = {q.name: q.default for q in entry.params}
-    chosen.update({} if isinstance(spec, str) else {k: v for k, v in spec.items() if k != "name"})
-    if entry.stateful or entry.error_feedback(chosen):
+    given_params = {} if isinstance(spec, str) else {k: v for k, v in spec.items() if k != "name"}
+    if entry.stateful or entry.error_feedback(validate(name, entry.params, given_params)):
         return (
             f"all_gather: {name} keeps error-feedback state, but the parameters it would carry "
             "over are overwritten by every step; use a stateless codec such as qsgd"

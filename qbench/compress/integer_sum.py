@@ -137,10 +137,7 @@ class FloatUnits(IntegerSum):
         rows = bs.blocks(x, self.block)
         divisor = scales[:, None]
         t = rows / torch.where(divisor > 0, divisor, torch.ones_like(divisor))
-        draws = None
-        if self.comp.rounding == "stochastic":
-            u = uniform(key, offset, x.numel(), x.device)
-            draws = torch.cat([u, u.new_zeros(-x.numel() % self.block)])
+        draws = self.comp.draws(x, key, offset)
         codes = self.scaling.element.encode(t, draws).reshape(-1)[: x.numel()]
         units = self.units.to(x.device)[codes.long()]
         # a block whose shared scale is 0 holds only zeros on every rank

@@ -92,12 +92,15 @@ class ScaledFloat(Compressor):
         self, values: torch.Tensor, key: Key, offset: int, amax: torch.Tensor | None = None
     ) -> bs.Blocks:
         """The unpacked codes and scales of ``values`` (``amax``: shared block maxima)."""
-        draws = None
-        if self.rounding == "stochastic":
-            u = uniform(key, offset, values.numel(), values.device)
-            pad = -values.numel() % self.scaling.block_of(values.numel())
-            draws = torch.cat([u, u.new_zeros(pad)])  # padding is 0 and rounds to 0 anyway
-        return bs.encode(values, self.scaling, draws, amax)
+        return bs.encode(values, self.scaling, self.draws(values, key, offset), amax)
+
+    def draws(self, values: torch.Tensor, key: Key, offset: int) -> torch.Tensor | None:
+        """Stochastic rounding's draws for ``values``, zero-padded to whole blocks (padding is 0
+        and rounds to 0 anyway); None when rounding to nearest."""
+        if self.rounding != "stochastic":
+            return None
+        u = uniform(key, offset, values.numel(), values.device)
+        return torch.cat([u, u.new_zeros(-values.numel() % self.scaling.block_of(values.numel()))])
 
     def _decode_into(self, payload: Payload, out: torch.Tensor | None) -> torch.Tensor:
         n, scales = payload.numel, payload.buffers["scales"]
