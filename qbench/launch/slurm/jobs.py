@@ -81,6 +81,9 @@ def submit_and_wait(
                 job_id = jobs[it.job].job_id
                 it.ref = f"{job_id}_{it.ref}" if array else job_id
             _wait(jobs, items, timeout)
+        # A job that wrote its exit code may still be completing (CG: ranks being killed,
+        # epilog); the next run would start beside its teardown, on a node it still holds.
+        _wait_gone([j.job_id for j in jobs if j.job_id])
     except BaseException:
         _stop_sbatch(jobs)  # no more submissions; then what was submitted is cancelled
         _cancel_all(jobs)
@@ -219,6 +222,11 @@ def _cancel_all(jobs: list[Job]) -> None:
     ids = [j.job_id for j in jobs if j.proc is not None and _read_job_id(j)]
     for job_id in ids:
         _scancel(job_id)
+    _wait_gone(ids)
+
+
+def _wait_gone(ids: list[str]) -> None:
+    """Until the jobs have left the queue, for at most GONE_WAIT_S seconds."""
     deadline = time.monotonic() + GONE_WAIT_S
     while ids and time.monotonic() < deadline:
         ids = [i for i in ids if _in_queue(i)]
