@@ -186,6 +186,16 @@ def test_mpirun_argv_forces_tcp_over_the_links() -> None:
     assert shaped.mpirun_env({})["PMIX_MCA_ptl_tcp_if_include"] == "10.213.1.0/24"
 
 
+def test_mpi_sends_eagerly_over_the_links_unless_the_user_says_otherwise() -> None:
+    """No rendezvous reply to queue behind bulk data (docs/results/comm.md): 64 MiB eagerly."""
+    env = shaped.mpirun_env({})
+    assert env["OMPI_MCA_btl_tcp_eager_limit"] == env["OMPI_MCA_btl_tcp_rndv_eager_limit"]
+    assert int(env["OMPI_MCA_btl_tcp_eager_limit"]) == 64 * 2**20
+    mine = shaped.mpirun_env({"OMPI_MCA_btl_tcp_eager_limit": "65536"})
+    assert mine["OMPI_MCA_btl_tcp_eager_limit"] == "65536"
+    assert "OMPI_MCA_btl_tcp_rndv_eager_limit" not in mine
+
+
 def test_nsexec_enters_the_rank_namespace() -> None:
     assert nsexec.rank_from({"OMPI_COMM_WORLD_RANK": "3"}) == 3
     assert nsexec.argv_for("qb-1-0-n{node}", 3, ["py"]) == [

@@ -139,11 +139,25 @@ def hostfile_text(net: netns.ShapedNetwork) -> str:
     return "".join(f"{net.node_addr(n)} slots={net.ranks_per_node}\n" for n in range(net.nodes))
 
 
+# Open MPI's TCP transport sends a message over its eager limit (64 KiB by default) by
+# rendezvous: a request, the receiver's reply, then the rest. Two ranks exchanging large
+# messages over one TCP connection each way (an allreduce) queue each reply behind their own
+# bulk data, up to a socket buffer of it (megabytes, tens of ms at 1 Gbit/s); whether a reply
+# lands there depends on timing, so identical allreduces took 1x, 1.5x or 2x the wire time
+# (docs/results/comm.md). Sent eagerly, a message needs no reply. Up to this size it is (the
+# receiver buffers an unexpected one: +32 MiB of peak memory measured at 32 MiB); the user's
+# own OMPI_MCA_btl_tcp_eager_limit wins.
+MPI_TCP_EAGER_BYTES = 64 * 2**20
+
+
 def mpirun_env(base: Mapping[str, str]) -> dict[str, str]:
     env = dict(base)
     # PMIx servers (mpirun's, and each node daemon's, which inherit this) listen on the emulated
     # subnet: the bridge in the hub, eth0 in a node; both reachable from every node.
     env["PMIX_MCA_ptl_tcp_if_include"] = netns.SUBNET + ".0/24"
+    if "OMPI_MCA_btl_tcp_eager_limit" not in env:
+        eager = str(MPI_TCP_EAGER_BYTES)
+        env |= {"OMPI_MCA_btl_tcp_eager_limit": eager, "OMPI_MCA_btl_tcp_rndv_eager_limit": eager}
     return env
 
 
