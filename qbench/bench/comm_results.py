@@ -154,7 +154,7 @@ class Target:
     network: str = "1gbit"
     world_size: int = 2
     bytes: int = 64 * 2**20
-    min_fraction: float = 0.8
+    min_fraction: float = 0.95
 
     def matches(self, scheme: str, compressor: str) -> bool:
         """The scheme with any parameters (e.g. ``reduce-broadcast+overlap4``) counts."""
@@ -167,6 +167,7 @@ class Target:
         )
 
 
+# Issue 37: both at >= 95 % of the bytes-only speedup (issue 20 had asked 80 %).
 TARGETS = (Target("reduce-broadcast", "qsgd-4b-b512"), Target("integer-allreduce", "qsgd-4b-b512"))
 
 
@@ -182,10 +183,24 @@ class TargetResult:
     comm_only: float
     """Speedup of the comm phase alone (encode/decode left out), for the diagnosis."""
     crossover: int | None
+    link_GBps: float
+    """The link's measured rate: wire bytes / time of the fp32 allreduce beside it."""
+    wire_bytes: int
+    time_s: float
 
     @property
     def fraction(self) -> float:
         return self.measured / self.ideal
+
+    @property
+    def link_s(self) -> float:
+        """How long the scheme's wire bytes take at the link's measured rate."""
+        return self.wire_bytes / (self.link_GBps * 1e9)
+
+    @property
+    def link_fraction(self) -> float:
+        """Share of the scheme's time the link needs for its bytes (1 = the link is the limit)."""
+        return self.link_s / self.time_s
 
     @property
     def passed(self) -> bool:
@@ -208,5 +223,6 @@ def targets(rows: Sequence[CommRow]) -> list[TargetResult]:
                 t, backend, scheme, r.bits_per_value, ideal_speedup(r.bits_per_value),
                 base.time_s / r.time_s, base.t_comm_s / r.t_comm_s,
                 cross.get((*r.where, scheme, comp)),
+                base.wire_bytes / base.time_s / 1e9, r.wire_bytes, r.time_s,
             ))  # fmt: skip
     return found

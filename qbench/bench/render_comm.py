@@ -105,7 +105,9 @@ def target_line(t: TargetResult) -> str:
     return (
         f"target: {t.target.describe()}; {t.backend} {t.scheme}: ideal 32/{t.bits_per_value:.4g} = "
         f"{t.ideal:.2f}x, measured {t.measured:.2f}x = {t.fraction:.0%} of ideal {verdict} "
-        f"(comm phase alone {comm}); {pays}"
+        f"(comm phase alone {comm}); the link (fp32 allreduce's wire rate "
+        f"{t.link_GBps * 8:.3g} Gbit/s) carries its {nbytes(t.wire_bytes)} in "
+        f"{t.link_s * 1e3:.3g} ms, {t.link_fraction:.0%} of its {t.time_s * 1e3:.3g} ms; {pays}"
     )
 
 
