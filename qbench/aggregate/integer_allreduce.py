@@ -23,11 +23,15 @@ excludes l2, whose scale could not bound the sum), and bits >= 2 (bits 1 leaves 
 level). Groups the layer policy keeps in full precision (compressor none) take a plain fp32
 allreduce.
 
-``overlap: C`` (C > 1) splits the gradient into C bucket-aligned chunks after the scale
-agreement and pipelines them: chunk c+1 is quantized while chunk c's integer allreduce is in
-flight, and chunk c is dequantized while chunk c+1's is. The integers are the same as without
-overlap (same draws, same scales); only the phases interleave, so the run is recorded in mode
-``overlap`` (iteration time only).
+``overlap: C`` (C > 1) splits the gradient into C bucket-aligned chunks and pipelines them:
+chunk c+1 is quantized while chunk c's integer allreduce is in flight, and chunk c is
+dequantized while chunk c+1's is. Where a block's scale depends on that block alone (QSGD, FP8
+blocks, MX: ``IntegerSum.blockwise``), each chunk's scales are agreed on in the pipeline too,
+the MAX of chunk c+1's statistics issued ahead of chunk c's integers, so only the first chunk's
+statistics wait on the link; NVFP4's tensor scale needs every block first, so it agrees on all
+scales before the first chunk. The integers are the same as without overlap (same draws, same
+scales); only the phases interleave, so the run is recorded in mode ``overlap`` (iteration time
+only).
 """
 
 from __future__ import annotations
@@ -94,12 +98,16 @@ class IntegerAllReduce(Aggregator):
             grad.div_(k)
             timer.mark("decode")
             return grad
+        key = Key(seed=self.compressor.seed, step=step, rank=self.comm.rank, stream=0)
+        if self.overlapped and self.view.blockwise:
+            self._pipelined(grad, key)
+            timer.mark("comm")  # interleaved phases: the worker keeps only the iteration time
+            return grad
         stats = self.view.local_scales(grad)
         timer.mark("encode")
         self.comm.allreduce_(stats, op="max")
         timer.mark("comm")
         scales = self.view.share(stats)
-        key = Key(seed=self.compressor.seed, step=step, rank=self.comm.rank, stream=0)
         if not self.overlapped:
             q = self._quantize(grad, scales, key, 0)
             timer.mark("encode")
@@ -120,6 +128,29 @@ class IntegerAllReduce(Aggregator):
                 self._dequantize(pending.wait(), scales, out, at)
         timer.mark("comm")  # interleaved phases: the worker keeps only the iteration time
         return grad
+
+    def _pipelined(self, grad: torch.Tensor, key: Key) -> None:
+        """Blockwise scales: chunk c+1's MAX is issued before chunk c's integers, so it has
+        arrived by the time chunk c-1's sum has (every rank issues in the same order)."""
+        k = self.comm.world_size
+
+        def agree(i: int) -> Pending:
+            a, b = self.chunks[i]
+            return self.comm.iallreduce_(self.view.local_scales(grad[a:b]), op="max")
+
+        pending_stats = agree(0)
+        in_flight: list[tuple[torch.Tensor, torch.Tensor, Pending]] = []
+        for i, (a, b) in enumerate(self.chunks):
+            scales = self.view.share(pending_stats.wait())
+            if i + 1 < len(self.chunks):
+                pending_stats = agree(i + 1)
+            q = self.view.encode(grad[a:b], scales, key, self.offset + a, self.dtype)
+            in_flight.append((scales, grad[a:b], self.comm.iallreduce_(q)))
+            if len(in_flight) > 1:
+                s, out, pending = in_flight.pop(0)
+                self.view.decode(pending.wait(), s, k, out)
+        s, out, pending = in_flight.pop()
+        self.view.decode(pending.wait(), s, k, out)
 
     def _blocks_of(self, scales: torch.Tensor, at: int, numel: int) -> torch.Tensor:
         """The scales of the blocks of ``numel`` values from element ``at`` (block-aligned)."""

@@ -41,6 +41,9 @@ class IntegerSum:
 
     top: int
     block: int
+    blockwise = True
+    """Each block's shared scale depends on that block's statistics only, so a slice's scales
+    can be agreed on alone (NVFP4's tensor scale takes the max over every block: False)."""
 
     def local_scales(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -124,6 +127,7 @@ class FloatUnits(IntegerSum):
         # integer_levels, so the block is never 0 here)
         self.top, self.block = comp.spec.entry.integer_grid(comp.spec.params)
         assert self.top == int(units[torch.isfinite(element.table)].max()), "catalog disagrees"
+        self.blockwise = self.scaling.kind != "nvfp4"
 
     def local_scales(self, x: torch.Tensor) -> torch.Tensor:
         return bs.blocks(x, self.block).abs().amax(dim=1)
