@@ -1,4 +1,5 @@
-// Fused CPU loops of the QSGD and 1bitSGD compressors: plain C99, one thread, raw pointers,
+// Fused CPU loops of the QSGD and 1bitSGD compressors: C99, one thread per call (native.py cuts
+// large tensors into ranges and calls these on several threads at once), raw pointers,
 // loaded with ctypes by qbench/compress/native.py, which builds it as
 //   cc -O3 -funroll-loops -march=native -std=c99 -ffp-contract=off -fno-math-errno -fPIC -shared
 // Payloads are byte-identical to the torch reference (qbench/compress/qsgd.py, onebit.py): the
@@ -17,6 +18,18 @@
 
 #include "qsgd_math.h"
 
+// AVX-512 (-march=native on a CPU that has it): hand-written 16-lane loops for the QSGD codes
+// and the 1bitSGD encode, where the compiler's vectorisation of the plain loops spends about a
+// third more instructions (compare + blend clamps, the draw turned into a float, a serial bucket
+// sum). Everywhere else the plain loops below run; both give the same bytes (tests/test_native_
+// portable.py builds the library without -march=native and compares).
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define QB_AVX512 1
+#else
+#define QB_AVX512 0
+#endif
+
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "qbench_cpu.c stores 16-bit codes and packed words in host byte order: little-endian only"
 #endif
@@ -26,9 +39,6 @@
 #define QB_ENOMEM 2
 #define QB_CHUNK 2048         // codes per stack buffer; a multiple of 8 (one packing group)
 #define QB_STACK_FLOATS 4096  // scratch floats kept on the stack; more come from the heap
-#ifndef QB_PREFETCH
-#define QB_PREFETCH 512       // values fetched ahead of the bucket being quantised
-#endif
 
 #define QB_EXPORT __attribute__((visibility("default")))
 #define QB_INLINE static inline __attribute__((always_inline))
@@ -202,12 +212,6 @@ static float l2_norm(const float *restrict x, int64_t cnt, int64_t w, float *res
   return sqrtf(tree_sum(t, w));
 }
 
-// Ask for the next values while this bucket's codes are computed from L1: the scale pass of
-// the next bucket then finds them in cache, and memory and arithmetic overlap.
-static void prefetch(const float *x, int64_t cnt) {
-  for (int64_t i = 0; i < cnt; i += 16) __builtin_prefetch(x + i, 0, 3);  // 64-byte lines
-}
-
 // -- QSGD -----------------------------------------------------------------------------------------
 // The two quantise loops; `layout` is a constant at every call, so each compiles branch-free.
 QB_INLINE void quantize_u8(const float *restrict x, int m, float s_div, int32_t top, uint32_t kh,
@@ -234,6 +238,78 @@ QB_INLINE void quantize_u16(const float *restrict x, int m, float s_div, int32_t
   }
 }
 
+#if QB_AVX512
+// lowbias32 of 16 counters (qbench_rng.h).
+QB_INLINE __m512i lowbias32_x16(__m512i x) {
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(0x7feb352d));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32((int32_t)0x846ca68bU));
+  return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+}
+
+typedef struct {  // a bucket's constants, broadcast: divisor, t's scale, top * 2^24, sign bit
+  __m512 div, scale, top24;
+  __m512i sign_bit;
+} qb_x16_level;
+
+// The codes of 16 values x whose draws' counters are `counter`: those of quantize_u8 (bits <= 8),
+// in 24.8 fixed point instead of a float draw. With T = t * 2^24 (t the clamped level position
+// of qb_round_level, so T <= 255 * 2^24 < 2^32) and C = ceil(T) as an unsigned integer:
+// low = C >> 24, and the up-draw u < t - low, with u = (h >> 8) * 2^-24 (h the hash), holds
+// exactly when h < (C << 8) mod 2^32:
+//  - t >= 1/2 has an ulp >= 2^-24, so T is an integer and C = T; t < 1/2 gives C <= 2^23: in both
+//    cases C >> 24 = floor(t) = low;
+//  - u < t - low <=> (h >> 8) < T - low * 2^24 <=> (h >> 8) < C - low * 2^24 = C mod 2^24 (an
+//    integer below a real is below its ceiling) <=> h < 256 * (C mod 2^24) = (C << 8) mod 2^32.
+// T is the reference's t scaled by 2^24 because both products round once from the same operands
+// (x / s + 1 is 0 or >= 2^-24, never subnormal); for the sign layout a subnormal |x / s| * top
+// rounds on a finer grid once scaled, but low is 0 and the draw goes up only for h >> 8 == 0
+// either way (|x / s| * top > 0 in both). max(NaN, 0) is 0, as the reference's clamp; -0 -> +0
+// changes no code.
+QB_INLINE __m512i level_x16(const qb_x16_level *q, __m512 x, __m512i counter, const int layout) {
+  const __m512 zero = _mm512_setzero_ps(), ratio = _mm512_div_ps(x, q->div);
+  const __m512 t = layout == QB_LAYOUT_SIGN
+                       ? _mm512_mul_ps(_mm512_abs_ps(ratio), q->scale)
+                       : _mm512_mul_ps(_mm512_add_ps(ratio, _mm512_set1_ps(1.0f)), q->scale);
+  const __m512 clamped = _mm512_min_ps(_mm512_max_ps(t, zero), q->top24);
+  const __m512i c = _mm512_cvt_roundps_epu32(clamped, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
+  const __mmask16 up = _mm512_cmplt_epu32_mask(lowbias32_x16(counter), _mm512_slli_epi32(c, 8));
+  const __m512i low = _mm512_srli_epi32(c, 24);
+  const __m512i code = _mm512_mask_add_epi32(low, up, low, _mm512_set1_epi32(1));
+  if (layout != QB_LAYOUT_SIGN) return code;
+  const __mmask16 negative = _mm512_cmp_ps_mask(ratio, zero, _CMP_LT_OQ);
+  return _mm512_mask_or_epi32(code, negative, code, q->sign_bit);
+}
+
+// quantize_u8 on 16 lanes; writes lv up to the next multiple of 16 (QB_CHUNK is one).
+QB_INLINE void quantize_x16(const float *restrict x, int m, float s_div, int32_t top, uint32_t kh,
+                            uint32_t idx0, uint8_t *restrict lv, const int layout) {
+  const float top24 = (float)top * 16777216.0f;  // exact: top < 2^8
+  const float scale = layout == QB_LAYOUT_SIGN ? top24 : (float)top * 8388608.0f;  // top / 2 * 2^24
+  const qb_x16_level q = {_mm512_set1_ps(s_div), _mm512_set1_ps(scale), _mm512_set1_ps(top24),
+                          _mm512_set1_epi32(top + 1)};
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i golden = _mm512_set1_epi32((int32_t)QB_GOLDEN);
+  const __m512i step = _mm512_set1_epi32((int32_t)(16u * QB_GOLDEN));
+  __m512i counter = _mm512_add_epi32(_mm512_set1_epi32((int32_t)qb_counter(kh, idx0)),
+                                     _mm512_mullo_epi32(lanes, golden));
+  int i = 0;
+  for (; i + 16 <= m; i += 16, counter = _mm512_add_epi32(counter, step)) {
+    const __m512i code = level_x16(&q, _mm512_loadu_ps(x + i), counter, layout);
+    _mm_storeu_si128((__m128i *)(lv + i), _mm512_cvtepi32_epi8(code));
+  }
+  if (i < m) {  // the tail, read under a mask
+    const __m512 tail = _mm512_maskz_loadu_ps((__mmask16)((1u << (m - i)) - 1u), x + i);
+    const __m512i code = level_x16(&q, tail, counter, layout);
+    _mm_storeu_si128((__m128i *)(lv + i), _mm512_cvtepi32_epi8(code));
+  }
+}
+#define quantize_codes quantize_x16
+#else
+#define quantize_codes quantize_u8
+#endif
+
 // Codes of m values of one bucket (scale s) into the packer, or as 16-bit words at out16.
 static void encode_run(const float *restrict x, int m, float s, int32_t bits, int32_t layout,
                        uint32_t kh, uint32_t idx0, qb_packer *pk, uint8_t *restrict out16) {
@@ -253,8 +329,9 @@ static void encode_run(const float *restrict x, int m, float s, int32_t bits, in
     return;
   }
   if (zero) memset(lv.u8, 0, (size_t)m);
-  else if (layout == QB_LAYOUT_SIGN) quantize_u8(x, m, s_div, top, kh, idx0, lv.u8, QB_LAYOUT_SIGN);
-  else quantize_u8(x, m, s_div, top, kh, idx0, lv.u8, QB_LAYOUT_INTERVALS);
+  else if (layout == QB_LAYOUT_SIGN)
+    quantize_codes(x, m, s_div, top, kh, idx0, lv.u8, QB_LAYOUT_SIGN);
+  else quantize_codes(x, m, s_div, top, kh, idx0, lv.u8, QB_LAYOUT_INTERVALS);
   packer_put(pk, lv.u8, m);
 }
 
@@ -282,7 +359,6 @@ QB_EXPORT int qb_qsgd_encode(const float *restrict x, int64_t n, int64_t bucket,
     const float *xb = x + start;
     const float s = norm == QB_NORM_MAX ? absmax(xb, cnt) : l2_norm(xb, cnt, w, tree);
     scales[b] = s;
-    prefetch(xb + cnt, min64(QB_PREFETCH, n - start - cnt));
     for (int64_t c0 = 0; c0 < cnt; c0 += QB_CHUNK) {
       const int m = (int)min64(QB_CHUNK, cnt - c0);
       encode_run(xb + c0, m, s, bits, layout, key_hash, offset + (uint32_t)(start + c0), &pk,
@@ -369,35 +445,25 @@ static void onebit_leaves(const float *g, const float *r, int64_t cnt, float *v,
   else onebit_leaves_mode(g, r, cnt, v, pos, neg, lv, 2);
 }
 
-// grad[0..n) (+ residual_in with error feedback; a NULL residual counts as +0.0) -> signs
-// (bit set = negative, ceil(n/8) bytes), means ([avg+, avg-] per bucket) and, with error
-// feedback, residual_out = v - decoded v. residual_out may be residual_in (updated in place).
-QB_EXPORT int qb_onebit_encode(const float *grad, const float *residual_in, float *residual_out,
-                               int32_t error_feedback, int64_t n, int64_t bucket,
-                               uint8_t *restrict signs, float *restrict means) {
-  if (n < 0 || bucket < 1 || (error_feedback && n > 0 && !residual_out)) return QB_EINVAL;
-  // Sums over the padded width of a full bucket even when n is smaller, as the reference does:
-  // an all -0.0 bucket sums to -0.0 only when nothing pads it.
-  const int64_t size = n > 0 ? bucket : 1, w = qb_tree_width(size);
-  // Per bucket: its values v, the two sums' leaves, its sign codes (size bytes at the end).
-  const int64_t floats = size + 2 * w + (size + 3) / 4;
-  float stack[QB_STACK_FLOATS];
-  float *scratch = stack;
-  if (floats > QB_STACK_FLOATS && !(scratch = malloc(sizeof(float) * (size_t)floats)))
-    return QB_ENOMEM;
-  float *v = scratch, *pos = scratch + size, *neg = scratch + size + w;
-  uint8_t *lv = (uint8_t *)(scratch + size + 2 * w);
+typedef struct {  // per bucket: its values v, the two sums' leaves, its sign codes
+  float *v, *pos, *neg;
+  uint8_t *lv;
+} qb_onebit_scratch;
+
+// The plain loops, for any bucket size: leaves, counts and sums, then the bit packing.
+static void onebit_encode_plain(const float *grad, const float *residual_in, float *residual_out,
+                                int mode, int64_t n, int64_t bucket, int64_t w,
+                                const qb_onebit_scratch *s, uint8_t *signs, float *means) {
+  float *v = s->v, *pos = s->pos, *neg = s->neg;
   qb_packer pk = {signs, 1, 0, {0}};
   for (int64_t start = 0, b = 0; start < n; start += bucket, b++) {
     const int64_t cnt = min64(bucket, n - start);
-    const float *g = grad + start;
-    if (!error_feedback) onebit_leaves(g, NULL, cnt, v, pos, neg, lv, 0);
-    else if (residual_in) onebit_leaves(g, residual_in + start, cnt, v, pos, neg, lv, 1);
-    else onebit_leaves(g, NULL, cnt, v, pos, neg, lv, 2);
+    onebit_leaves(grad + start, mode == 1 ? residual_in + start : NULL, cnt, v, pos, neg, s->lv,
+                  mode);
     int64_t nneg = 0;
     for (int64_t c0 = 0; c0 < cnt; c0 += 1 << 20) {  // 32-bit partial counts vectorise better
       uint32_t part = 0;
-      for (int64_t i = c0; i < min64(c0 + (1 << 20), cnt); i++) part += lv[i];
+      for (int64_t i = c0; i < min64(c0 + (1 << 20), cnt); i++) part += s->lv[i];
       nneg += part;
     }
     for (int64_t i = cnt; i < w; i++) pos[i] = neg[i] = 0.0f;
@@ -405,12 +471,118 @@ QB_EXPORT int qb_onebit_encode(const float *grad, const float *residual_in, floa
     const float avg_neg = qb_onebit_mean(tree_sum(neg, w), nneg);
     means[2 * b] = avg_pos;
     means[2 * b + 1] = avg_neg;
-    packer_put(&pk, lv, cnt);
-    if (error_feedback)
+    packer_put(&pk, s->lv, cnt);
+    if (mode)
       for (int64_t i = 0; i < cnt; i++)
         residual_out[start + i] = qb_onebit_residual(v[i], avg_pos, avg_neg);
   }
   packer_finish(&pk);
+}
+
+#if QB_AVX512
+// Buckets of w = 16 * 2^k <= QB_X16_MAX values, held in registers as vectors of 16: their
+// comparison masks are the sign bits themselves (two bytes of the stream per vector, as bucket
+// starts are multiples of 16), the sum tree's levels h >= 16 add whole vectors and the last
+// four stay inside one. w is a constant in each copy, so that the arrays below are registers.
+#define QB_X16_MAX 256
+
+static __mmask16 lanes_below(int64_t k) {
+  return k >= 16 ? (__mmask16)0xffff : k > 0 ? (__mmask16)((1u << k) - 1u) : 0;
+}
+
+// tree_sum of the 16 * nv leaves in t[0..nv) (overwritten).
+QB_INLINE float vectors_tree_sum(__m512 *t, const int64_t nv) {
+  for (int64_t h = nv / 2; h >= 1; h /= 2)
+    for (int64_t i = 0; i < h; i++) t[i] = _mm512_add_ps(t[i], t[i + h]);
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t[0]), 1));
+  const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(t[0]), hi);  // t[i] + t[i + 8]
+  const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+  const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+  return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
+}
+
+// One bucket: grad g (+ r, mode as onebit_leaves_mode) of cnt <= w values, lanes past cnt read
+// as +0.0 (the padding); its sign bytes, means and residuals at signs, means and r_out.
+QB_INLINE void onebit_bucket_x16(const float *g, const float *r, float *r_out, int mode,
+                                 int64_t cnt, uint8_t *signs, float *means, const int64_t w) {
+  __m512 v[QB_X16_MAX / 16], pos[QB_X16_MAX / 16], neg[QB_X16_MAX / 16];
+  __mmask16 negative[QB_X16_MAX / 16];
+  const __m512 zero = _mm512_setzero_ps();
+  int64_t nneg = 0;
+  for (int64_t j = 0; j < w / 16; j++) {
+    const __mmask16 live = lanes_below(cnt - 16 * j);
+    v[j] = _mm512_maskz_loadu_ps(live, g + 16 * j);
+    if (mode == 1) v[j] = _mm512_add_ps(v[j], _mm512_maskz_loadu_ps(live, r + 16 * j));
+    if (mode == 2) v[j] = _mm512_add_ps(v[j], zero);  // qb_onebit_input(g, 0.0f): -0.0 -> +0.0
+    negative[j] = _mm512_cmp_ps_mask(v[j], zero, _CMP_LT_OQ);
+    pos[j] = _mm512_maskz_mov_ps((__mmask16)~negative[j], v[j]);  // qb_onebit_pos_leaf
+    neg[j] = _mm512_maskz_mov_ps(negative[j], v[j]);              // qb_onebit_neg_leaf
+    nneg += __builtin_popcount(negative[j]);
+  }
+  const float avg_pos = qb_onebit_mean(vectors_tree_sum(pos, w / 16), cnt - nneg);
+  const float avg_neg = qb_onebit_mean(vectors_tree_sum(neg, w / 16), nneg);
+  means[0] = avg_pos;
+  means[1] = avg_neg;
+  const __m512 sent_pos = _mm512_set1_ps(avg_pos), sent_neg = _mm512_set1_ps(avg_neg);
+  for (int64_t j = 0; j < w / 16 && 16 * j < cnt; j++) {
+    if (cnt - 16 * j > 8) memcpy(signs + 2 * j, &negative[j], 2);
+    else signs[2 * j] = (uint8_t)negative[j];  // the stream's last byte
+    if (!mode) continue;
+    const __m512 sent = _mm512_mask_blend_ps(negative[j], sent_pos, sent_neg);
+    _mm512_mask_storeu_ps(r_out + 16 * j, lanes_below(cnt - 16 * j), _mm512_sub_ps(v[j], sent));
+  }
+}
+
+QB_INLINE void onebit_encode_x16_w(const float *grad, const float *residual_in,
+                                   float *residual_out, int mode, int64_t n, uint8_t *signs,
+                                   float *means, const int64_t w) {
+  int64_t start = 0;
+  for (; start + w <= n; start += w)  // full buckets: cnt = w, a constant (no masks)
+    onebit_bucket_x16(grad + start, mode == 1 ? residual_in + start : NULL,
+                      mode ? residual_out + start : NULL, mode, w, signs + start / 8,
+                      means + 2 * (start / w), w);
+  if (start < n)
+    onebit_bucket_x16(grad + start, mode == 1 ? residual_in + start : NULL,
+                      mode ? residual_out + start : NULL, mode, n - start, signs + start / 8,
+                      means + 2 * (start / w), w);
+}
+
+// The encode through the 16-lane loops, returning 1, when they take this bucket size; else 0.
+static int onebit_encode_x16(const float *grad, const float *r_in, float *r_out, int mode,
+                             int64_t n, int64_t bucket, uint8_t *signs, float *means) {
+  switch (bucket) {
+    case 16: onebit_encode_x16_w(grad, r_in, r_out, mode, n, signs, means, 16); return 1;
+    case 32: onebit_encode_x16_w(grad, r_in, r_out, mode, n, signs, means, 32); return 1;
+    case 64: onebit_encode_x16_w(grad, r_in, r_out, mode, n, signs, means, 64); return 1;
+    case 128: onebit_encode_x16_w(grad, r_in, r_out, mode, n, signs, means, 128); return 1;
+    case QB_X16_MAX: onebit_encode_x16_w(grad, r_in, r_out, mode, n, signs, means, 256); return 1;
+    default: return 0;
+  }
+}
+#endif
+
+// grad[0..n) (+ residual_in with error feedback; a NULL residual counts as +0.0) -> signs
+// (bit set = negative, ceil(n/8) bytes), means ([avg+, avg-] per bucket) and, with error
+// feedback, residual_out = v - decoded v. residual_out may be residual_in (updated in place).
+QB_EXPORT int qb_onebit_encode(const float *grad, const float *residual_in, float *residual_out,
+                               int32_t error_feedback, int64_t n, int64_t bucket,
+                               uint8_t *restrict signs, float *restrict means) {
+  if (n < 0 || bucket < 1 || (error_feedback && n > 0 && !residual_out)) return QB_EINVAL;
+  const int mode = !error_feedback ? 0 : residual_in ? 1 : 2;  // as onebit_leaves_mode
+#if QB_AVX512
+  if (onebit_encode_x16(grad, residual_in, residual_out, mode, n, bucket, signs, means)) return 0;
+#endif
+  // Sums over the padded width of a full bucket even when n is smaller, as the reference does:
+  // an all -0.0 bucket sums to -0.0 only when nothing pads it.
+  const int64_t size = n > 0 ? bucket : 1, w = qb_tree_width(size);
+  const int64_t floats = size + 2 * w + (size + 3) / 4;  // v, pos, neg, size bytes of codes
+  float stack[QB_STACK_FLOATS];
+  float *scratch = stack;
+  if (floats > QB_STACK_FLOATS && !(scratch = malloc(sizeof(float) * (size_t)floats)))
+    return QB_ENOMEM;
+  const qb_onebit_scratch s = {scratch, scratch + size, scratch + size + w,
+                               (uint8_t *)(scratch + size + 2 * w)};
+  onebit_encode_plain(grad, residual_in, residual_out, mode, n, bucket, w, &s, signs, means);
   if (scratch != stack) free(scratch);
   return 0;
 }
