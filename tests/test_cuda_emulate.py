@@ -92,10 +92,12 @@ def _assert_same(want: list[torch.Tensor], got: list[torch.Tensor], where: objec
 
 
 def _qsgd_outputs(c: QSGD, x: torch.Tensor, offset: int = 77) -> Tensors:
-    """Levels, scales, decode, and decode added into ones (the accumulate path)."""
+    """Levels, scales, decode, decode added into ones (the accumulate path) and written over
+    them (accumulate=False: a preallocated buffer)."""
     p = c.encode(x, step=2, rank=1, offset=offset)
     acc = c.decode(p, out=torch.ones(x.numel()))
-    return [p.buffers["levels"], p.buffers["scales"], c.decode(p), acc]
+    into = c.decode(p, out=torch.ones(x.numel()), accumulate=False)
+    return [p.buffers["levels"], p.buffers["scales"], c.decode(p), acc, into]
 
 
 def _onebit_outputs(bucket_size: int, error_feedback: bool, n: int, steps: int = 3) -> Tensors:
@@ -106,6 +108,7 @@ def _onebit_outputs(bucket_size: int, error_feedback: bool, n: int, steps: int =
         p = c.encode(_grad(n, seed=step), name="w")
         outs += [p.buffers["signs"], p.buffers["means"], c.decode(p)]
         outs.append(c.decode(p, out=torch.full((n,), 0.5)))
+        outs.append(c.decode(p, out=torch.full((n,), 0.5), accumulate=False))
         if error_feedback:
             outs.append(c.state["w"].clone())
     return outs

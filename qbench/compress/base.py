@@ -168,25 +168,30 @@ class Compressor:
             pos += n
         return Payload(numel=grad.numel(), buffers={}, parts=tuple(parts))
 
-    def decode(self, payload: Payload, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Decode to float32; with ``out`` given, add the decoded values into it and return it."""
+    def decode(
+        self, payload: Payload, out: torch.Tensor | None = None, *, accumulate: bool = True
+    ) -> torch.Tensor:
+        """Decode to float32; with ``out`` given, add the decoded values into it and return it
+        (``accumulate=False``: write them into it, a preallocated buffer)."""
         if not payload.parts:
-            return self._decode_into(payload, out)
+            return self._decode_into(payload, out, accumulate)
         if out is None:
             device = next(iter(payload.parts[0].buffers.values())).device
             out = torch.zeros(payload.numel, dtype=torch.float32, device=device)
         pos = 0
         for part in payload.parts:
-            self._decode_into(part, out[pos : pos + part.numel])
+            self._decode_into(part, out[pos : pos + part.numel], accumulate)
             pos += part.numel
         return out
 
-    def _decode_into(self, payload: Payload, out: torch.Tensor | None) -> torch.Tensor:
-        """Decode one (single-piece) payload, added into ``out`` when given."""
+    def _decode_into(
+        self, payload: Payload, out: torch.Tensor | None, accumulate: bool = True
+    ) -> torch.Tensor:
+        """Decode one (single-piece) payload, added into (or written to) ``out`` when given."""
         values = self._decode(payload)
         if out is None:
             return values
-        return out.add_(values)
+        return out.add_(values) if accumulate else out.copy_(values)
 
     def wire_layout(self, numel: int) -> list[WireField]:
         """Buffers, in wire order, of the payload of ``numel`` elements (fixed-size only)."""

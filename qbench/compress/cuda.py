@@ -200,8 +200,9 @@ class _CUDAKernels:
         bucket_size: int,
         layout: str,
         out: torch.Tensor | None,
+        accumulate: bool = True,
     ) -> torch.Tensor:
-        accumulate = out is not None
+        accumulate = out is not None and accumulate
         if out is None:
             out = _empty(numel, torch.float32, scales.device)
         if numel:
@@ -240,8 +241,9 @@ class _CUDAKernels:
         *,
         bucket_size: int,
         out: torch.Tensor | None,
+        accumulate: bool = True,
     ) -> torch.Tensor:
-        accumulate = out is not None
+        accumulate = out is not None and accumulate
         if out is None:
             out = _empty(numel, torch.float32, means.device)
         if numel:
@@ -309,8 +311,9 @@ class _CUDAKernels:
         element: str,
         block: int,
         out: torch.Tensor | None,
+        accumulate: bool = True,
     ) -> torch.Tensor:
-        accumulate = out is not None
+        accumulate = out is not None and accumulate
         if out is None:
             out = _empty(numel, torch.float32, scales.device)
         if numel:

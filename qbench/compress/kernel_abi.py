@@ -32,7 +32,9 @@ class LowFloatEncoded(NamedTuple):
 
 
 class Kernels(Protocol):
-    """What a compiled path offers the compressors; arguments are checked by the caller."""
+    """What a compiled path offers the compressors; arguments are checked by the caller. A
+    decode returns fresh values when ``out`` is None, else adds them into ``out`` (``accumulate``)
+    or writes them there (``accumulate=False``: a preallocated buffer, nothing read from it)."""
 
     def qsgd_encode(
         self,
@@ -56,6 +58,7 @@ class Kernels(Protocol):
         bucket_size: int,
         layout: str,
         out: torch.Tensor | None,
+        accumulate: bool = True,
     ) -> torch.Tensor: ...
 
     def onebit_encode(
@@ -70,6 +73,7 @@ class Kernels(Protocol):
         *,
         bucket_size: int,
         out: torch.Tensor | None,
+        accumulate: bool = True,
     ) -> torch.Tensor: ...
 
     def lowfloat_encode(
@@ -99,6 +103,7 @@ class Kernels(Protocol):
         element: str,
         block: int,
         out: torch.Tensor | None,
+        accumulate: bool = True,
     ) -> torch.Tensor: ...
 
 

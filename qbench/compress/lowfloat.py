@@ -102,11 +102,13 @@ class ScaledFloat(Compressor):
         u = uniform(key, offset, values.numel(), values.device)
         return torch.cat([u, u.new_zeros(-values.numel() % self.scaling.block_of(values.numel()))])
 
-    def _decode_into(self, payload: Payload, out: torch.Tensor | None) -> torch.Tensor:
+    def _decode_into(
+        self, payload: Payload, out: torch.Tensor | None, accumulate: bool = True
+    ) -> torch.Tensor:
         n, scales = payload.numel, payload.buffers["scales"]
         kernels = native.kernels_for(scales)
         if kernels is None or not (out is None or native.can_accumulate(out, n, scales.device)):
-            return super()._decode_into(payload, out)
+            return super()._decode_into(payload, out, accumulate)
         self._check_payload(payload)
         scaling = self.scaling
         return kernels.lowfloat_decode(
@@ -118,6 +120,7 @@ class ScaledFloat(Compressor):
             element=scaling.element.name,
             block=scaling.block_of(n),
             out=out,
+            accumulate=accumulate,
         )
 
     def _check_payload(self, payload: Payload) -> None:

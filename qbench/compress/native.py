@@ -17,6 +17,11 @@ The backend is ``auto`` (compiled when possible), ``torch`` (always the referenc
 ``native`` (compiled or an error): :func:`set_backend`, the :func:`backend` context manager, or
 the environment variable ``QBENCH_COMPRESS_BACKEND``.
 
+Threads: each C function runs on one thread; a call on a large tensor is cut into ranges of
+whole buckets that run at once on a small pool (ctypes releases the GIL during a foreign call),
+as many as torch's intra-op threads (:func:`threads`). The draws are keyed by element index and
+each range is passed its offset, so the bytes do not depend on the thread count.
+
 Why one module: the ctypes signatures, the build flags and ABI_VERSION must change together
 with ``kernels/cpu/qbench_cpu.c``; split apart they drift.
 """
@@ -26,13 +31,16 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import math
 import os
 import platform
+import queue
 import subprocess
 import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -115,7 +123,8 @@ def kernels_for(t: torch.Tensor) -> Kernels | None:
 
 
 def can_accumulate(out: torch.Tensor, numel: int, device: torch.device) -> bool:
-    """True when the kernels can add a decode into ``out`` (else the generic ``out.add_``)."""
+    """True when the kernels can add a decode into ``out``, or write it there (else the generic
+    ``out.add_`` / ``out.copy_``)."""
     plain = out.dtype == torch.float32 and out.is_contiguous() and out.device == device
     return plain and out.dim() == 1 and out.numel() == numel
 
@@ -338,8 +347,84 @@ def _empty(numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return t
 
 
+# -- threads --------------------------------------------------------------------------------------
+SPLIT_MIN = 1 << 18
+"""Values per range below which a call is not cut: less work than that does not pay for handing
+it to another thread (tests lower it to split small tensors)."""
+RANGES_PER_THREAD = 4
+"""Ranges per thread, taken from a shared queue: a thread slowed by other work (torch's OpenMP
+threads spin for milliseconds after a parallel op) takes fewer, instead of holding up the call."""
+
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid that made it, pool)
+_pool_lock = threading.Lock()
+
+
+def threads() -> int:
+    """Threads one kernel call may use: torch's intra-op threads. A CPU rank runs with one
+    (``qbench.run.lifecycle.connect``: one rank per core), ``qbench bench kernels --threads N``
+    with N, a plain process with torch's default (the cores)."""
+    return torch.get_num_threads()
+
+
+def _ranges(n: int, align: int) -> list[tuple[int, int]]:
+    """[start, stop) ranges cutting n values, starts multiples of ``align``: one when n is small
+    or one thread is asked for."""
+    parts = min(threads() * RANGES_PER_THREAD, n // SPLIT_MIN)
+    if threads() == 1 or parts <= 1:
+        return [(0, n)]
+    step = -(-n // (parts * align)) * align
+    return [(a, min(a + step, n)) for a in range(0, n, step)]
+
+
+def _executor() -> ThreadPoolExecutor:
+    """The pool, made on first use; a forked child makes its own (the parent's threads are not
+    in it)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (os.getpid(), ThreadPoolExecutor(thread_name_prefix="qbench-kernels"))
+        return _pool[1]
+
+
+def _split(n: int, align: int, call: Callable[[int, int], int], what: str) -> None:
+    """call(start, stop) for each range of n values, on this thread and threads() - 1 of the
+    pool, each taking the next range until none is left; checks every return code."""
+    ranges = _ranges(n, align)
+    if len(ranges) == 1:  # the common case: no queue, no pool
+        _check(call(0, n), what)
+        return
+    todo: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
+    for r in ranges:
+        todo.put(r)
+
+    def drain() -> list[int]:
+        codes = []
+        while not todo.empty():
+            with contextlib.suppress(queue.Empty):  # another thread took the last one
+                codes.append(call(*todo.get_nowait()))
+        return codes
+
+    helpers = min(threads(), todo.qsize()) - 1
+    futures = [_executor().submit(drain) for _ in range(helpers)]
+    for rc in drain() + [rc for f in futures for rc in f.result()]:
+        _check(rc, what)
+
+
+def _align(bucket_size: int) -> int:
+    """Range starts on bucket boundaries that are also byte boundaries of the packed codes."""
+    return math.lcm(bucket_size, 8)
+
+
+def _at(address: int | None, offset: int) -> int | None:
+    """A buffer's address plus a byte offset; None (no buffer) stays None."""
+    return None if address is None else address + offset
+
+
 class _CPUKernels:
-    """ctypes calls into kernels/cpu/qbench_cpu.c; inputs made contiguous, outputs allocated."""
+    """ctypes calls into kernels/cpu/qbench_cpu.c; inputs made contiguous, outputs allocated
+    (a decode's ``out``: added into, or written when ``accumulate`` is False). QSGD and 1bitSGD
+    split large tensors over :func:`threads`; FP8 / MX / NVFP4 stay on one thread (NVFP4's tensor
+    scale and the error feedback's all-or-nothing NaN check span the whole tensor)."""
 
     def qsgd_encode(
         self,
@@ -355,11 +440,15 @@ class _CPUKernels:
         lib, x, n = _library(), grad.contiguous(), grad.numel()
         levels = _empty(levels_nbytes(n, bits), torch.uint8)
         scales = _empty(num_buckets(n, bucket_size))
-        rc = lib.qb_qsgd_encode(
-            *(_ptr(x), n, bucket_size, bits, LAYOUTS[layout], NORMS[norm]),
-            *(key_hash, offset & rng.MASK32, _ptr(levels), _ptr(scales)),
-        )
-        _check(rc, "qsgd encode")
+        codec = (bucket_size, bits, LAYOUTS[layout], NORMS[norm], key_hash)
+        x_at, levels_at, scales_at = x.data_ptr(), levels.data_ptr(), scales.data_ptr()
+
+        def encode(a: int, b: int) -> int:  # values [a, b): their draws, codes and scales
+            outs = (levels_at + levels_nbytes(a, bits), scales_at + 4 * (a // bucket_size))
+            offset_a = (offset + a) & rng.MASK32
+            return int(lib.qb_qsgd_encode(x_at + 4 * a, b - a, *codec, offset_a, *outs))
+
+        _split(n, _align(bucket_size), encode, "qsgd encode")
         return levels, scales
 
     def qsgd_decode(
@@ -372,12 +461,18 @@ class _CPUKernels:
         bucket_size: int,
         layout: str,
         out: torch.Tensor | None,
+        accumulate: bool = True,
     ) -> torch.Tensor:
-        lib, accumulate = _library(), out is not None
+        lib, add = _library(), int(out is not None and accumulate)
         out = _empty(numel) if out is None else out
-        lv, sc = levels.contiguous(), scales.contiguous()
-        args = (numel, bucket_size, bits, LAYOUTS[layout], _ptr(out), int(accumulate))
-        _check(lib.qb_qsgd_decode(_ptr(lv), _ptr(sc), *args), "qsgd decode")
+        lv, sc, out_at = levels.contiguous(), scales.contiguous(), out.data_ptr()
+        codec = (bucket_size, bits, LAYOUTS[layout])
+
+        def decode(a: int, b: int) -> int:
+            ins = (lv.data_ptr() + levels_nbytes(a, bits), sc.data_ptr() + 4 * (a // bucket_size))
+            return int(lib.qb_qsgd_decode(*ins, b - a, *codec, out_at + 4 * a, add))
+
+        _split(numel, _align(bucket_size), decode, "qsgd decode")
         return out
 
     def onebit_encode(
@@ -391,8 +486,14 @@ class _CPUKernels:
             plain = residual is not None and residual.is_contiguous()
             new_residual = residual if plain else _empty(n)
             residual = residual.contiguous() if residual is not None else None
-        args = (_ptr(g), _ptr(residual), _ptr(new_residual), int(ef), n, bucket_size)
-        _check(lib.qb_onebit_encode(*args, _ptr(signs), _ptr(means)), "onebit encode")
+        r_in, r_out = _ptr(residual), _ptr(new_residual)
+
+        def encode(a: int, b: int) -> int:  # values [a, b): their residuals, signs and means
+            ins = (g.data_ptr() + 4 * a, _at(r_in, 4 * a), _at(r_out, 4 * a), int(ef))
+            outs = (signs.data_ptr() + a // 8, means.data_ptr() + 8 * (a // bucket_size))
+            return int(lib.qb_onebit_encode(*ins, b - a, bucket_size, *outs))
+
+        _split(n, _align(bucket_size), encode, "onebit encode")
         return signs, means, new_residual
 
     def onebit_decode(
@@ -403,12 +504,17 @@ class _CPUKernels:
         *,
         bucket_size: int,
         out: torch.Tensor | None,
+        accumulate: bool = True,
     ) -> torch.Tensor:
-        lib, accumulate = _library(), out is not None
+        lib, add = _library(), int(out is not None and accumulate)
         out = _empty(numel) if out is None else out
-        s, m = signs.contiguous(), means.contiguous()
-        args = (_ptr(s), _ptr(m), numel, bucket_size, _ptr(out), int(accumulate))
-        _check(lib.qb_onebit_decode(*args), "onebit decode")
+        s, m, out_at = signs.contiguous(), means.contiguous(), out.data_ptr()
+
+        def decode(a: int, b: int) -> int:
+            ins = (s.data_ptr() + a // 8, m.data_ptr() + 8 * (a // bucket_size))
+            return int(lib.qb_onebit_decode(*ins, b - a, bucket_size, out_at + 4 * a, add))
+
+        _split(numel, _align(bucket_size), decode, "onebit decode")
         return out
 
     def lowfloat_encode(
@@ -456,8 +562,9 @@ class _CPUKernels:
         element: str,
         block: int,
         out: torch.Tensor | None,
+        accumulate: bool = True,
     ) -> torch.Tensor:
-        lib, accumulate = _library(), out is not None
+        lib, accumulate = _library(), out is not None and accumulate
         out = _empty(numel) if out is None else out
         c, s = codes.contiguous(), scales.contiguous()
         t = tensor_scale.contiguous() if tensor_scale is not None else None

@@ -61,11 +61,13 @@ class OneBit(Compressor):
             new_residual = values - _expand(negative, means, self.bucket_size)
         return bitpack.pack(negative, 1), means.reshape(-1), new_residual
 
-    def _decode_into(self, payload: Payload, out: torch.Tensor | None) -> torch.Tensor:
+    def _decode_into(
+        self, payload: Payload, out: torch.Tensor | None, accumulate: bool = True
+    ) -> torch.Tensor:
         signs, means, n = payload.buffers["signs"], payload.buffers["means"], payload.numel
         kernels = native.kernels_for(means)
         if kernels is None or not (out is None or native.can_accumulate(out, n, means.device)):
-            return super()._decode_into(payload, out)
+            return super()._decode_into(payload, out, accumulate)
         want = (bitpack.packed_nbytes(n, 1), 2 * num_buckets(n, self.bucket_size))
         got = (signs.numel(), means.numel())
         if got != want or signs.dtype != torch.uint8 or means.dtype != torch.float32:
@@ -75,7 +77,9 @@ class OneBit(Compressor):
             )
         if signs.device != means.device:
             raise ValueError(f"onebit: signs on {signs.device} but means on {means.device}")
-        return kernels.onebit_decode(signs, means, n, bucket_size=self.bucket_size, out=out)
+        return kernels.onebit_decode(
+            signs, means, n, bucket_size=self.bucket_size, out=out, accumulate=accumulate
+        )
 
     def _decode(self, payload: Payload) -> torch.Tensor:
         negative = bitpack.unpack(payload.buffers["signs"], 1, payload.numel).bool()

@@ -64,11 +64,13 @@ class QSGD(Compressor):
             )
         return Payload(numel=grad.numel(), buffers={"levels": levels, "scales": scales})
 
-    def _decode_into(self, payload: Payload, out: torch.Tensor | None) -> torch.Tensor:
+    def _decode_into(
+        self, payload: Payload, out: torch.Tensor | None, accumulate: bool = True
+    ) -> torch.Tensor:
         levels, scales, n = payload.buffers["levels"], payload.buffers["scales"], payload.numel
         kernels = native.kernels_for(scales)
         if kernels is None or not (out is None or native.can_accumulate(out, n, scales.device)):
-            return super()._decode_into(payload, out)
+            return super()._decode_into(payload, out, accumulate)
         self._check_payload(levels, scales, n)
         return kernels.qsgd_decode(
             levels,
@@ -78,6 +80,7 @@ class QSGD(Compressor):
             bucket_size=self.bucket_size,
             layout=self.layout,
             out=out,
+            accumulate=accumulate,
         )
 
     def _check_payload(self, levels: torch.Tensor, scales: torch.Tensor, n: int) -> None:
