@@ -168,16 +168,20 @@ def _adversarial(codec: ScaledFloat, n: int, seed: int) -> torch.Tensor:
     return x
 
 
+def _three_steps(codec: ScaledFloat, n: int, data: str) -> list[torch.Tensor]:
+    """Three steps' gradients of n values: random, or adversarial for ``codec``."""
+    if data == "random":
+        return [_random(n, seed=100 * n + step) for step in range(3)]
+    return [_adversarial(codec, n, seed=n + step) for step in range(3)]
+
+
 # -- the whole pipeline ---------------------------------------------------------------------------
 @pytest.mark.parametrize("spec", SPECS, ids=_id)
 def test_kernels_match_the_reference_byte_for_byte(spec: dict[str, Any]) -> None:
     codec = _codec(spec)
     for n in SIZES:
         for data in ("random", "adversarial"):
-            if data == "random":
-                inputs = [_random(n, seed=100 * n + step) for step in range(3)]
-            else:
-                inputs = [_adversarial(codec, n, seed=n + step) for step in range(3)]
+            inputs = _three_steps(codec, n, data)
             want, got = _both(spec, inputs, offset=12345)
             for step in range(3):
                 _assert_same(want[step], got[step], (n, data, step))
@@ -377,10 +381,7 @@ def test_cuda_kernels_match_the_reference_byte_for_byte(spec: dict[str, Any]) ->
     codec = _codec(spec)
     for n in SIZES:
         for data in ("random", "adversarial"):
-            if data == "random":
-                inputs = [_random(n, seed=100 * n + step) for step in range(3)]
-            else:
-                inputs = [_adversarial(codec, n, seed=n + step) for step in range(3)]
+            inputs = _three_steps(codec, n, data)
             got = _emulated(spec, inputs, offset=2**32 - 9)
             _, want = _both(spec, inputs, offset=2**32 - 9)
             for step in range(3):

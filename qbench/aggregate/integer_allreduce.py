@@ -36,7 +36,7 @@ only).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -100,7 +100,7 @@ class IntegerAllReduce(Aggregator):
             return grad
         key = Key(seed=self.compressor.seed, step=step, rank=self.comm.rank, stream=0)
         if self.overlapped and self.view.blockwise:
-            self._pipelined(grad, key)
+            self._pipelined(grad, key, None)
             timer.mark("comm")  # interleaved phases: the worker keeps only the iteration time
             return grad
         stats = self.view.local_scales(grad)
@@ -108,62 +108,45 @@ class IntegerAllReduce(Aggregator):
         self.comm.allreduce_(stats, op="max")
         timer.mark("comm")
         scales = self.view.share(stats)
-        if not self.overlapped:
-            q = self._quantize(grad, scales, key, 0)
-            timer.mark("encode")
-            self.comm.allreduce_(q)
+        if self.overlapped:
+            self._pipelined(grad, key, scales)
             timer.mark("comm")
-            self._dequantize(q, scales, grad, 0)
-            timer.mark("decode")
             return grad
-        in_flight: list[tuple[int, torch.Tensor, Pending]] = []
-        chunks: list[tuple[int, int] | None] = [*self.chunks, None]
-        for chunk in chunks:
-            if chunk is not None:
-                start, end = chunk
-                q = self._quantize(grad[start:end], scales, key, start)
-                in_flight.append((start, grad[start:end], self.comm.iallreduce_(q)))
-            if len(in_flight) > 1 or (chunk is None and in_flight):
-                at, out, pending = in_flight.pop(0)
-                self._dequantize(pending.wait(), scales, out, at)
-        timer.mark("comm")  # interleaved phases: the worker keeps only the iteration time
+        q = self.view.encode(grad, scales, key, self.offset, self.dtype)
+        timer.mark("encode")
+        self.comm.allreduce_(q)
+        timer.mark("comm")
+        self.view.decode(q, scales, k, grad)
+        timer.mark("decode")
         return grad
 
-    def _pipelined(self, grad: torch.Tensor, key: Key) -> None:
-        """Blockwise scales: chunk c+1's MAX is issued before chunk c's integers, so it has
-        arrived by the time chunk c-1's sum has (every rank issues in the same order)."""
-        k = self.comm.world_size
+    def _pipelined(self, grad: torch.Tensor, key: Key, shared: torch.Tensor | None) -> None:
+        """Two chunks in flight: chunk c+1 is quantized while chunk c is summed, and chunk c
+        dequantized while chunk c+1 is. A chunk's scales: its blocks of ``shared`` (agreed on
+        for the whole gradient first), or, for blockwise views (``shared`` None), its own MAX,
+        issued before the previous chunk's integers so that it has arrived by the time the
+        chunk before that has been summed (every rank issues in the same order)."""
 
-        def agree(i: int) -> Pending:
+        def scales_of(i: int) -> Callable[[], torch.Tensor]:
             a, b = self.chunks[i]
-            return self.comm.iallreduce_(self.view.local_scales(grad[a:b]), op="max")
+            if shared is not None:
+                first = a // self.block
+                mine = shared[first : first - (-(b - a) // self.block)]
+                return lambda: mine
+            pending = self.comm.iallreduce_(self.view.local_scales(grad[a:b]), op="max")
+            return lambda: self.view.share(pending.wait())
 
-        pending_stats = agree(0)
+        def finish(scales: torch.Tensor, out: torch.Tensor, pending: Pending) -> None:
+            self.view.decode(pending.wait(), scales, self.comm.world_size, out)
+
+        next_scales = scales_of(0)
         in_flight: list[tuple[torch.Tensor, torch.Tensor, Pending]] = []
         for i, (a, b) in enumerate(self.chunks):
-            scales = self.view.share(pending_stats.wait())
+            scales = next_scales()
             if i + 1 < len(self.chunks):
-                pending_stats = agree(i + 1)
+                next_scales = scales_of(i + 1)
             q = self.view.encode(grad[a:b], scales, key, self.offset + a, self.dtype)
             in_flight.append((scales, grad[a:b], self.comm.iallreduce_(q)))
             if len(in_flight) > 1:
-                s, out, pending = in_flight.pop(0)
-                self.view.decode(pending.wait(), s, k, out)
-        s, out, pending = in_flight.pop()
-        self.view.decode(pending.wait(), s, k, out)
-
-    def _blocks_of(self, scales: torch.Tensor, at: int, numel: int) -> torch.Tensor:
-        """The scales of the blocks of ``numel`` values from element ``at`` (block-aligned)."""
-        first = at // self.block
-        return scales[first : first - (-numel // self.block)]
-
-    def _quantize(self, x: torch.Tensor, scales: torch.Tensor, key: Key, at: int) -> torch.Tensor:
-        """Integers of ``x``, the part of the slice starting at element ``at`` (block-aligned)."""
-        s = self._blocks_of(scales, at, x.numel())
-        return self.view.encode(x, s, key, self.offset + at, self.dtype)
-
-    def _dequantize(
-        self, q: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, at: int
-    ) -> None:
-        s = self._blocks_of(scales, at, q.numel())
-        self.view.decode(q, s, self.comm.world_size, out)
+                finish(*in_flight.pop(0))
+        finish(*in_flight.pop())

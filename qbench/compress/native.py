@@ -369,8 +369,9 @@ def threads() -> int:
 def _ranges(n: int, align: int) -> list[tuple[int, int]]:
     """[start, stop) ranges cutting n values, starts multiples of ``align``: one when n is small
     or one thread is asked for."""
-    parts = min(threads() * RANGES_PER_THREAD, n // SPLIT_MIN)
-    if threads() == 1 or parts <= 1:
+    t = threads()
+    parts = min(t * RANGES_PER_THREAD, n // SPLIT_MIN)
+    if t == 1 or parts <= 1:
         return [(0, n)]
     step = -(-n // (parts * align)) * align
     return [(a, min(a + step, n)) for a in range(0, n, step)]
