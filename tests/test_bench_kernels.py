@@ -103,6 +103,30 @@ def test_breakeven_is_one_per_compressor(tiny: KernelResult) -> None:
         assert enc.breakeven_overlap_gbit == pytest.approx(2 * enc.breakeven_gbit, rel=1e-9)
 
 
+def test_rows_take_the_median_sample_not_the_mean() -> None:
+    """Skewed samples, one slow outlier each (a busy machine's): copy 1, 2, 9 us (median 2,
+    mean 4), encode 2, 4, 18 (median 4), decode 3, 6, 27 (median 6)."""
+    n = 1024
+    # the order _samples times them in: 3 warm-ups (copy, decode, encode) the rows must not
+    # use, then per repeat copy, encode, decode
+    script = iter([1.0] * 3 + [t * 1e-6 for t in (1, 2, 3, 2, 4, 6, 9, 18, 27)])
+
+    def clock(fn: Any) -> float:
+        fn()
+        return next(script)
+
+    comp = compress.from_spec("qsgd:bits=4,bucket_size=512")
+    rows = {r.op: r for r in kernels._rows(comp, torch.randn(n), 3, 60.0, clock, 0.5)}
+    assert next(script, None) is None  # every scripted sample was taken
+    enc, dec = rows["encode"], rows["decode"]
+    assert enc.copy_seconds == dec.copy_seconds == pytest.approx(2e-6)
+    assert (enc.seconds, dec.seconds) == (pytest.approx(4e-6), pytest.approx(6e-6))
+    assert (enc.ratio, dec.ratio) == (pytest.approx(2), pytest.approx(3))
+    assert enc.roofline.copy_gbps == pytest.approx(8 * n / 2e-6 / 1e9)
+    moved = 4 * n + n // 2 + 4 * 2  # the gradient in, 4-bit levels and 2 scales out
+    assert enc.roofline.floor_seconds == pytest.approx(moved * 2e-6 / (8 * n))
+
+
 def test_known_wire_sizes(tiny: KernelResult) -> None:
     by_label = {r.compressor: r for r in tiny.rows}
     assert by_label["fp32"].wire_bytes == 4 * 1024

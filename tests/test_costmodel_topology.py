@@ -13,9 +13,10 @@ from click.testing import CliRunner
 from qbench import catalog
 from qbench.cli.cost import cost as cost_cli
 from qbench.costmodel import Config, CostModel
+from qbench.costmodel.config import Prediction
 from qbench.costmodel.fit import fit_collectives
 from qbench.costmodel.formulas import comm_plan
-from qbench.costmodel.model import CollectiveFit
+from qbench.costmodel.model import CodecFit, CollectiveFit
 from qbench.costmodel.points import CommPoint, level_link
 from qbench.costmodel.predict import predict
 from qbench.costmodel.schemes import NONE, Scheme
@@ -161,3 +162,68 @@ def test_hold_out_names_a_topology_by_its_shape() -> None:
     assert list(held_out(table, [("shape", "2x2")])["shape"]) == ["2x1", "1x4", ""]
     with pytest.raises(UserError, match="shape"):
         held_out(table.drop(columns="shape"), [("shape", "2x2")])
+
+
+# Issue 44 item 9: each test below fails on one planted bug in qbench/costmodel/levels.py that
+# every other test let through. Expected values are α-β arithmetic done by hand from what each
+# rank sends, never by the module's formulas.
+BUS = Link(1e7, "10mbit")  # a shaped (tc) loopback: one bus per node
+A_BUS, B_BUS = 1e-5, 8e-7  # 10 us per message step, 10 Mbit/s
+Q4 = "qsgd-4b-b512"
+
+
+def _predict(scheme: Scheme, nodes: int, per_node: int, n: int, **kw: object) -> Prediction:
+    m = _model()
+    m.collectives.append(_fit(BUS.label, "exchange", A_BUS, B_BUS))
+    m.phases = [  # hierarchical's codec between nodes is reduce-broadcast's among N ranks
+        CodecFit(backend="gloo", scheme="reduce-broadcast", compressor=Q4, op=op, device="cpu",
+                 c0_s=0.0, c1_s=c1, r2=1.0, points=2, rel_err_median=0.0, rel_err_max=0.0)
+        for op, c1 in (("encode", 1e-9), ("decode", 2e-9))
+    ]  # fmt: skip
+    intra = kw.pop("intra", Link())
+    assert isinstance(intra, Link)
+    cfg = Config(
+        scheme=scheme, topology=Topology(nodes, per_node, GBIT, intra), numel=n, compute_s=0.0,
+        step_s=0.0, tbf_burst=False, **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+    return predict(m, cfg)
+
+
+def test_a_shaped_intra_link_carries_all_of_its_nodes_ranks() -> None:
+    # reduce-broadcast 2 x 2 of 1000 fp32 values: each of 2 calls sends 1000 B to each of the
+    # 3 peers, in 6 message steps. The shaped loopback carries both ranks' 1000 B to their one
+    # peer on the node (2000 B a call); the node link both ranks' 2 x 1000 B (4000 B a call).
+    bus = 6 * A_BUS + 2 * 2000 * B_BUS
+    link = 6 * A_OUT + 2 * 4000 * B_OUT
+    assert bus > link  # the bus bounds the collective here
+    got = _predict(Scheme("reduce-broadcast"), 2, 2, 1000, intra=BUS)
+    assert got.comm_s == pytest.approx(bus)
+
+
+@pytest.mark.parametrize("intra", ["fp16", "bf16"])
+def test_a_16_bit_sum_inside_a_node_sends_2_bytes_a_value(intra: str) -> None:
+    # 1 node x 4 ranks, 1000 values of 2 bytes: each rank sends 3 of its 4 quarters (1500 B) to
+    # their owners, then its summed quarter to 3 peers (1500 B): 3 + 3 message steps
+    got = _predict(Scheme("hierarchical", intra=intra), 1, 4, 1000)
+    assert got.wire_bytes == pytest.approx(3000)
+    assert got.comm_s == pytest.approx(6 * A_IN + 3000 * B_IN)
+
+
+def test_hierarchical_wire_counts_one_lane_per_rank() -> None:
+    # 2 nodes x 4 ranks, 8000 fp32 values (32000 B). Inside: 3/4 of 32000 B out, then 3/4 back
+    # (48000 B, 6 steps). Between: rank r's lane is 1/4 of the payload (8000 B); it sends the
+    # other node's half (4000 B) and its summed half back (4000 B), 2 steps; the node link
+    # carries 4 lanes of that, 16000 B a call.
+    got = _predict(Scheme("hierarchical"), 2, 4, 8000)
+    assert got.wire_bytes == pytest.approx(48000 + 8000)
+    inside, between = 6 * A_IN + 48000 * B_IN, 2 * A_OUT + 2 * 16000 * B_OUT
+    assert got.comm_s == pytest.approx(inside + between)
+
+
+def test_hierarchical_codec_encodes_one_lane_of_n_over_g_values() -> None:
+    # 2 nodes x 4 ranks, 8000 values: each lane is a reduce-broadcast of 2000 values among the
+    # 2 nodes. Encode: the lane's 2 ranges (2000 values) and the owner's summed range (1000);
+    # decode: the 2 ranges of its own 1000 values, then the gathered lane (2000).
+    got = _predict(Scheme("hierarchical"), 2, 4, 8000, compressor=catalog.from_label(Q4))
+    assert got.encode_s == pytest.approx((2000 + 1000) * 1e-9)
+    assert got.decode_s == pytest.approx((2 * 1000 + 2000) * 2e-9)

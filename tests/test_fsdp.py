@@ -7,10 +7,12 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 import pandas as pd
 import pytest
 import torch
+import torch.distributed as dist
 
 from qbench import catalog
 from qbench.catalog import rules
@@ -67,6 +69,85 @@ def test_qbench_fsdp_refuses_what_is_not_its_codec() -> None:
 
     with pytest.raises(UserError, match="a 16-bit reduce-scatter is FSDP's own"):
         qbench.fsdp.register(torch.nn.Linear(2, 2), "bf16")
+
+
+# ---- the collectives in one process (issue 44 item 9: bugs the two-rank cases let through) ----
+
+
+class _Group:
+    """FSDP's process group as the collectives read it: its size only."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def size(self) -> int:
+        return self.k
+
+
+class _Done:
+    """A finished gloo work: no future (``_on_completion`` takes the end of the wait)."""
+
+    def get_future(self) -> None:
+        raise RuntimeError("gloo reduce-scatter has no future")
+
+    def wait(self, timeout: object = None) -> bool:
+        return True
+
+
+def test_plain_collectives_count_the_bytes_each_rank_sends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """K = 4 (at K = 2 a shard and the (K-1)/K of a block are the same bytes): a reduce-scatter
+    of a 4-shard block of 10 fp32 values each sends the 3 shards the peers own, 120 B; an
+    all-gather sends its 10-value shard to each of 3 peers, 120 B too; a bf16 block half."""
+    from qbench.fsdp import collectives as c
+
+    monkeypatch.setattr(c, "_SCATTER", lambda *a, **kw: _Done())
+    monkeypatch.setattr(c, "_GATHER", lambda *a, **kw: _Done())
+    log, group = c.CommLog(), cast(Any, _Group(4))
+    log.begin(0)
+    c.TimedReduceScatter(log, "b0")(torch.empty(10), torch.ones(40), group, None)
+    assert log.sent == {"reduce_scatter": 3 * 10 * 4, "all_gather": 0}
+    assert log.payload_bytes == 40 * 4  # the whole block gradient is this rank's to send
+    work = c.TimedReduceScatter(log, "b1")(
+        torch.empty(10), torch.ones(40, dtype=torch.bfloat16), group, None, async_op=True
+    )
+    assert work is not None
+    work.wait()
+    assert log.sent["reduce_scatter"] == 3 * 10 * 4 + 3 * 10 * 2
+    c.TimedAllGather(log)(torch.empty(40), torch.ones(10), group)
+    assert log.sent["all_gather"] == 3 * 10 * 4
+
+
+def _blocks(comm: Any, step: int) -> dict[str, torch.Tensor]:
+    """Blocks 0 and 1 reduce-scatter (and all-gather) the same values with QSGD 2-bit."""
+    from qbench.compress import from_spec
+    from qbench.fsdp import collectives as c
+
+    grad = torch.linspace(-1, 1, 2 * SHARD) * (1 + comm.rank)
+    codec, group = from_spec(QSGD2, seed=3), cast(Any, _Group(comm.world_size))
+    out: dict[str, torch.Tensor] = {}
+    for block in (0, 1):
+        rs = c.CompressedReduceScatter(c.CommLog(), comm, codec, block)
+        ag = c.CompressedAllGather(rs.log, comm, codec, block)
+        rs.log.begin(step)
+        out[f"rs{block}"] = torch.empty(SHARD)
+        rs(out[f"rs{block}"], grad.clone(), group, dist.ReduceOp.SUM)
+        out[f"ag{block}"] = torch.empty(2 * SHARD)
+        ag(out[f"ag{block}"], grad[:SHARD].clone(), group)
+    return out
+
+
+def test_each_block_draws_from_its_own_keyed_stream() -> None:
+    """Two blocks holding the same gradient must not round it with the same draws (their
+    errors would add up instead of averaging out); the same block and step draws the same."""
+    from tests.threadcomm import run_ranks
+
+    first = run_ranks(2, lambda comm: _blocks(comm, step=5))
+    again = run_ranks(2, lambda comm: _blocks(comm, step=5))
+    for mine, same in zip(first, again, strict=True):
+        for key in ("rs", "ag"):
+            assert not torch.equal(mine[f"{key}0"], mine[f"{key}1"]), key
+            assert torch.equal(mine[f"{key}0"], same[f"{key}0"]), key  # keyed, reproducible
+            assert torch.equal(mine[f"{key}1"], same[f"{key}1"]), key
 
 
 # ---- the collectives on two ranks -------------------------------------------------------------

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -59,6 +60,106 @@ def test_ranks_per_node_must_divide_world(value: str, monkeypatch: pytest.Monkey
     assert ranks_per_node(4) == 2
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert ranks_per_node(4) == 4
+
+
+# -- 2 nodes x 2 ranks in one process (tests/threadcomm.py) --------------------------------------
+# Issue 44 item 9: against fp64 numpy references, on values that bf16 cannot hold, and with
+# stochastic draws; each test fails on a bug the integer-valued launches above let through.
+def _threads(
+    monkeypatch: pytest.MonkeyPatch, comp: object, grads: list[torch.Tensor], steps: int = 1,
+    **params: str,
+) -> list[list[torch.Tensor]]:  # fmt: skip
+    """Every rank's result at each step, 2 nodes of 2 ranks, rank r aggregating grads[r]."""
+    from qbench import aggregate
+    from qbench.compress import from_spec
+    from qbench.timing import PhaseTimer
+    from tests.threadcomm import ThreadComm, run_ranks
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    n = grads[0].numel()
+
+    def rank_main(comm: ThreadComm) -> list[torch.Tensor]:
+        agg = aggregate.build("hierarchical", comm, from_spec(comp, seed=9), n, params=params)
+        timer = PhaseTimer(torch.device("cpu"))
+        timer.start()
+        return [agg.aggregate(grads[comm.rank].clone(), t, timer).clone() for t in range(steps)]
+
+    return run_ranks(WORLD, rank_main)
+
+
+def _grads(n: int) -> list[torch.Tensor]:
+    """Values that bf16 rounds (24-bit mantissas), of other magnitudes on every rank."""
+    return [torch.randn(n, generator=torch.Generator().manual_seed(40 + r)) * (1 + r) / 3
+            for r in range(WORLD)]  # fmt: skip
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 (round to nearest, ties to even) -> float64, by the bits."""
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return rounded.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def test_the_fp32_mean_matches_an_fp64_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    grads = _grads(NUMEL)
+    out = _threads(monkeypatch, "none", grads)
+    xs = np.stack([g.numpy().astype(np.float64) for g in grads])
+    # two fp32 additions of two terms (inside, then between nodes), halvings exact: each
+    # rounding at most 2^-24 of its sum, every sum at most the mean of |x| times K
+    bound = 2 * WORLD * 2.0**-24 * np.abs(xs).mean(0)
+    for r in out:
+        assert np.all(np.abs(r[0].numpy() - xs.mean(0)) <= bound)
+
+
+def test_a_bf16_node_sum_rounds_every_part_once_and_all_ranks_agree(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """intra bf16: every rank's values go to their owner as bf16 and the node's mean comes back
+    as bf16, owner included: every rank ends with bf16(mean of bf16(x)), bit for bit the same."""
+    grads = _grads(NUMEL)
+    out = _threads(monkeypatch, "none", grads, intra="bf16")
+    mean = np.stack([_bf16(g.numpy()) for g in grads]).mean(0)  # exact in fp64
+    want = _bf16(mean)
+    # fp32 sums of the bf16 inputs are exact but for rare far-apart exponents: where the mean
+    # is within fp32 rounding of a bf16 tie, either neighbour is right
+    step = np.abs(want) * 2.0**-7
+    near = np.abs(np.abs(mean - want) - step / 2) <= np.abs(mean) * 2.0**-22
+    for r in out:
+        got = r[0].numpy().astype(np.float64)
+        assert np.array_equal(got[~near], want[~near])
+        assert np.all(np.abs(got - mean) <= step)
+    for r in out[1:]:
+        assert torch.equal(r[0], out[0][0])
+
+
+def test_every_lane_draws_its_own_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both halves of every gradient alike: lane 0 carries the first between nodes, lane 1 the
+    second. Lanes keyed by their global offsets round them differently; lanes reusing lane
+    0's draws would send the same codes twice, correlating the rounding errors of values n/G
+    apart."""
+    half = 512  # lanes are whole buckets (QSGD's 128 values): 2 lanes of 512
+    grads = [torch.cat([g[:half], g[:half]]) for g in _grads(half)]
+    out = _threads(monkeypatch, QSGD, grads)
+    for r in out:
+        assert not torch.equal(r[0][:half], r[0][half:])
+        assert torch.equal(r[0], out[0][0])
+
+
+def test_stochastic_rounding_between_nodes_is_unbiased_and_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """QSGD 2-bit between nodes (|x| <= 1 here, so one level delta <= 1): the node means are
+    rounded to a level, then the owner's mean again, so each step's error is within 2 delta.
+    Two independent unbiased draws of variance <= delta^2 / 4 each: the mean error over S
+    steps has a mean square <= delta^2 / (2 S) per value; a rounding to nearest would keep a
+    mean square near delta^2 / 12 however many steps, and a biased draw a part of it."""
+    steps, n = 100, 64
+    grads = [g[:n].clamp(-1, 1) for g in _grads(n)]
+    out = _threads(monkeypatch, QSGD, grads, steps=steps)
+    exact = np.stack([g.numpy().astype(np.float64) for g in grads]).mean(0)
+    errs = np.stack([t.numpy() for t in out[0]]) - exact
+    assert np.abs(errs).max() <= 2 + 1e-6 and np.abs(errs).max() > 0
+    assert float((errs.mean(0) ** 2).mean()) < 1.5 / (2 * steps)
 
 
 # -- 4 ranks ------------------------------------------------------------------------------------

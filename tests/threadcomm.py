@@ -1,10 +1,10 @@
 """An in-process communicator: K ranks as K threads exchanging tensors through shared slots.
 
 Enough of :class:`qbench.comm.Comm` for the synchronous schemes (allreduce, alltoallv and what
-is built on it), with the base class's byte counting, so a scheme's exchange runs on K ranks in
-one process in a fraction of a second. ``run_ranks(k, fn)`` calls ``fn(comm)`` on every rank
-and returns the results in rank order; an exception on one rank breaks the barrier of the
-others and is re-raised.
+is built on it, ``split`` for the hierarchical scheme's levels), with the base class's byte
+counting, so a scheme's exchange runs on K ranks in one process in a fraction of a second.
+``run_ranks(k, fn)`` calls ``fn(comm)`` on every rank and returns the results in rank order; an
+exception on one rank breaks the barrier of the others and is re-raised.
 """
 
 from __future__ import annotations
@@ -62,6 +62,16 @@ class ThreadComm(Comm):
 
     def barrier(self) -> None:
         self.shared.barrier.wait()
+
+    def split(self, color: int) -> ThreadComm:
+        """The ranks of the same ``color``, in this communicator's order (``Comm.split``): the
+        first of them makes their shared slots, which every member then takes."""
+        colors = self._exchange(color)
+        members = [r for r, c in enumerate(colors) if c == color]
+        made = self._exchange(_Shared(len(members)) if members[0] == self.rank else None)
+        sub = type(self)(made[members[0]], members.index(self.rank), len(members))
+        sub.parent = self  # its bytes count into this communicator's too
+        return sub
 
     def close(self) -> None:
         return None
