@@ -147,9 +147,13 @@ QB_HD float qb_lf_e8m0_value(uint32_t code) {
   return qb_lf_float(code ? code << 23 : 0x00400000u);
 }
 
-// NVFP4's tensor scale from the largest block max: max / 2688 (1 when it is 0, or NaN).
+// NVFP4's tensor scale from the largest block max: max / 2688, at least 2^-126 (the smallest
+// normal float32; below it a max under ~1.9e-42 gave 0, and every block of zeros 0 / 0, the
+// E4M3 NaN scale: issue 44; blockscale.Scaling.scales says why this floor), 1 when max is 0 or
+// NaN. The floor is a comparison: exact, so the three implementations stay byte-identical.
 QB_HD float qb_lf_nvfp4_tensor(float top) {
-  return top > 0.0f ? QB_FDIV(top, QB_LF_NVFP4_RANGE) : 1.0f;
+  const float exact = QB_FDIV(top, QB_LF_NVFP4_RANGE), least = qb_lf_float(0x00800000u);
+  return top > 0.0f ? (exact < least ? least : exact) : 1.0f;
 }
 
 // NVFP4's E4M3 block scale: (amax / 6) / tensor, rounded to E4M3 nearest-even (saturating).

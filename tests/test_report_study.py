@@ -234,23 +234,46 @@ def test_readme_accuracy_table_script(root: Path) -> None:
     assert f"| {mean(qsgd):.2f} ± 0.71 | {mean(qsgd) - mean(fp32):+.2f} |" in rows["qsgd-4b-b512"]
 
 
-def test_quantized_weights_compare_with_fp32_weights() -> None:
-    """seed 000 section 5.4: a `weights: {bits: N}` configuration's difference is to the same
-    workload with fp32 communication and fp32 weights, not to itself."""
+def _precision_study(tmp_path: Path, runs: dict[str, tuple[dict[str, Any], float]]) -> pd.Series:
+    """Accuracy runs of one workload, recorded with the typed settings ``precision`` is made of
+    (run id -> (settings, final top-1)): each configuration's difference to its fp32 baseline,
+    by the ``precision`` label the summary makes."""
     from qbench.report import accuracy
 
-    rows = []
-    for precision, top1 in (("fp32", 0.90), ("fp32+w8", 0.89), ("fp32+w6", 0.70)):
-        rows.append({
-            "run_id": precision, "status": "ok", "model": "cnn", "dataset": "digits",
-            "backend": "gloo", "scheme": "parameter-server", "compressor": "fp32",
-            "world_size": 4, "skew": 0.0, "precision": precision, "bits_per_value": 32.0,
-            "final_top1": top1, "time_to_target_s": math.nan,
-        })  # fmt: skip
-    table = accuracy.table(pd.DataFrame(rows)).set_index("precision")
-    assert table["diff_vs_fp32"].to_dict() == pytest.approx(
-        {"fp32": 0.0, "fp32+w8": -0.01, "fp32+w6": -0.20}
-    )
+    store = ResultStore(tmp_path)
+    for run_id, (settings, top1) in runs.items():
+        lab = labels("mlp", "fp32", 4, dataset="digits", scheme="parameter-server", **settings)
+        add_run(store, run_id, lab, rows_for(run_id, "mlp", "fp32", 4))
+        add_epochs(store, run_id, [top1], [1.0])
+    table = accuracy.table(stats.summarize(stats.load(tmp_path))).set_index("precision")
+    return table["diff_vs_fp32"]
+
+
+def test_quantized_weights_compare_with_fp32_weights(tmp_path: Path) -> None:
+    """seed 000 section 5.4: a `weights: {bits: N}` configuration's difference is to the same
+    workload with fp32 communication and fp32 weights, not to itself."""
+    runs = {"fp32": ({}, 0.90), "w8": ({"weight_bits": 8}, 0.89), "w6": ({"weight_bits": 6}, 0.70)}
+    diff = _precision_study(tmp_path, runs)
+    assert diff.to_dict() == pytest.approx({"fp32": 0.0, "fp32+w8": -0.01, "fp32+w6": -0.20})
+
+
+def test_shared_rounding_runs_compare_with_their_real_fp32_baseline(tmp_path: Path) -> None:
+    """Issue 44: ``fp32+w8+shared-rounding`` was its own baseline (a regex stripped ``+w8`` only
+    at the end of the label). Its baseline is fp32 with fp32 weights (nothing else rounds, so
+    that run records no rounding); int8's rounds, so int8 with shared draws compares with int8
+    with shared draws, not with per-rank draws."""
+    shared = {"rounding": "shared"}
+    runs = {
+        "fp32": ({}, 0.90),
+        "fp32-w8-shared": ({"weight_bits": 8, **shared}, 0.86),
+        "int8": ({"compute": "int8"}, 0.80),
+        "int8-shared": ({"compute": "int8", **shared}, 0.84),
+        "int8-w8-shared": ({"compute": "int8", "weight_bits": 8, **shared}, 0.83),
+    }
+    assert _precision_study(tmp_path, runs).to_dict() == pytest.approx({
+        "fp32": 0.0, "fp32+w8+shared-rounding": -0.04, "int8": 0.0,
+        "int8+shared-rounding": 0.0, "int8+w8+shared-rounding": -0.01,
+    })  # fmt: skip
 
 
 def test_accuracy_figure_keeps_precisions_apart(tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ and every value is stored as the element code of x / scale:
   X = 2^(floor(log2 max|x|) - emax) (OCP MX v1.0, section 6.3; ``minifloat.mx_scale_exponent``),
   which leaves max |x| / X in [2^emax, 2^(emax+1)): the largest values of a block saturate.
 * NVFP4: blocks of 16 E2M1 values, an E4M3 scale per block and one fp32 scale s = max|x| /
-  (448 x 6) for the whole input, so that every block scale max|block| / 6 / s fits E4M3; the
+  (448 x 6) for the whole input (at least 2^-126, the smallest normal float32, so that it never
+  underflows to 0; 1 for all zeros), so that every block scale max|block| / 6 / s fits E4M3; the
   block scale is rounded to E4M3 (nearest), which may put a block's top one step over 6: it
   saturates.
 
@@ -34,6 +35,7 @@ from qbench.compress import minifloat as mf
 MX_BLOCK = 32
 NVFP4_BLOCK = 16
 NVFP4_RANGE = 448.0 * 6.0  # largest E4M3 block scale x largest E2M1 value
+NVFP4_MIN_TENSOR = torch.finfo(torch.float32).tiny  # 2^-126, the smallest normal float32
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,13 @@ class Scaling:
         if self.kind == "mx":
             return mf.mx_scale_exponent(amax, self.element), None
         top = amax.max() if amax.numel() else amax.new_zeros(())
-        tensor = torch.where(top > 0, top / torch.full_like(top, NVFP4_RANGE), torch.ones_like(top))
+        # At least the smallest normal float32: below max |x| ~ 3.2e-35 the tensor scale would be
+        # subnormal, and below ~1.9e-42 0, giving every block of zeros 0 / 0, the E4M3 NaN scale
+        # (issue 44). Transformer Engine likewise caps its encode scale 2688 / max at FLT_MAX.
+        # The floor keeps every block scale max|block| / 6 / s within E4M3's 448; a block with
+        # max under 6 x 2^-136 (float32 dust) gets scale 0, exact zeros. 0 or NaN: 1.
+        exact = top / torch.full_like(top, NVFP4_RANGE)
+        tensor = torch.where(top > 0, exact.clamp(min=NVFP4_MIN_TENSOR), torch.ones_like(top))
         six = torch.full_like(amax, mf.E2M1.max_normal)
         return mf.E4M3.encode(amax / six / tensor.reshape(1)), tensor.reshape(1)
 

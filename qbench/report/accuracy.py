@@ -6,7 +6,9 @@ accuracy, the training time and iterations until the averaged model first reache
 it never did). Per configuration (runs that differ only by seed or repeat): mean and standard
 deviation over the runs, the bits per value each sent, and the difference to the fp32 run of
 the same model, dataset, scheme family, skew and compute precision (with fp32 weights: a
-``weights: {bits: N}`` configuration is compared with the unquantized model).
+``weights: {bits: N}`` configuration is compared with the unquantized model). The precision is
+read from the runs' typed settings (``compute``, ``norm``, ``weight_bits``, ``rounding``), never
+from the ``precision`` label, which is for people.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import math
 
 import pandas as pd
 
+from qbench.spec.scenario import ROUNDED_COMPUTE
+
 RUN_METRICS = (
     "epochs_done", "final_top1", "best_top1", "final_top5", "final_test_loss", "final_grad_norm",
     "time_to_target_s", "iters_to_target", "final_perplexity",
@@ -22,7 +26,9 @@ RUN_METRICS = (
 CONFIG_KEYS = [
     "model", "dataset", "backend", "scheme", "compressor", "world_size", "skew", "precision",
 ]  # fmt: skip
-BASELINE_KEYS = ["model", "dataset", "family", "skew", "base_precision"]
+SETTINGS = ["compute", "norm", "weight_bits", "rounding"]
+"""The typed settings ``precision`` is made of (``qbench.report.stats.PRECISION_SETTINGS``)."""
+BASELINE_KEYS = ["model", "dataset", "family", "skew", "compute", "norm", "base_rounding"]
 """fp32 communication and fp32 weights of the same workload, partition and compute precision."""
 TABLE_COLUMNS = (
     *("model", "dataset", "precision", "scheme", "compressor", "skew", "world_size", "runs"),
@@ -59,16 +65,19 @@ def table(summary: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=list(TABLE_COLUMNS))
     runs["skew"] = runs["skew"].fillna(0.0)
     runs["family"] = runs["scheme"].map(family)
-    grouped = runs.groupby([*CONFIG_KEYS, "family"], dropna=False, sort=False)
+    grouped = runs.groupby([*CONFIG_KEYS, "family", *SETTINGS], dropna=False, sort=False)
     out = grouped.agg(
         runs=("run_id", "count"), bits_per_value=("bits_per_value", "median"),
         top1_mean=("final_top1", "mean"), top1_std=("final_top1", "std"),
         time_to_target_s=("time_to_target_s", "mean"),
     ).reset_index()  # fmt: skip
     out["top1_std"] = out["top1_std"].fillna(0.0)
-    # weight quantization (``+wN``, seed 000 section 5.4) is measured against fp32 weights
-    out["base_precision"] = out["precision"].astype(str).str.replace(r"\+w\d+$", "", regex=True)
-    full = (out["compressor"] == "fp32") & (out["precision"].astype(str) == out["base_precision"])
+    # weight quantization (seed 000 section 5.4) is measured against fp32 weights; the draws'
+    # setting stays only where the compute itself rounds (a run that rounds nothing records
+    # per-rank: qbench.spec.matrix's _rounding)
+    rounds = out["compute"].isin(ROUNDED_COMPUTE)
+    out["base_rounding"] = out["rounding"].where(rounds, "per-rank")
+    full = (out["compressor"] == "fp32") & (out["weight_bits"] == 0)
     fp32 = out[full].set_index(BASELINE_KEYS)
     ref = out.apply(lambda r: _fp32_mean(fp32, r), axis=1)
     out["diff_vs_fp32"] = out["top1_mean"] - ref

@@ -50,6 +50,8 @@ RUN_COLUMNS = (
     *("other_cores", "disturbed"),  # what else used the CPUs (qbench.records.interference)
     *memory.PEAK_COLUMNS,  # the largest peak memory of a rank (qbench.records.memory)
 )
+PRECISION_SETTINGS = dict(compute="fp32", norm="batchnorm", weight_bits=0, rounding="per-rank")
+"""What ``precision`` is made of (typed; comparisons read these), and what older runs ran with."""
 _INT_COLUMNS = (
     *("exit_code", "world_size", "batch_size", "global_batch", "numel", "seed", "repeat"),
     *("nodes", "peak_ranks"),
@@ -78,6 +80,7 @@ SUMMARY_COLUMNS = (
     # not in the headline list, but needed by figures, failure tables and CSV readers
     *("compressor_name", "bits", "simulated", "global_batch", "repeat", "skew", "exit_code"),
     *("batch_size", "numel", "gflops_per_sample", "nodes", "price_per_hour", "target_accuracy"),
+    *PRECISION_SETTINGS,
     "dilation",  # time dilation: the times above are the measured ones divided by it
     *("profiled", "git_commit", "error"),
     # other processes' CPU use while measured, the rule's verdict (None: not recorded), and
@@ -237,6 +240,8 @@ def _runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
         runs[column] = _as_int(runs[column])
     runs["bits"] = pd.to_numeric(runs["bits"], errors="coerce")
     runs["skew"] = pd.to_numeric(runs["skew"], errors="coerce").fillna(0.0)  # older runs: IID
+    for column, default in PRECISION_SETTINGS.items():
+        runs[column] = runs[column].fillna(default).astype(type(default))
     runs["precision"] = _precision(runs)
     runs["simulated"] = runs["simulated"].map(_truthy).astype(bool)
     runs["profiled"] = runs["profiled"].map(_truthy).astype(bool)
@@ -250,13 +255,9 @@ def _runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def _precision(runs: pd.DataFrame) -> pd.Series:
-    """Compute precision, normalisation, weight quantization and shared rounding draws as one
-    label: ``fp32``, ``int8``, ``bf16+range-evonorm``, ``fp32+w8``, ``int8+shared-rounding``
-    (fp32, batchnorm, per-rank for runs recorded before each key)."""
-    compute = runs["compute"].fillna("fp32").astype(str)
-    norm = runs["norm"].fillna("batchnorm").astype(str)
-    bits = pd.to_numeric(runs["weight_bits"], errors="coerce").fillna(0).astype(int)
-    rounding = runs["rounding"].fillna("per-rank").astype(str)
+    """``PRECISION_SETTINGS`` as one label, for people: ``fp32``, ``int8``,
+    ``bf16+range-evonorm``, ``fp32+w8``, ``int8+shared-rounding``."""
+    compute, norm, bits, rounding = (runs[c] for c in PRECISION_SETTINGS)
     labels = [
         c + ("" if n == "batchnorm" else f"+{n}") + (f"+w{b}" if b else "")
         + ("" if r == "per-rank" else f"+{r}-rounding")
