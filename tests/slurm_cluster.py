@@ -4,19 +4,19 @@ The session fixture :func:`slurm_cluster` writes a minimal slurm.conf into a tem
 starts a munged of its own (own key, own socket: a system munged is left alone), slurmctld and
 slurmd on free ports, waits until ``sinfo`` shows the node idle and exports SLURM_CONF to the
 tests. At the end it cancels what is left in the queue and stops the daemons, also when a test
-failed. Without Debian's slurm-wlm and munge (``make slurm``) the tests that need it are skipped;
-so are they, with the last lines of the daemons' logs, when the daemons cannot start.
+failed. The tests that need it skip only for a missing prerequisite, found before anything
+starts: Debian's slurm-wlm and munge not installed (``make slurm``), or for emulated nodes not
+root or no ``ip`` / ``tc``. Anything else is a real start-up error and fails them, naming it:
+a daemon that exits (the supervisor says which, with what code) or nodes that are not idle in
+time, with the last lines of every daemon's log and output.
 
-The daemons run under a small supervisor (``python tests/slurm_cluster.py supervise DIR``)
-that is a child subreaper: slurmd double-forks a slurmstepd per job, which would otherwise end
-up a zombie of PID 1 (containers often have no init that reaps). The supervisor reaps them all,
-and on SIGTERM stops its daemons and every process they left behind.
+The daemons run under a small supervisor (tests/slurm_supervisor.py), a child subreaper that
+reaps the slurmstepds slurmd leaves and stops everything when asked or when a daemon exits.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import getpass
 import json
 import os
@@ -33,10 +33,12 @@ from pathlib import Path
 
 import pytest
 
+from tests import slurm_supervisor
+from tests.slurm_supervisor import STOP_GRACE_S
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "salloc", "scancel", "squeue", "sinfo")
 START_TIMEOUT_S = 60.0
-STOP_GRACE_S = 10.0
 NODE = "localhost"
 
 
@@ -52,13 +54,17 @@ class Cluster:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
     def log_tails(self, lines: int = 8) -> str:
+        """The last lines of the supervisor's log (which daemon exited), each daemon's log and
+        its own output (where a daemon that dies at start-up says why); empty ones left out."""
         out = []
-        logs = ("munged.log", "slurmctld.log", "slurmd.log", "supervisor.log", "slurmd.out")
-        for name in (*logs, *sorted(p.name for p in self.root.glob("slurmd-*.log"))):
+        logs = ("supervisor.log", "munged.log", "slurmctld.log", "slurmd.log")
+        outputs = sorted(p.name for p in self.root.glob("*.out"))
+        for name in (*logs, *outputs, *sorted(p.name for p in self.root.glob("slurmd-*.log"))):
             path = self.root / name
             with contextlib.suppress(OSError):
                 tail = path.read_text(errors="replace").strip().splitlines()[-lines:]
-                out.append(f"{name}: " + " | ".join(tail))
+                if tail:
+                    out.append(f"{name}: " + " | ".join(tail))
         return "; ".join(out) or "no logs"
 
 
@@ -155,8 +161,9 @@ def _sinfo_state(env: dict[str, str]) -> str:
 
 @contextlib.contextmanager
 def running_cluster() -> Iterator[Cluster]:
-    """Start the daemons; yield once the node is idle; always stop them. pytest.skip (with the
-    reason) when they are not installed or do not come up. Exports SLURM_CONF while it runs."""
+    """Start the daemons; yield once the node is idle; always stop them. pytest.skip when they
+    are not installed, pytest.fail (naming the cause) when they do not come up. Exports
+    SLURM_CONF while it runs."""
     _check_installed()
     root = _new_root()
     cluster = Cluster(root, root / "slurm.conf", os.cpu_count() or 1)
@@ -184,13 +191,14 @@ def running_nodes_cluster(nodes: int) -> Iterator[Cluster]:
     emulated bridge (10.213.1.253) joins to the nodes. Each node's /etc/hosts (a bind mount in a
     mount namespace of its own) names every node, as a cluster's DNS would. SLURM_CONF is not
     exported (a single-node cluster may run beside it): pass ``cluster.env``. Needs root."""
+    from qbench.errors import UserError
     from qbench.launch import netns
     from qbench.spec import network
 
     _check_installed()
     try:
         netns.check_available()
-    except Exception as e:  # UserError: not root, no ip / tc
+    except UserError as e:  # a missing prerequisite (not root, no ip / tc); nothing else is
         pytest.skip(f"emulated Slurm nodes need network namespaces: {e}")
     root = _new_root()
     names = {f"qbnode{k}": f"{netns.SUBNET}.{k + 1}" for k in range(nodes)}
@@ -270,14 +278,14 @@ def _supervised(cluster: Cluster, nodes: list[str]) -> Iterator[None]:
     root, env = cluster.root, cluster.env
     log = open(root / "supervisor.log", "wb")  # noqa: SIM115 (closed below)
     supervisor = subprocess.Popen(
-        [sys.executable, __file__, "supervise", str(root)], env=env, stdout=log, stderr=log,
+        [sys.executable, slurm_supervisor.__file__, str(root)], env=env, stdout=log, stderr=log,
         stdin=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not all(f"{n} idle" in _sinfo_state(env) for n in nodes):
             if supervisor.poll() is not None or time.monotonic() > deadline:
-                pytest.skip(f"slurm daemons did not start: {cluster.log_tails()}")
+                pytest.fail(start_failure(cluster, supervisor.poll()), pytrace=False)
             time.sleep(0.5)
         yield
     finally:
@@ -290,6 +298,16 @@ def _supervised(cluster: Cluster, nodes: list[str]) -> Iterator[None]:
             supervisor.wait()
         log.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def start_failure(cluster: Cluster, supervisor_exit: int | None) -> str:
+    """Why the daemons did not come up, for the tests to fail with: the prerequisites were
+    there (their absence skips before anything starts), so this is a real start-up error."""
+    if supervisor_exit is None:
+        why = f"the nodes were not idle after {START_TIMEOUT_S:g} s"
+    else:
+        why = f"the supervisor stopped them (exit code {supervisor_exit})"
+    return f"slurm daemons did not start: {why}; {cluster.log_tails()}"
 
 
 def _cancel_jobs(env: dict[str, str]) -> None:
@@ -307,96 +325,3 @@ def _cancel_jobs(env: dict[str, str]) -> None:
 def slurm_cluster() -> Iterator[Cluster]:
     with running_cluster() as cluster:
         yield cluster
-
-
-# ---------------------------------------------------------------------------------------------
-# The supervisor (a process of its own)
-
-_PR_SET_CHILD_SUBREAPER = 36
-
-
-def supervise(root: Path) -> int:
-    """Start the daemons in order, reap every child (adopted ones too) until SIGTERM, then stop
-    the daemons and whatever processes they left behind, and reap those as well."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    stopping = False
-
-    def stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    daemons: list[subprocess.Popen[bytes]] = []
-    commands = json.loads((root / "daemons.json").read_text())
-    for i, argv in enumerate(commands):
-        if stopping:
-            break
-        out = open(root / f"{Path(argv[0]).name}.out", "wb")  # noqa: SIM115 (lives as long)
-        daemons.append(subprocess.Popen(argv, stdout=out, stderr=out, stdin=subprocess.DEVNULL))
-        if i == 0:  # munged: its socket before slurmctld / slurmd authenticate
-            deadline = time.monotonic() + 15
-            while not (root / "munge.sock").exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
-    while not stopping:
-        _reap()
-        if all(d.poll() is not None for d in daemons):
-            break
-        time.sleep(0.1)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in [*(d.pid for d in reversed(daemons)), *_descendants_of_cluster(root)]:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + STOP_GRACE_S
-        while time.monotonic() < deadline:
-            _reap()
-            if all(d.poll() is not None for d in daemons) and not _children():
-                break
-            time.sleep(0.05)
-    _reap()
-    return 0
-
-
-def _reap() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
-def _children() -> list[int]:
-    me = str(os.getpid())
-    out = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        with contextlib.suppress(OSError):
-            fields = dict(
-                line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line
-            )
-            if fields.get("PPid", "").strip() == me and not fields.get("State", "").startswith("Z"):
-                out.append(int(status.parent.name))
-    return out
-
-
-def _descendants_of_cluster(root: Path) -> list[int]:
-    """Processes started by this cluster's daemons (slurmstepd, job steps): their environment
-    names this cluster's slurm.conf."""
-    marker = f"SLURM_CONF={root / 'slurm.conf'}".encode()
-    out = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        pid = int(environ.parent.name)
-        if pid == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            if marker in environ.read_bytes().split(b"\0"):
-                out.append(pid)
-    return out
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "supervise":
-        sys.exit(supervise(Path(sys.argv[2])))
-    sys.exit("usage: python tests/slurm_cluster.py supervise DIR")

@@ -286,26 +286,33 @@ def test_overflow_through_the_residual_matches_the_reference() -> None:
         _assert_same(runs[1], runs[0], spec)
 
 
-@pytest.mark.parametrize("spec", ["fp8", "fp8:block_size=16", "mx", "nvfp4"])
+# Every path of the C encode's check: 100 values are one chunk of short blocks; 5,000 are
+# several chunks (the NaN in the first or the last), and for FP8 with one scale per tensor (or
+# blocks of 2,048) the long-block path, whose block max is taken chunk by chunk.
+NAN_AT = [(100, 70), (5000, 3), (5000, 4321)]
+
+
+@pytest.mark.parametrize("spec", ["fp8", "fp8:block_size=16", "fp8:block_size=2048", "mx", "nvfp4"])
 @pytest.mark.parametrize("error_feedback", [False, True])
+@pytest.mark.parametrize(("n", "at"), NAN_AT, ids=[f"{n}-at-{i}" for n, i in NAN_AT])
 def test_nan_and_inf_gradients_are_refused_as_the_reference_does(
-    spec: str, error_feedback: bool
+    spec: str, error_feedback: bool, n: int, at: int
 ) -> None:
     for bad in (math.nan, math.inf, -math.inf):
-        x = _random(100, seed=1)
-        x[70] = bad
+        x = _random(n, seed=1)
+        x[at] = bad
         messages, residuals = [], []
         for backend in ("native", "torch"):
             codec = _codec(spec)
             codec.error_feedback = error_feedback
-            codec.state["w"] = torch.full((100,), 0.25)
+            codec.state["w"] = torch.full((n,), 0.25)
             with native.backend(backend), pytest.raises(ValueError) as info:
                 codec.encode(x, name="w", offset=10)
             messages.append(str(info.value))
             residuals.append(codec.state["w"])
         assert messages[0] == messages[1]
-        assert "value 80 is" in messages[0]
-        assert torch.equal(residuals[0], torch.full((100,), 0.25))  # left as it was
+        assert f"value {at + 10} is" in messages[0]
+        assert torch.equal(residuals[0], torch.full((n,), 0.25))  # left as it was
 
 
 # -- decode ---------------------------------------------------------------------------------------
@@ -401,6 +408,28 @@ def test_cuda_grid_stride_loops_and_schedules(monkeypatch: pytest.MonkeyPatch, m
         _, want = _both(spec, inputs)
         for step in range(2):
             _assert_same([_canonical(t) for t in want[step]], got[step], (spec, step))
+
+
+@pytest.mark.usefixtures("_emulator")
+@pytest.mark.parametrize("spec", ["fp8", "fp8:block_size=2048", "mx", "nvfp4"])
+@pytest.mark.parametrize("error_feedback", [False, True])
+def test_cuda_kernels_refuse_a_nan_far_into_a_grid_stride(
+    spec: str, error_feedback: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One block of 256 threads striding over 40,000 values (625 runs of 64 for the block
+    maxima): the flag of a NaN or inf met in the third pass must still refuse the encode."""
+    monkeypatch.setattr(cuda, "_MAX_BLOCKS", 1)
+    for bad in (math.nan, -math.inf):
+        x = _random(40_000, seed=1)
+        x[39_000] = bad
+        codec = _codec(spec)
+        codec.error_feedback = error_feedback
+        with (
+            native.backend("native"),
+            cuda_emulate.emulation("emulate"),
+            pytest.raises(ValueError, match=f"value 39000 is {bad}"),
+        ):
+            codec.encode(x, name="w")
 
 
 @pytest.mark.usefixtures("_emulator")

@@ -194,11 +194,130 @@ def test_ddp_fails_or_skips_a_nonfinite_bucket(comp: str, process_group: Any) ->
 
     run = DDPRun(_spec("nonfinite: skip\n", scheme="ddp", comp=comp), process_group)
     _poison(run, "2.weight", NAN, rank=0, at={1})
-    steps = _train(run, 3)  # the qsgd codec raises if a NaN reaches it
+    handed = _handed_on(run)
+    steps = _train(run, 3)
     run.close()
     assert [torch.equal(b, a) for b, a in steps] == [False, True, False]
     assert list(run.frame()["skipped"]) == [0.0, 1.0, 0.0]
     assert all(bool(torch.isfinite(a).all()) for _, a in steps)
+    # what the wrapped hook (torch's or QSGD's) was handed: zeros in the NaN's step, never a
+    # NaN (QSGD would carry one through: tests/test_nonfinite_codecs.py), real values else
+    assert len(handed) == 3
+    assert [bool(torch.isfinite(b).all()) for b in handed] == [True] * 3
+    assert not handed[1].any() and handed[0].any() and handed[2].any()
+
+
+def _handed_on(run: Any) -> list[torch.Tensor]:
+    """Each step's buckets (concatenated) as the hook that the finite hook wraps saw them."""
+    steps: list[torch.Tensor] = []
+    pending: list[torch.Tensor] = []
+    inner = run.finite.hook
+
+    def spy(state: Any, bucket: Any) -> Any:
+        pending.append(bucket.buffer().clone())
+        if bucket.is_last():
+            steps.append(torch.cat(pending))
+            pending.clear()
+        return inner(state, bucket)
+
+    run.finite.hook = spy
+    return steps
+
+
+def test_the_ddp_hook_hands_on_zeros_for_a_nonfinite_bucket_and_names_its_tensor() -> None:
+    """One bucket of two tensors, the second holding a NaN: the wrapped hook gets zeros in
+    the bucket's place, the state names that tensor once; a finite bucket goes on unchanged."""
+    from qbench.ddp.finite import FiniteHookState, finite_hook
+    from qbench.run.replay_loops import GradBucket
+
+    params = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))]
+    seen: list[tuple[Any, torch.Tensor]] = []
+
+    def inner(state: Any, bucket: Any) -> str:
+        seen.append((state, bucket.buffer().clone()))
+        return "sent"
+
+    state = FiniteHookState("inner-state", inner, {id(params[1]): "head.bias"})  # type: ignore[arg-type]
+    bad = GradBucket(0, True, params, [torch.tensor([1.0, 2.0, 3.0]), torch.tensor([NAN, 5.0])])
+    assert finite_hook(state, bad) == "sent"  # type: ignore[arg-type, comparison-overlap]
+    assert seen[0][0] == "inner-state" and seen[0][1].tolist() == [0.0] * 5
+    assert state.take() == ("head.bias", "NaN") and state.take() is None
+    good = GradBucket(1, True, params, [torch.tensor([1.0, 2.0, 3.0]), torch.tensor([4.0, 5.0])])
+    finite_hook(state, good)  # type: ignore[arg-type]
+    assert seen[1][1].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0] and state.take() is None
+
+
+# -- FSDP: each block gradient is checked before its reduce-scatter, plain or compressed -------
+class _Group:
+    """FSDP's process group as the collectives read it: its size only."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def size(self) -> int:
+        return self.k
+
+
+def test_the_compressed_reduce_scatter_never_sends_a_nonfinite_block() -> None:
+    """Two ranks, QSGD (which carries a NaN through its bucket): rank 1's block gradient has a
+    NaN in the shard rank 0 owns. Rank 1 sends zeros for the whole block and names it; rank 0
+    finds nothing; both ranks' reduced shards are finite, rank 0's its own values only."""
+    import torch.distributed as dist
+
+    from qbench.compress import from_spec
+    from qbench.fsdp import collectives as c
+
+    shard = 64
+
+    def rank(cm: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        grad = torch.linspace(-1, 1, 2 * shard) * (1 + cm.rank)
+        if cm.rank == 1:
+            grad[5] = NAN
+        codec = from_spec({"name": "qsgd", "bits": 8, "bucket_size": 16}, seed=3)
+        rs = c.CompressedReduceScatter(c.CommLog(), cm, codec, block=4)
+        rs.log.begin(0)
+        out = torch.empty(shard)
+        rs(out, grad, _Group(2), dist.ReduceOp.SUM)  # type: ignore[arg-type]
+        return out, grad, rs.log.found
+
+    (out0, _, found0), (out1, grad1, found1) = run_ranks(2, rank)
+    assert [bool(torch.isfinite(out).all()) for out in (out0, out1)] == [True, True]
+    assert (found0, found1) == (None, ("block 4", "NaN"))
+    assert not grad1.any()  # zeroed before it was encoded
+    rank0 = torch.linspace(-1, 1, 2 * shard)  # rank 1 adds nothing: each shard is rank 0's
+    assert torch.allclose(out0, rank0[:shard], atol=0.01)
+    assert torch.allclose(out1, rank0[shard:], atol=0.01)
+
+
+def test_the_plain_reduce_scatter_never_sends_a_nonfinite_block(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch's own reduce-scatter (fp32 or the 16-bit baselines): what it is handed is zeros
+    when the block gradient holds an inf, and the log names the block."""
+    from qbench.fsdp import collectives as c
+
+    handed: list[torch.Tensor] = []
+
+    class Done:
+        def get_future(self) -> None:
+            raise RuntimeError("gloo reduce-scatter has no future")
+
+        def wait(self, timeout: object = None) -> bool:
+            return True
+
+    def scatter(out: torch.Tensor, inp: torch.Tensor, **kw: Any) -> Done:
+        handed.append(inp.clone())
+        return Done()
+
+    monkeypatch.setattr(c, "_SCATTER", scatter)
+    log = c.CommLog()
+    log.begin(0)
+    grad = torch.ones(40, dtype=torch.bfloat16)
+    grad[33] = -INF
+    c.TimedReduceScatter(log, "layers.2")(torch.empty(20), grad, _Group(2), None)  # type: ignore[arg-type]
+    assert not handed[0].any() and log.found == ("layers.2", "inf")
+    c.TimedReduceScatter(log, "layers.3")(torch.empty(20), torch.ones(40), _Group(2), None)  # type: ignore[arg-type]
+    assert handed[1].tolist() == [1.0] * 40 and log.found == ("layers.2", "inf")  # the first
 
 
 # -- async-ps: a worker drops its push; the server applies no update for it ---------------------

@@ -19,6 +19,7 @@ from qbench.run.replay_loops import GradBucket, ReplayDDPRun, ReplayRun
 from qbench.spec import scenario
 from qbench.spec.matrix import expand
 from qbench.timing import PhaseTimer
+from tests import fake_clock
 
 
 def _spec(scheme: str, comp: str = "none", compute: str = "replay", extra: str = "") -> Any:
@@ -185,18 +186,94 @@ def test_dilation_runs_only_where_it_can_slow_everything_down() -> None:
     assert "dilation" not in _matrix("").runs[0].labels()  # undilated ids and labels unchanged
 
 
-def test_a_dilated_timeline_and_codec_phases_stretch() -> None:
-    tl = replay.Timeline(0.01, 0.02, 0.003, (replay.ParamTime("w", 4, 0.015),), "s", "cpu", 1)
+def test_a_dilated_timeline_stretches_every_time_it_holds() -> None:
+    """The medians, each parameter's ready instant and each measured iteration's forward,
+    backward and step: all D times longer (the replayed loops draw from the samples)."""
+    samples = ((0.01, 0.02, 0.003), (0.012, 0.025, 0.004))
+    tl = replay.Timeline(0.01, 0.02, 0.003, (replay.ParamTime("w", 4, 0.015),), "s", "cpu", 2,
+                         samples)  # fmt: skip
     slow = tl.dilated(10)
     assert (slow.forward_s, slow.backward_s, slow.step_s) == pytest.approx((0.1, 0.2, 0.03))
     assert slow.params[0].ready_s == pytest.approx(0.15) and tl.dilated(1) is tl
+    flat = [t for sample in slow.samples for t in sample]
+    assert flat == pytest.approx([0.1, 0.2, 0.03, 0.12, 0.25, 0.04])
+    assert tl.samples == samples  # the recorded timeline keeps the real times
+
+
+def test_the_timer_pads_codec_phases_to_exactly_d_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dilation 5 on a virtual clock: an encode of 20 ms lasts 100 ms (not 120: padded by
+    (D - 1) x its length, not D x), a decode of 10 ms 50 ms; the link is slowed by shaping,
+    not by the timer, so comm keeps its 20 ms; the iteration is their sum."""
+    clock = fake_clock.install(monkeypatch)
     timer = PhaseTimer(torch.device("cpu"), stretch=5.0)
     timer.start()
-    time.sleep(0.02)
-    timer.mark("encode")  # padded to 5 x 0.02 s
-    time.sleep(0.02)
-    timer.mark("comm")  # the link is slowed by shaping, not by the timer
-    assert timer.totals["encode"] >= 0.1 and timer.totals["comm"] < 0.06
+    for phase, took in (("compute", 0.03), ("encode", 0.02), ("comm", 0.02), ("decode", 0.01)):
+        clock.advance(took)
+        timer.mark(phase)
+    want = {"compute": 0.03, "encode": 0.1, "comm": 0.02, "decode": 0.05, "step": 0.0}
+    assert timer.totals == pytest.approx(want, abs=1e-9)
+    assert timer.elapsed() == pytest.approx(0.2, abs=1e-9)
+    plain = PhaseTimer(torch.device("cpu"))  # no dilation: no sleep at all
+    plain.start()
+    clock.advance(0.02)
+    plain.mark("encode")
+    assert plain.totals["encode"] == pytest.approx(0.02, abs=1e-9)
+
+
+def _recorded(parts: Path) -> replay.Timeline:
+    """A run's timeline as recorded (undilated), from its run directory."""
+    return replay.Timeline.from_dict(json.loads((parts.parent / "timeline.json").read_text()))
+
+
+DILATION = 10.0
+
+
+def test_a_dilated_flat_run_sleeps_d_times_each_drawn_iteration(
+    tmp_path: Path, process_group: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dilation 10 on a virtual clock (the timeline measured for real first): each iteration's
+    compute is exactly 10 x the forward + backward it drew from the measured samples, its step
+    10 x the step; a backward left undilated would make compute 10 f + b."""
+    parts = _parts(tmp_path)
+    run = ReplayRun(_spec("reduce-broadcast", extra=f"dilation: {DILATION}\n"),
+                    process_group, parts)  # fmt: skip
+    recorded = _recorded(parts)
+    assert min(b for _, b, _ in recorded.samples) > 0  # else an undilated backward is unseen
+    fake_clock.install(monkeypatch)
+    frame = _iterate(run, 4)
+    drawn = replay.Draws(recorded, run.spec.seed, 0)
+    for it, (f, b, s) in enumerate(drawn.next() for _ in range(4)):
+        row = frame[frame["iteration"] == it].iloc[0]
+        assert row["t_compute"] == pytest.approx(DILATION * (f + b), rel=1e-9, abs=1e-12), it
+        assert row["t_step"] == pytest.approx(DILATION * s, rel=1e-9, abs=1e-12), it
+
+
+def test_dilated_ddp_buckets_go_out_at_d_times_their_ready_instants(
+    tmp_path: Path, process_group: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dilation 10, small buckets (mlp has two), a virtual clock: each bucket reaches the hook
+    at forward end + 10 x its recorded ready instant x this iteration's backward pace (the
+    drawn backward / the median), once: dilated twice it would come 100 x late."""
+    parts = _parts(tmp_path)
+    spec = _spec("{name: ddp, bucket_cap_mb: 0.05}", extra=f"dilation: {DILATION}\n")
+    run = ReplayDDPRun(spec, process_group, parts)
+    recorded = _recorded(parts)
+    ready = {p.name: p.ready_s for p in recorded.params}
+    buckets = [max(ready[n] for n in names) for names in replay.ddp_buckets(recorded, 0.05)]
+    assert len(buckets) > 1 and buckets[0] > 0, buckets  # or the test proves little
+    clock = fake_clock.install(monkeypatch)
+    handed: list[float] = []
+    inner = run.finite.hook
+    run.finite.hook = lambda state, bucket: (handed.append(clock.now), inner(state, bucket))[1]
+    drawn, timer = replay.Draws(recorded, spec.seed, 0), PhaseTimer(run.device)
+    for it in range(3):
+        f, b, _ = drawn.next()
+        begun, handed[:] = clock.now, []
+        run.iteration(it, timer)
+        pace = b / recorded.backward_s
+        want = [begun + DILATION * (f + r * pace) for r in buckets]
+        assert handed == pytest.approx(want, rel=0, abs=1e-9), it
+    run.close()
 
 
 def test_reports_divide_dilated_times() -> None:

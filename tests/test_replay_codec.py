@@ -5,7 +5,6 @@ while the payloads stay the real codec's; the runs, tables and figures say whose
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from qbench.spec import scenario
 from qbench.spec.codec_times import SCHEMA, CodecTimes
 from qbench.spec.matrix import expand
 from qbench.timing import Pacing, PhaseTimer
+from tests import fake_clock
 
 QSGD = "qsgd-4b-b512"
 
@@ -98,20 +98,42 @@ def test_the_run_records_whose_codec_times_it_replays(tmp_path: Path) -> None:
     assert plain.run_id != run.run_id and "codec_time" not in plain.labels()
 
 
-def test_a_call_lasts_the_replayed_time_and_returns_the_real_payload(tmp_path: Path) -> None:
+def test_a_call_lasts_the_replayed_time_and_returns_the_real_payload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a virtual clock (the real codec takes no time on it): each call lasts exactly the
+    dilation x the device's 20 ms, no more and no less, and paces both calls for the timer."""
     times = CodecTimes.read(_file(tmp_path, {1024: 0.02}))
     inner, ref = (from_spec({"name": "qsgd", "bits": 4}, seed=1) for _ in range(2))
     pacing = Pacing()
     codec = ReplayedCodec(inner, times, dilation=2.0, pacing=pacing)
     grad = torch.randn(1000, generator=torch.Generator().manual_seed(0))
-    t0 = time.perf_counter()
+    clock = fake_clock.install(monkeypatch)
+    t0 = clock.now
     payload = codec.encode(grad, step=3)
-    assert time.perf_counter() - t0 >= 2 * 0.02  # dilation x the device's time
+    assert clock.now - t0 == pytest.approx(2 * 0.02, abs=1e-9)  # dilation x the device's time
     want = ref.encode(grad, step=3)
     assert torch.equal(payload.to_wire(), want.to_wire())
     assert torch.equal(codec.decode(payload), ref.decode(want))
     assert codec.label == QSGD and pacing.overruns == 0  # everything else is the codec's
-    assert pacing.paced_s >= 2 * 2 * 0.02  # both calls, for the timer not to stretch again
+    assert pacing.paced_s == pytest.approx(2 * 2 * 0.02, abs=1e-9)  # for the timer to skip
+
+
+def test_a_codec_the_file_lacks_keeps_its_own_time_stretched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compressor the file has no times for: its real call (30 ms on the virtual clock)
+    lasts dilation x that, once: 90 ms at dilation 3, all of it paced."""
+    times = CodecTimes.read(_file(tmp_path, {1024: 0.02}, label="onebit"))
+    clock = fake_clock.install(monkeypatch)
+    inner = from_spec({"name": "qsgd", "bits": 4})
+    real = inner.encode
+    monkeypatch.setattr(inner, "encode", lambda g, **kw: (clock.advance(0.03), real(g, **kw))[1])
+    pacing = Pacing()
+    t0 = clock.now
+    ReplayedCodec(inner, times, dilation=3.0, pacing=pacing).encode(torch.randn(1000))
+    assert clock.now - t0 == pytest.approx(0.09, abs=1e-9)
+    assert pacing.paced_s == pytest.approx(0.09, abs=1e-9) and pacing.overruns == 0
 
 
 def test_a_real_codec_slower_than_the_replayed_time_is_counted(tmp_path: Path) -> None:
@@ -123,26 +145,28 @@ def test_a_real_codec_slower_than_the_replayed_time_is_counted(tmp_path: Path) -
     assert pacing.overruns == 2
 
 
-def test_the_timer_stretches_only_what_no_replayed_call_paced() -> None:
-    """Dilation 3: a phase of which replayed calls paced all but ~5 ms is padded by 2 x its
-    unpaced part, not 2 x its whole length; the next phase starts with nothing paced. Expected
-    times come from the phase's measured length, so a sleep that overshoots on a busy machine
-    does not fail the test."""
+def test_the_timer_stretches_only_what_no_replayed_call_paced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Dilation 3 on a virtual clock: a 40 ms phase of which replayed calls paced 35 ms is
+    padded by 2 x its unpaced 5 ms: 50 ms exactly (stretched whole: 120 ms; padded 3 x the
+    unpaced part: 55 ms); the next phase starts with nothing paced and is stretched whole."""
+    clock = fake_clock.install(monkeypatch)
     pacing = Pacing()
     timer = PhaseTimer(torch.device("cpu"), stretch=3.0, pacing=pacing)
     timer.start()
-    begun = time.perf_counter()
-    time.sleep(0.04)
+    clock.advance(0.04)
     pacing.paced_s = 0.035
-    phase = time.perf_counter() - begun
     timer.mark("encode")
-    want = phase + 2 * (phase - 0.035)
-    # stretched whole it would be 3 x phase = want + 0.07
-    assert want - 0.002 <= timer.totals["encode"] < want + 0.02
+    assert timer.totals["encode"] == pytest.approx(0.04 + 2 * 0.005, abs=1e-9)
     assert pacing.paced_s == 0.0
-    time.sleep(0.01)
+    clock.advance(0.01)
     timer.mark("decode")
-    assert timer.totals["decode"] >= 0.03  # nothing paced: stretched whole
+    assert timer.totals["decode"] == pytest.approx(0.03, abs=1e-9)  # nothing paced: whole
+    pacing.paced_s = 0.02  # paced more than the phase lasted (a call's rounding): no sleep
+    clock.advance(0.01)
+    timer.mark("encode")
+    assert timer.totals["encode"] == pytest.approx(0.06, abs=1e-9)
 
 
 def test_a_replayed_flat_run_records_overruns_and_replayed_phases(
@@ -162,6 +186,37 @@ def test_a_replayed_flat_run_records_overruns_and_replayed_phases(
     calls = len([a for a in run.aggs if a[1].compressor.name != "none"])
     assert calls >= 1 and (frame["t_encode"] >= 0.04 * calls).all()
     assert (frame["codec_overrun"] == 0).all()
+
+
+def test_a_dilated_replayed_flat_run_paces_each_codec_call_once(
+    tmp_path: Path, process_group: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dilation 3 through the whole loop on a virtual clock: each encode and decode phase
+    lasts exactly 3 x 40 ms per replayed call in it: the calls are paced with the dilation,
+    and the timer, which stretches the phase too, leaves what they paced alone."""
+    path = _file(tmp_path, {1024: 0.04, 2**20: 0.04})
+    spec = expand(_scenario(f"compute: replay\ncodec_time: {path}\ndilation: 3\n")).runs[0]
+    parts = tmp_path / "out" / "run" / "parts"
+    parts.mkdir(parents=True)
+    run = ReplayRun(spec, process_group, parts)
+    calls: dict[str, int] = {}
+    paced = ReplayedCodec._last
+
+    def counted(self: ReplayedCodec, begun: float, op: str, numel: int) -> None:
+        calls[op] = calls.get(op, 0) + 1
+        paced(self, begun, op, numel)
+
+    monkeypatch.setattr(ReplayedCodec, "_last", counted)
+    fake_clock.install(monkeypatch)
+    timer = PhaseTimer(run.device, stretch=spec.dilation, pacing=run.pacing)
+    for it in range(2):
+        calls.clear()
+        run.iteration(it, timer)
+        row = run.rows[-1]
+        assert calls.get("encode", 0) >= 1, calls  # or the test proves nothing
+        for op in ("encode", "decode"):
+            want = 3 * 0.04 * calls.get(op, 0)
+            assert row[f"t_{op}"] == pytest.approx(want, abs=1e-9), (it, op, calls)
 
 
 def test_tables_figures_and_pages_name_the_device() -> None:
