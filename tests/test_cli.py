@@ -94,6 +94,18 @@ def test_dry_run_lists_runs_and_exclusions(tmp_path: Path) -> None:
     assert not (tmp_path / "results").exists()
 
 
+def test_dry_run_lists_async_ps_under_replay_as_excluded(tmp_path: Path) -> None:
+    """The asynchronous server's loop has no replayed compute: listed with the reason, not run
+    under a replay label."""
+    text = ("name: x\nmodel: mlp\nworld_size: 2\ncompute: [fp32, replay]\n"
+            "scheme: async-ps\ncompressor: {name: qsgd, bits: 4}\n")  # fmt: skip
+    proc = qbench("sweep", write(tmp_path, text), "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "mlp-gloo-async-ps-qsgd-4b-b512-w2-" in proc.stdout and "-replay-" not in proc.stdout
+    assert "1 excluded" in proc.stdout
+    assert "compute replay: async-ps runs a loop of its own" in proc.stdout
+
+
 def test_report_on_missing_dir_is_one_line(tmp_path: Path) -> None:
     proc = qbench("report", str(tmp_path / "none"))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1

@@ -614,6 +614,13 @@ def test_overlap_above_one_is_the_overlap_mode() -> None:
          ("mlp gloo async-ps qsgd-4b-b512 w2 unshaped seed0",
           "async-ps updates the model on its server by its own rule (SGD; Nesterov for variant "
           "accelerated), so optimizer adam cannot apply; remove `optimizer:`")),
+        # replayed compute: the async server's loop has none (it would compute for real)
+        ("world_size: 2\ncompute: replay\nscheme: [reduce-broadcast, async-ps]\n"
+         "compressor: {name: qsgd, bits: 4}\n", ("reduce-broadcast", 2),
+         ("mlp gloo async-ps qsgd-4b-b512 w2 unshaped seed0 replay",
+          "compute replay: async-ps runs a loop of its own that cannot sleep through the "
+          "model's work, so it would compute for real under a replay label; use "
+          "`compute: fp32` for async-ps")),
     ],
 )  # fmt: skip
 def test_rules_see_each_runs_settings(

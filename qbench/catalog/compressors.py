@@ -49,7 +49,8 @@ class CompressorEntry:
     nominal_bits: Callable[[Params], float | None] = lambda p: 32.0
     """Bits per value the algorithm targets before metadata; None when it depends on shapes."""
     wire: Callable[[Params, int], list[WireBuffer]] | None = None
-    """The payload of n values, buffer by buffer; None when its size depends on the data."""
+    """The payload of n values, buffer by buffer; None when its size depends on the data
+    (:attr:`sized_by_data`), or for a ``hook_only`` entry, which has no payload of its own."""
     summable: bool = False
     """Its payload is a tensor an allreduce can sum (fp32, fp16, bf16 casts)."""
     uncompressed: bool = False
@@ -80,6 +81,12 @@ class CompressorEntry:
     """Its name for people in figures, tables and pages ("QSGD 4-bit, bucket 512"); with
     ``brief``, parameters left at their default are left out ("QSGD 4-bit"). None: the
     label."""
+
+    @property
+    def sized_by_data(self) -> bool:
+        """Its payload's size depends on the values it encodes (``wire`` is None for a codec):
+        what a run sends changes with the gradients, so with training's progress."""
+        return self.wire is None and not self.hook_only
 
     def wire_bytes(
         self, params: Params, numel: int, pieces: Sequence[int] | None = None

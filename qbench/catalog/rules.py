@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qbench import catalog
-from qbench.catalog.schemes import BACKWARD, TORCH_HOOKS, torus_rows
+from qbench.catalog.schemes import BACKWARD, CODEC_PARAMS, TORCH_HOOKS, torus_rows
 
 DDP = "ddp"
 FSDP = "fsdp"
@@ -258,9 +258,33 @@ def _profiled(c: Combo) -> str | None:
     return None
 
 
+def _replayed(c: Combo) -> str | None:
+    """Replayed compute hands every iteration the rank's first-batch gradient: true to a real
+    run's bytes only where the payload's size does not depend on the values, and only in the
+    loops that replay (qbench.run.replay_loops)."""
+    if c.compute != "replay":
+        return None
+    if not catalog.SCHEMES[c.scheme].replays:
+        return (
+            f"compute replay: {c.scheme} runs a loop of its own that cannot sleep through the "
+            f"model's work, so it would compute for real under a replay label; use "
+            f"`compute: fp32` for {c.scheme}"
+        )
+    own = [(f"{k}: ", catalog.compressor(v)) for k, v in c.params.items()
+           if k in CODEC_PARAMS and v]  # fmt: skip
+    for where, comp in (*(("", comp) for comp in c.compressors), *own):
+        if comp.entry.sized_by_data:
+            return (
+                f"compute replay: {where}{comp.name}'s payload size depends on the gradient, "
+                "and replay hands every iteration the first batch's, so its bytes would not be "
+                f"a real run's; use `compute: fp32` for {comp.name}"
+            )
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     _fsdp, _ddp_backend, _ddp_hooks, _hook_only, _topology, _own_error_feedback, _async_ps,
-    _summable, _integer_levels, _ddp_loop, _trains, _qgm_momentum, _profiled,
+    _summable, _integer_levels, _ddp_loop, _trains, _qgm_momentum, _profiled, _replayed,
 )  # fmt: skip
 
 

@@ -45,6 +45,9 @@ class SchemeEntry:
     """Encodes and decodes through the compressor's ``encode`` / ``decode`` (what ``qbench
     bench kernels`` times, so ``codec_time:`` can replay it); integer-allreduce quantizes with
     kernels of its own."""
+    replays: bool = True
+    """Its loop can sleep through the model's work (``compute: replay``: the flat and DDP
+    loops, ``qbench.run.replay_loops``); the asynchronous server's and FSDP's loops cannot."""
     cross_check: Check = lambda given, p: None
     display: Callable[[Params], str] | None = None
     """Its name for people in figures, tables and pages ("Choco-SGD, ring"), from the
@@ -253,7 +256,7 @@ PUSH_SUM = SchemeEntry(
 )  # fmt: skip
 ASYNC_PS = SchemeEntry(
     "async-ps", "asynchronous parameter server with double quantization (AsyLPG)", "003",
-    "", kind="asynchronous",
+    "", kind="asynchronous", replays=False,
     params=(
         Param("staleness", 4, "the most server updates a gradient may miss", int,
               "an integer >= 0 (0 = serial SGD)", at_least(0)),
@@ -318,7 +321,7 @@ baselines); every other codec goes through qbench's compressed reduce-scatter.""
 FSDP = SchemeEntry(
     "fsdp", "PyTorch FSDP2 (fully_shard per block): gradients reduce-scattered, parameters "
     "all-gathered, both overlapped; qbench codecs as compressed reduce-scatter / all-gather",
-    "Zhao et al. 2023 (baseline); ZeRO++ (qgZ, qwZ)", "", kind="fsdp",
+    "Zhao et al. 2023 (baseline); ZeRO++ (qgZ, qwZ)", "", kind="fsdp", replays=False,
     params=(
         Param("reshard_after_forward", True, "free each block's gathered parameters after "
               "forward and gather them again in backward (ZeRO-3); false keeps them (ZeRO-2)",

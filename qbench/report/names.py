@@ -25,7 +25,10 @@ from qbench.spec.network import Link
 SIMULATED = " (simulated)"
 """The suffix ``stats`` puts on speed-only simulations' compressor labels; names keep it."""
 
-REPLAYED = "replayed compute: ranks slept through the model's work;\nexchanges, codecs, bytes real"
+REPLAYED = (
+    "replayed compute: ranks slept through the model's work;\nexchanges and codecs ran on each "
+    "rank's first-batch gradient; bytes as a real run's (payload sizes set by shapes)"
+)
 
 
 def compute_note(rows: Any) -> str:

@@ -15,7 +15,10 @@ Beyond: Time-Warped Network Emulation", NSDI 2006; DieCast, NSDI 2008). Here:
   handed over every iteration), the scheme or DDP hook, every collective and codec and their
   bytes, and the instants at which DDP's buckets are handed over during backward (each bucket
   when its last gradient was ready in the timeline, in DDP's bucket order) with the overlap
-  that follows.
+  that follows. The bytes are a real run's because a payload's size follows from the
+  tensors' sizes alone; a codec whose size follows the values (the catalog's
+  ``sized_by_data``: adaptive's Huffman stream) would send the first batch's size every
+  iteration, so the planner refuses it under replay (``qbench.catalog.rules``).
 
 What it cannot stand for: a model that learns (the parameters never change, so accuracy mode
 refuses replay), and the CPU the real codecs and collectives still use (at 16 ranks on 2 cores
