@@ -1,5 +1,6 @@
-"""qbench bench numerics: the reduction orders against hand-made encode sequences, what the
-metrics show on known cases, the JSON document, and the command line's errors."""
+"""qbench bench numerics: the orders through the command's pipeline, what the metrics show on
+known cases, the JSON document, and the command line's errors (the orders themselves:
+tests/test_bench_numerics_orders.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from qbench import compress
-from qbench.aggregate.base import split_ranges
 from qbench.bench import numerics, numerics_gradients
-from qbench.bench import numerics_orders as orders
 from qbench.cli import cli
-from qbench.compress import Key, integer_sum
 from qbench.errors import UserError
 from qbench.report import numerics as report_numerics
 from qbench.report import plots_numerics
@@ -58,46 +55,7 @@ def _x(k: int, n: int, seed: int = 0) -> torch.Tensor:
     return Correlated(n).gradients(seed, k)
 
 
-# -- the orders ----------------------------------------------------------------------------------
-def test_ring_at_two_ranks_is_the_hand_computed_sequence() -> None:
-    comp = compress.from_spec("qsgd:bits=4,bucket_size=4", seed=3)  # stochastic: keys matter
-    x = _x(2, 10)
-    assert split_ranges(10, 2, 4) == [(0, 4), (4, 10)]
-
-    def rt(v: torch.Tensor, stream: int, offset: int) -> torch.Tensor:
-        return comp.decode(comp.encode(v.contiguous(), stream=stream, offset=offset))
-
-    c0 = rt(x[1, 0:4], 1, 0) + x[0, 0:4]  # chunk 0 starts at rank 1, ends at its owner 0
-    c1 = rt(x[0, 4:10], 1, 4) + x[1, 4:10]  # chunk 1 starts at rank 0, ends at rank 1
-    want = torch.cat([rt(c0 / 2, 2, 0), rt(c1 / 2, 2, 4)])  # the owners' means, allgathered
-    got = orders.ring(orders.Rounder(comp), x)
-    assert torch.equal(got, want)
-    assert torch.equal(orders.ring(orders.Rounder(comp, batch=False), x), want)
-    assert not torch.equal(got, orders.ring(orders.Rounder(compress.from_spec(
-        "qsgd:bits=4,bucket_size=4", seed=4)), x))  # fmt: skip
-
-
-@pytest.mark.parametrize("spec", ["qsgd:bits=4,bucket_size=8", "mx:element=e2m1", "bf16"])
-@pytest.mark.parametrize("order", ["ring", "tree", "allgather", "alltoall"])
-def test_merged_calls_give_the_bits_of_one_call_per_message(spec: str, order: str) -> None:
-    """The Rounder merges a stream's messages into one call only where that changes no bit."""
-    comp = compress.from_spec(spec, seed=1)
-    x = _x(6, 200)  # 25 qsgd buckets of 8 but not whole MX blocks of 32: rows merge for one only
-    run = orders.ORDERS[order]
-    assert run is not None
-    merged, single = orders.Rounder(comp), orders.Rounder(comp, batch=False)
-    assert torch.equal(run(merged, x), run(single, x))
-    assert merged.calls == single.calls  # messages counted the same either way
-
-
-def test_per_tensor_formats_are_called_once_per_message() -> None:
-    comp = compress.from_spec("fp8:format=e4m3")  # one scale per call
-    assert orders.grid(comp) is None
-    rt = orders.Rounder(comp)
-    orders.ring(rt, _x(4, 64))
-    assert rt.calls == orders.calls("ring", 4, per_call=True) == 16
-
-
+# -- the orders, through the pipeline -----------------------------------------------------------
 def test_none_is_fp32_summation_error_only_in_every_order() -> None:
     doc = _run(Correlated(3000), specs=["none"], ranks=[2, 7, 64], repeats=2, numel=3000)
     ok = [s for s in _rows(doc).values() if s.status == "ok"]
@@ -148,28 +106,6 @@ def test_ring_error_grows_with_k_and_allgather_does_not() -> None:
     assert slopes["allgather"] < 0.1  # every gradient rounded once: flat or falling
     rows = _rows(doc)
     assert rows[("bf16", "ring", 128)].median > 3 * rows[("bf16", "allgather", 128)].median
-
-
-@pytest.mark.parametrize("spec", ["qsgd:bits=8", "mx:element=e2m1"])
-def test_integer_order_sums_the_codes_exactly(spec: str) -> None:
-    """The integer order's mean is the float64 mean of the ranks' integer codes on the shared
-    scales, to float32 rounding: no sum in between is rounded."""
-    comp = compress.from_spec(spec, seed=2)
-    view = integer_sum.for_compressor(comp)
-    assert view is not None
-    k, n = 16, 1000
-    x = _x(k, n)
-    got = orders.integer(view, x, comp.seed)
-    stats = torch.stack([view.local_scales(x[r]) for r in range(k)]).amax(0)
-    scales = view.share(stats)
-    codes = torch.stack([
-        view.encode(x[r], scales, Key(seed=comp.seed), r * n, torch.int32) for r in range(k)
-    ]).to(torch.int64)  # fmt: skip
-    ones = torch.empty(n)
-    per_code = view.decode(torch.ones(n, dtype=torch.int32), scales, 1, ones).double()
-    exact = (codes.sum(0).double() * per_code) / k  # one code's value, times the exact sum
-    assert torch.allclose(got.double(), exact, rtol=2**-22, atol=0)
-    assert codes.abs().max() <= view.top
 
 
 # -- the document ----------------------------------------------------------------------------------
@@ -256,6 +192,11 @@ def test_cli_runs_and_writes_json_and_figure(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, argv)
     assert res.exit_code == 0, res.output
     assert "simulated ranks (one process)" in res.output and "fp16" in res.output
+    # what each order rounds, under the tables
+    assert "order ring: low-precision ring: each partial sum encoded when it is sent on" in (
+        " ".join(res.output.split())
+    )
+    assert "order allgather: " in res.output and "order tree: " not in res.output
     assert "repeat 2/2" in res.output  # progress (stderr, mixed in here)
     doc = json.loads(out.read_text())
     assert doc["source"]["kind"] == "file" and doc["source"]["rows"] == 8

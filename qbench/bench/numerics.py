@@ -221,8 +221,10 @@ def _estimate(comp: compress.Compressor, order: str, x: torch.Tensor) -> tuple[t
     return run(rt, x), rt.calls
 
 
-def _sample(est: torch.Tensor, mean: torch.Tensor, repeat: int, seconds: float
-            ) -> tuple[Sample, torch.Tensor]:  # fmt: skip
+def sample(est: torch.Tensor, mean: torch.Tensor, repeat: int, seconds: float
+           ) -> tuple[Sample, torch.Tensor]:  # fmt: skip
+    """One repeat's metrics of ``est`` against the float64 ``mean``, and the error est - mean
+    (float64) that the bias sums (also benchmarks/mx_ring_saturation.py's)."""
     e = est.double()
     err = e - mean
     mean_norm, err_norm = float(mean.norm()), float(err.norm())
@@ -302,8 +304,8 @@ def _simulate(
                         continue
                     t1 = time.perf_counter()
                     est, calls = _estimate(comp, order, x)
-                    sample, err = _sample(est, mean, repeat, time.perf_counter() - t1)
-                    acc.add(key, sample, err, calls)
+                    one, err = sample(est, mean, repeat, time.perf_counter() - t1)
+                    acc.add(key, one, err, calls)
     return acc.finish()
 
 

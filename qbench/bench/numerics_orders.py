@@ -1,34 +1,46 @@
 """The reduction orders of ``qbench bench numerics``, simulated in one process: each turns K
 ranks' float32 gradients (the rows of ``x``) into the averaged gradient every rank ends with,
-rounding through a codec wherever a real collective would send values.
+doing what a real low-precision implementation of that collective does: a rank encodes what it
+sends, the receiver decodes it and adds it to its own float32 values, and only what travels is
+rounded (IST-DASLab/torch_cgx's scatter-reduce-allgather keeps its own chunk uncompressed the
+same way). The one exception is the final copy that every rank must hold alike: its owner encodes
+it for the others and uses the decoded copy itself, so that no rank holds a different vector.
 
 * ``ring``: reduce-scatter then allgather. The vector is cut into K chunks (on the codec's
-  bucket grid, as ``qbench.aggregate`` splits ranges); chunk c starts at rank c+1 and travels
-  K-1 hops, each receiver decoding the incoming partial sum, adding its own float32 chunk and
-  re-encoding it; the owner (rank c) divides the full sum by K and encodes it once more for the
-  allgather, which every rank decodes. Hop h encodes with draw stream h, the allgather with
-  stream K.
-* ``tree``: a binary reduction tree whose inner nodes receive from two children: both
-  children's partial sums are encoded (stream = level), decoded and added in float32, log2 K
-  levels; an unpaired last node moves up a level as it is. The root divides by K and encodes the
-  mean once for the broadcast (stream = levels + 1).
-* ``allgather``: every rank's gradient encoded once (stream 0), all decoded and summed in
-  float32 in rank order, divided by K: no partial sum is rounded.
-* ``alltoall``: each rank owns a 1/K shard, receives every rank's encoded shard (stream 0),
-  sums the decoded shards in float32 in rank order, divides by K and encodes its shard's mean
-  once for the allgather (stream 1).
-* ``integer``: ranks agree on per-block scales (elementwise MAX of each rank's statistic),
-  encode to integers on them, the integers add up exactly (as int32: a real allreduce may use a
-  narrower dtype that cannot overflow, the same integers), decoded once
-  (``qbench.compress.integer_sum``).
+  bucket grid, as ``qbench.aggregate`` splits ranges); chunk c starts at rank c+1, which encodes
+  its own float32 chunk; each of the next K-1 ranks decodes the incoming partial sum, adds its
+  own float32 chunk (never rounded before it is added) and encodes the sum for the next hop:
+  K-1 roundings of partial sums per chunk. The owner (rank c) adds its own chunk to the last
+  one it receives, divides the float32 sum by K and encodes the mean once for the allgather;
+  every rank, the owner too, decodes that one payload (forwarded, never re-encoded). Hop h
+  encodes with draw stream h, the allgather with stream K.
+* ``tree``: a binary reduction tree over ranks 0 .. K-1. At level l the nodes are the ranks
+  j 2^(l-1); in each pair the right node encodes its float32 partial sum and sends it, the left
+  node decodes it and adds it to its own float32 partial sum (not rounded): one rounding per
+  edge, K-1 in all, log2 K on any leaf's path. An unpaired last node moves up a level unsent.
+  The root (rank 0) divides by K and encodes the mean once for the broadcast; every rank, the
+  root too, decodes it. Level l encodes with stream l, the broadcast with stream levels + 1.
+* ``allgather``: every rank encodes its gradient once (stream 0) and every rank decodes all K
+  payloads, its own too (as torch_cgx's all-to-all allreduce does, so that all ranks sum the
+  same values), and sums them in float32 in rank order, divided by K: no partial sum is rounded.
+* ``alltoall``: reduce-scatter by all-to-all: rank r encodes shard s of its gradient for each
+  owner s != r (stream 0) and keeps its own shard in float32; owner s adds the K-1 decoded
+  shards to its own float32 shard in rank order, divides by K and encodes its shard's mean once
+  for the allgather (stream 1), which every rank, the owner too, decodes.
+* ``integer``: ranks agree on per-block scales (elementwise MAX of each rank's float32
+  statistic: exact), every rank rounds its own gradient once to integers on them (its own too:
+  the integers are what is summed), the integers add up exactly (as int32: a real allreduce may
+  use a narrower dtype that cannot overflow, the same integers), and every rank decodes the same
+  sum once (``qbench.compress.integer_sum``).
 
-Draws: every encode here is keyed (seed = the repeat, step 0, rank 0, the order's stream) and
-row r's values have element offsets r n .. r n + n - 1 (a chunk of a row: its start), so no
-two encodes share a draw and each is reproducible. The encodes that ranks make of one stream
-(a ring hop's K chunks, a tree level's nodes, every rank's shards) are merged into one call
-here where that gives the same bits (:class:`Rounder`): a codec that rounds each value on its
-own, or one with buckets, over ranges that start on its bucket grid. A codec that scales per
-call or per tensor is called once per message.
+Draws: every encode here is keyed (seed = the repeat, step 0, rank 0, the order's stream), each
+phase of an order has a stream of its own, and within a stream the messages have disjoint
+element offsets: rank r's values r n .. r n + n - 1 (a chunk of a row: its start; in the tree,
+the j-th sender of a level: j n), so no two encodes share a draw and each is reproducible. The
+encodes that ranks make of one stream (a ring hop's K chunks, a tree level's senders, every
+rank's shards) are merged into one call here where that gives the same bits (:class:`Rounder`):
+a codec that rounds each value on its own, or one with buckets, over ranges that start on its
+bucket grid. A codec that scales per call or per tensor is called once per message.
 """
 
 from __future__ import annotations
@@ -80,14 +92,15 @@ class Rounder:
         return self.grid or 1
 
     def round(self, x: torch.Tensor, ranges: Sequence[Range], *, stream: int) -> torch.Tensor:
-        """``x`` (flat float32) as consecutive ranges covering it, each encoded by its own call
-        (draws keyed by ``stream`` and the range's start as the element offset), decoded."""
+        """``x`` (flat float32) with each of the ascending, disjoint ``ranges`` encoded by its
+        own call (draws keyed by ``stream`` and the range's start as the element offset) and
+        decoded; values outside every range (what stays home) are returned as they are."""
         live = [(a, b) for a, b in ranges if b > a]
         self.calls += len(live)
         merged = self._merged(live)
         if merged == [(0, x.numel())]:
             return self._roundtrip(x, stream, 0)
-        out = torch.empty_like(x)
+        out = x.clone()
         for a, b in merged:
             out[a:b] = self._roundtrip(x[a:b], stream, a)
         return out
@@ -121,6 +134,7 @@ class Rounder:
 
 # -- the orders ----------------------------------------------------------------------------------
 def ring(rt: Rounder, x: torch.Tensor) -> torch.Tensor:
+    """Reduce-scatter ring then allgather; only the partial sums sent on are rounded."""
     k, n = x.shape
     chunks = split_ranges(n, k, rt.align)
     sizes = torch.tensor([b - a for a, b in chunks])
@@ -128,23 +142,27 @@ def ring(rt: Rounder, x: torch.Tensor) -> torch.Tensor:
     cols = torch.arange(n)
     acc = x[(chunk_of + 1) % k, cols]  # chunk c starts at rank c + 1
     for hop in range(1, k):
+        # the receiver adds its own float32 chunk to the decoded partial sum
         acc = rt.round(acc, chunks, stream=hop) + x[(chunk_of + 1 + hop) % k, cols]
     return rt.round(acc / k, chunks, stream=k)  # the owner's mean, allgathered
 
 
 def tree(rt: Rounder, x: torch.Tensor) -> torch.Tensor:
+    """Binary reduction tree then broadcast; only the partial sum a node sends up is rounded."""
     k, n = x.shape
-    nodes, level = x, 0
+    nodes, level = x, 0  # nodes[j]: the float32 partial sum of rank j 2^level
     while nodes.shape[0] > 1:
         level += 1
         paired = nodes.shape[0] // 2 * 2
-        sent = rt.rows(nodes[:paired], [(0, n)], stream=level)
-        # an unpaired last node moves up a level as it is
-        nodes = torch.cat([sent[0::2] + sent[1::2], nodes[paired:]])
-    return rt.round(nodes[0] / k, [(0, n)], stream=level + 1)
+        sent = rt.rows(nodes[1:paired:2], [(0, n)], stream=level)  # the right nodes send
+        # each left node adds the decoded sum to its own float32 one; an unpaired last node
+        # moves up a level unsent
+        nodes = torch.cat([nodes[0:paired:2] + sent, nodes[paired:]])
+    return rt.round(nodes[0] / k, [(0, n)], stream=level + 1)  # the root's mean, broadcast
 
 
 def allgather(rt: Rounder, x: torch.Tensor) -> torch.Tensor:
+    """Every gradient encoded once; every rank decodes all K (its own too) and sums in fp32."""
     k, n = x.shape
     sent = rt.rows(x, [(0, n)], stream=0)
     acc = torch.zeros(n, dtype=torch.float32)
@@ -154,9 +172,12 @@ def allgather(rt: Rounder, x: torch.Tensor) -> torch.Tensor:
 
 
 def alltoall(rt: Rounder, x: torch.Tensor) -> torch.Tensor:
+    """All-to-all reduce-scatter (own shard kept in fp32), then each shard's mean allgathered."""
     k, n = x.shape
     shards = split_ranges(n, k, rt.align)
-    sent = rt.rows(x, shards, stream=0)  # rank r's shard s goes to its owner s
+    # rank r sends shard s to its owner s != r; its own shard stays home, unrounded
+    away = [(r * n + a, r * n + b) for r in range(k) for s, (a, b) in enumerate(shards) if s != r]
+    sent = rt.round(x.reshape(-1), away, stream=0).view(k, n)
     acc = torch.zeros(n, dtype=torch.float32)
     for r in range(k):  # each owner adds its shard's contributions in rank order
         acc.add_(sent[r])
@@ -182,23 +203,26 @@ ORDERS: dict[str, Callable[[Rounder, torch.Tensor], torch.Tensor] | None] = {
 }  # fmt: skip
 """Every order by name; ``integer`` rounds through an IntegerSum, not a Rounder."""
 DESCRIPTIONS = {
-    "ring": "low-precision ring: partial sums re-encoded at each of K-1 hops, then the mean "
-    "encoded once for the allgather",
-    "tree": "binary tree: both children's partial sums encoded at each of log2 K levels, then "
-    "the mean encoded once for the broadcast",
-    "allgather": "each rank's gradient encoded once, summed in float32: no partial sum rounded",
-    "alltoall": "reduce-scatter by all-to-all: contributions encoded once, each shard's mean "
-    "once more",
-    "integer": "shared-scale integers summed exactly, decoded once",
+    "ring": "low-precision ring: each partial sum encoded when it is sent on, K-1 hops (the "
+    "receiver's own chunk stays float32 until added), then the mean encoded once for the "
+    "allgather",
+    "tree": "binary tree: each node's float32 partial sum encoded once when it is sent up (the "
+    "receiver's own sum stays float32), then the mean encoded once for the broadcast",
+    "allgather": "each rank's gradient encoded once, all K decoded and summed in float32: no "
+    "partial sum rounded",
+    "alltoall": "reduce-scatter by all-to-all: each contribution sent to a shard's owner encoded "
+    "once (the owner's own shard stays float32), then each shard's mean encoded once",
+    "integer": "each gradient rounded once to integers on shared scales, summed exactly, decoded "
+    "once",
 }
 
 
 def calls(order: str, k: int, per_call: bool) -> int:
-    """Encode calls one sample of ``order`` makes here at K ranks: a codec that scales per call
-    is called once per chunk in ring and alltoall (about K^2 calls); the others batch a hop's
-    (or a rank's) chunks into one call."""
+    """Encode calls one sample of ``order`` makes here at K ranks (at most): a codec that scales
+    per call is called once per message, K^2 in ring and alltoall; the others batch a hop's (or
+    a rank's) messages into one call (alltoall: two, around the shard that stays home)."""
     if order == "ring":
         return k * k if per_call else k
     if order == "alltoall":
-        return k * k + k if per_call else k + 1
-    return {"tree": 2 * k - 1, "allgather": k, "integer": k}[order]
+        return k * k if per_call else 2 * k + 1
+    return {"tree": k, "allgather": k, "integer": k}[order]

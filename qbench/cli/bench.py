@@ -205,7 +205,9 @@ def comm(
 )  # fmt: skip
 @click.option(
     "--order", "orders", multiple=True, metavar="NAME",
-    help="Reduction orders: ring, tree, allgather, alltoall, integer (repeatable) [all].",
+    help="Reduction orders: ring, tree, allgather, alltoall, integer (repeatable) [all]; each "
+    "rounds only what a rank sends (and the final copy all ranks share); the output ends with "
+    "what each order rounds when.",
 )  # fmt: skip
 @click.option(
     "--repeats", type=int, default=5, show_default=True,

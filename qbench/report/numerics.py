@@ -220,3 +220,11 @@ def show(doc: dict[str, Any], out: Console, err: Console) -> None:
     ))  # fmt: skip
     for line in not_measured(summaries):
         out.print(line, markup=False, highlight=False)
+    for line in order_lines(doc):
+        out.print(line, markup=False, highlight=False)
+
+
+def order_lines(doc: dict[str, Any]) -> list[str]:
+    """What each order of the document rounds, one line each (``orders`` in the document)."""
+    found = doc.get("orders") or {}
+    return [f"order {name}: {text}" for name, text in found.items()]
