@@ -1,0 +1,45 @@
+"""A timeline derived from FLOPs (``qbench timeline``, qbench.run.replay.derived) against FLOPs
+counted independently: ``torch.utils.flop_counter`` on the model at the run's batch size, one
+forward and one forward + backward of the run's loss. docs/results/replay.md's H100 sweep rests
+on these times (issue 44 item 5); the other timeline test reads the FLOPs from the same
+``model_stats`` that ``derived`` uses, so a wrong count would pass it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from qbench.run import replay, workload
+from qbench.spec import scenario
+from qbench.spec.matrix import RunSpec, expand
+
+TFLOPS = 2.0
+
+
+def _counted(spec: RunSpec) -> tuple[float, float]:
+    """(forward, backward) FLOPs of one batch, counted on real tensors."""
+    info, net = workload.model(spec)
+    x = torch.randn(spec.batch_size, *info.input_shape)
+    y = torch.randint(0, info.num_classes, (spec.batch_size,))
+    with FlopCounterMode(display=False) as fwd:
+        net(x)
+    with FlopCounterMode(display=False) as both:
+        workload.loss(spec)(net(x), y).backward()
+    forward = float(fwd.get_total_flops())
+    return forward, float(both.get_total_flops()) - forward
+
+
+@pytest.mark.parametrize(
+    "model", ["{name: synthetic, params: 200k, gflops: 0.01}", "cnn"]
+)  # fmt: skip
+def test_derived_times_are_the_counted_flops_at_the_stated_speed(model: str) -> None:
+    """Forward: exactly the counted forward FLOPs of the batch / the speed. Backward: the
+    derived 2x forward within 10 % of the counted backward (the synthetic model: 1.96x; cnn:
+    1.87x, its first convolution's input takes no gradient)."""
+    text = f"name: t\nmodel: {model}\nworld_size: 1\nbatch_size: 16\ncompute: replay\n"
+    spec = expand(scenario.loads(text)).runs[0]
+    tl = replay.derived(spec, TFLOPS, 1.0, "Test GPU (stated)")
+    forward, backward = _counted(spec)
+    assert tl.forward_s * TFLOPS * 1e12 == pytest.approx(forward, rel=1e-6)
+    assert tl.backward_s * TFLOPS * 1e12 == pytest.approx(backward, rel=0.10)
