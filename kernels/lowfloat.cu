@@ -166,3 +166,58 @@ extern "C" __global__ void qb_lf_decode(const uint8_t *codes, const void *scales
     }
   }
 }
+
+// -- the integer view (qbench/compress/integer_sum.py: FloatUnits; the C loops of
+// qb_lf_units_encode / qb_lf_units_decode in qbench_cpu.c say what each end computes) ----------
+// Integers of width 1, 2, 4 or 8 bytes (int8 ... int64), one thread per value (grid-stride).
+__device__ void qb_lf_int_store(void *out, int32_t width, int64_t e, int32_t q) {
+  if (width == 1) ((int8_t *)out)[e] = (int8_t)q;
+  else if (width == 2) ((int16_t *)out)[e] = (int16_t)q;
+  else if (width == 4) ((int32_t *)out)[e] = q;
+  else ((int64_t *)out)[e] = q;
+}
+
+__device__ int64_t qb_lf_int_load(const void *sums, int32_t width, int64_t e) {
+  if (width == 1) return ((const int8_t *)sums)[e];
+  if (width == 2) return ((const int16_t *)sums)[e];
+  if (width == 4) return ((const int32_t *)sums)[e];
+  return ((const int64_t *)sums)[e];
+}
+
+// The divisors of nblocks blocks from the ranks' MAX of each block's max |x|; words[1]: the
+// largest of them (qb_lf_top), read for NVFP4's tensor scale.
+extern "C" __global__ void qb_lf_units_divisors(const float *amax, int64_t nblocks, int32_t kind,
+                                                int32_t element, const int32_t *words,
+                                                float *divisors) {
+  const qb_lf_format f = qb_lf_format_of(element);
+  const float tensor = kind == QB_LF_NVFP4 ? qb_lf_nvfp4_tensor(qb_lf_float(words[1])) : 1.0f;
+  for (int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; b < nblocks;
+       b += (int64_t)gridDim.x * blockDim.x)
+    divisors[b] = qb_lf_block_divisor(kind, f, amax[b], tensor);
+}
+
+// x[0..n) on the block divisors ceil(n / block) -> their units at out.
+extern "C" __global__ void qb_lf_units_encode(const float *x, const float *divisors, int64_t n,
+                                              int32_t element, int64_t block, int32_t stochastic,
+                                              uint32_t key_hash, uint32_t offset, void *out,
+                                              int32_t width) {
+  const qb_lf_format f = qb_lf_format_of(element);
+  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+       e += (int64_t)gridDim.x * blockDim.x) {
+    const float v = QB_FDIV(x[e], qb_lf_safe(divisors[e / block]));
+    const float u = stochastic ? qb_uniform32(key_hash, offset + (uint32_t)e) : 0.0f;
+    qb_lf_int_store(out, width, e, qb_lf_units(qb_lf_encode(v, f, stochastic, u), f));
+  }
+}
+
+// The sums of `world` ranks' units of n values on the block divisors -> their float32 means.
+extern "C" __global__ void qb_lf_units_decode(const void *sums, int32_t width,
+                                              const float *divisors, int64_t n, int32_t element,
+                                              int64_t block, int32_t world, float *out) {
+  const qb_lf_format f = qb_lf_format_of(element);
+  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+       e += (int64_t)gridDim.x * blockDim.x) {
+    const double per_unit = qb_lf_unit_mean(divisors[e / block], f, world);
+    out[e] = qb_lf_units_mean(qb_lf_int_load(sums, width, e), per_unit);
+  }
+}

@@ -177,3 +177,51 @@ QB_HD float qb_lf_safe(float divisor) { return divisor > 0.0f ? divisor : 1.0f; 
 // MX encodes x * (1 / safe) instead of x / safe: safe is 2^j (|j| <= 127) or 1, so 1 / safe is
 // exact, and x * 2^-j rounds the same real number once, as the division does.
 QB_HD float qb_lf_mx_reciprocal(float safe) { return QB_FDIV(1.0f, safe); }
+
+// -- the integer view (qbench/compress/integer_sum.py: FloatUnits) --------------------------------
+// Every value of an element format is an integer number of its smallest positive value
+// 2^(emin - man): the integer allreduce sums those units on block divisors the ranks share.
+
+// float64 operations, one rounding each (on the device as the QB_F* intrinsics are for float32).
+#if defined(__CUDA_ARCH__)
+#define QB_DMUL(a, b) __dmul_rn((a), (b))
+#define QB_DDIV(a, b) __ddiv_rn((a), (b))
+#else
+#define QB_DMUL(a, b) ((a) * (b))
+#define QB_DDIV(a, b) ((a) / (b))
+#endif
+
+// The signed units of a code: sig x 2^(e - 1) for a normal code (exponent field e >= 1), the
+// mantissa m for a subnormal one (FloatUnits.units: the table / unit, rounded); 0 for NaN and
+// inf (nan_to_num; E5M2, the one format with inf, has no integer view). Branch-free, as
+// qb_lf_value, so that the C loops vectorise.
+QB_HD int32_t qb_lf_units(uint32_t code, const qb_lf_format f) {
+  const uint32_t sign_bit = 1u << (f.bits - 1), mag = code & (sign_bit - 1u);
+  const uint32_t e = mag >> f.man, m = mag & ((1u << f.man) - 1u);
+  const uint32_t sig = e ? (1u << f.man) | m : m;
+  const uint32_t units = sig << (e ? e - 1u : 0u);  // < 2^31 for every format but E5M2
+  const uint32_t top = (e == (1u << (f.bits - 1 - f.man)) - 1u) & (f.specials == QB_LF_IEEE);
+  const uint32_t nan = (mag == sign_bit - 1u) & (f.specials == QB_LF_NAN);
+  const int32_t kept = (int32_t)(units & ~(0u - (nan | top)));
+  return (code & sign_bit) ? -kept : kept;
+}
+
+// A block's shared divisor from its max |x| (the ranks' MAX; non-negative): Scaling.divisors of
+// Scaling.scales (FloatUnits.share), on the scale functions above; tensor: NVFP4's tensor scale.
+QB_HD float qb_lf_block_divisor(int32_t kind, const qb_lf_format f, float amax, float tensor) {
+  if (kind == QB_LF_FP8) return qb_lf_fp8_divisor(QB_FDIV(amax, f.max));
+  if (kind == QB_LF_MX) return qb_lf_mx_divisor(qb_lf_e8m0(amax, f.emax));
+  return qb_lf_nvfp4_divisor(qb_lf_nvfp4_scale(amax, tensor), tensor);
+}
+
+// What a block's sum of K ranks' units is multiplied by for their mean: divisor x unit / K, in
+// float64 (FloatUnits.decode; the product is exact, unit being a power of two).
+QB_HD double qb_lf_unit_mean(float divisor, const qb_lf_format f, int32_t world) {
+  const double unit = (double)qb_lf_float((uint32_t)(f.emin - f.man + 127) << 23);
+  return QB_DDIV(QB_DMUL((double)divisor, unit), (double)world);
+}
+
+// The float32 mean of a sum of units: one float64 product, then the rounding to float32.
+QB_HD float qb_lf_units_mean(int64_t sum, double per_unit) {
+  return (float)QB_DMUL((double)sum, per_unit);
+}

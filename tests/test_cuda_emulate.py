@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from qbench.compress import cuda, cuda_emulate, native
+from qbench.compress import cuda, cuda_emulate, integer_sum, native
+from qbench.compress.base import Key
 from qbench.compress.lowfloat import NVFP4
 from qbench.compress.onebit import OneBit
 from qbench.compress.qsgd import QSGD
@@ -217,6 +218,11 @@ def test_every_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
         _onebit_outputs(64, True, 100, steps=1)
         nvfp4 = NVFP4()  # kernels/lowfloat.cu (tests/test_lowfloat_kernels.py tests them)
         nvfp4.decode(nvfp4.encode(_grad(100)))
+        view = integer_sum.for_compressor(NVFP4(scope="global"))  # tests/test_integer_units.py
+        assert view is not None
+        divisors = view.share(view.local_scales(_grad(100)))
+        sums = view.encode(_grad(100), divisors, Key(), 0, torch.int8)
+        view.decode(sums, divisors, 2, torch.empty(100))
     assert {name for name, *_ in launched} == ALL_KERNELS
     assert ("qb_qsgd_encode_fused", 13, 32, 128) in launched  # a block per bucket, 4 B per thread
     assert ("qb_onebit_means", 2, 64, 512) in launched  # 8 B per thread

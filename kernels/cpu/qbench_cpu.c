@@ -34,7 +34,7 @@
 #error "qbench_cpu.c stores 16-bit codes and packed words in host byte order: little-endian only"
 #endif
 
-#define QB_ABI_VERSION 2
+#define QB_ABI_VERSION 3
 #define QB_EINVAL 1
 #define QB_ENOMEM 2
 #define QB_CHUNK 2048         // codes per stack buffer; a multiple of 8 (one packing group)
@@ -1024,6 +1024,134 @@ QB_EXPORT int qb_lowfloat_decode(const uint8_t *restrict codes, const void *rest
     }
     if (accumulate) lf_dequantize(lv, end - c0, table, divbuf, out + c0, 1);
     else lf_dequantize(lv, end - c0, table, divbuf, out + c0, 0);
+  }
+  return 0;
+}
+
+/* -- the integer view of FP8 / MX / NVFP4 (qbench/compress/integer_sum.py: FloatUnits) ----------
+ * The integer allreduce's two ends for the float formats, equal to the torch reference: value i
+ * of block b becomes the code of x / d_b (d_b the block's shared divisor, 1 where it is not > 0;
+ * a true division, as torch's), rounded by qb_lf_encode with the draw of element offset + i, and
+ * is sent as that code's units (qb_lf_units); a sum comes back as sum x (d_b x unit / K) in
+ * float64, rounded once to float32. Integers are int8, int16, int32 or int64 (width 1, 2, 4, 8).
+ * Chunks of QB_LF_CHUNK values: each value's divisor first (block run by block run), so that the
+ * long loops need no block index. */
+static int units_args_ok(int64_t n, int32_t element, int64_t block, int32_t width) {
+  const int element_ok = element >= QB_LF_E4M3 && element <= QB_LF_E2M1;
+  const int width_ok = width == 1 || width == 2 || width == 4 || width == 8;
+  return n >= 0 && block >= 1 && element_ok && width_ok;
+}
+
+// The units of x[i] / d[i], i < m, drawing from counter on; element and stochastic are constants
+// at every call.
+QB_INLINE void units_of(const float *restrict x, int64_t m, const float *restrict d,
+                        uint32_t counter, int32_t *restrict q, const int element,
+                        const int stochastic) {
+  const qb_lf_format f = qb_lf_format_of(element);
+  for (int64_t i = 0; i < m; i++, counter += QB_GOLDEN) {
+    const float u = stochastic ? qb_uniform_counter(counter) : 0.0f;
+    q[i] = qb_lf_units(qb_lf_encode(x[i] / d[i], f, stochastic, u), f);
+  }
+}
+
+#define QB_UNITS_CASE(E)                                                                     \
+  case (E) * 2: units_of(x, m, d, counter, q, E, 0); break;                                  \
+  case (E) * 2 + 1: units_of(x, m, d, counter, q, E, 1); break;
+
+static void units_any(const float *x, int64_t m, const float *d, uint32_t counter, int32_t *q,
+                      int element, int stochastic) {
+  switch (element * 2 + (stochastic != 0)) {
+    QB_UNITS_CASE(QB_LF_E4M3)
+    QB_UNITS_CASE(QB_LF_E5M2)
+    QB_UNITS_CASE(QB_LF_E3M2)
+    QB_UNITS_CASE(QB_LF_E2M3)
+    QB_UNITS_CASE(QB_LF_E2M1)
+    default: break;  // no other element passes units_args_ok
+  }
+}
+
+// q[0..m) into the integers at out + at (each fits: |q| <= the format's top).
+#define QB_UNITS_STORE(T)                                                                    \
+  static void units_store_##T(const int32_t *restrict q, int64_t m, T *restrict out) {       \
+    for (int64_t i = 0; i < m; i++) out[i] = (T)q[i];                                        \
+  }
+QB_UNITS_STORE(int8_t)
+QB_UNITS_STORE(int16_t)
+QB_UNITS_STORE(int32_t)
+QB_UNITS_STORE(int64_t)
+
+// The divisors of nblocks blocks from the ranks' MAX of each block's max |x| (NVFP4: the largest
+// of them sets the tensor scale).
+QB_EXPORT int qb_lf_units_divisors(const float *restrict amax, int64_t nblocks, int32_t kind,
+                                   int32_t element, float *restrict divisors) {
+  if (!lf_args_ok(nblocks, kind, element, 1)) return QB_EINVAL;
+  const qb_lf_format f = qb_lf_format_of(element);
+  uint32_t top = 0;
+  if (kind == QB_LF_NVFP4)
+    for (int64_t b = 0; b < nblocks; b++) {
+      const uint32_t a = qb_lf_abs_bits(amax[b]);
+      top = a > top ? a : top;
+    }
+  const float tensor = kind == QB_LF_NVFP4 ? qb_lf_nvfp4_tensor(qb_lf_float(top)) : 1.0f;
+  for (int64_t b = 0; b < nblocks; b++)
+    divisors[b] = qb_lf_block_divisor(kind, f, amax[b], tensor);
+  return 0;
+}
+
+// x[0..n) on the block divisors ceil(n / block) -> their units at out (width bytes each).
+QB_EXPORT int qb_lf_units_encode(const float *restrict x, const float *restrict divisors,
+                                 int64_t n, int32_t element, int64_t block, int32_t stochastic,
+                                 uint32_t key_hash, uint32_t offset, void *restrict out,
+                                 int32_t width) {
+  if (!units_args_ok(n, element, block, width)) return QB_EINVAL;
+  float d[QB_LF_CHUNK];
+  int32_t q[QB_LF_CHUNK];
+  for (int64_t c0 = 0; c0 < n; c0 += QB_LF_CHUNK) {
+    const int64_t end = min64(c0 + QB_LF_CHUNK, n), m = end - c0;
+    for (int64_t i = c0; i < end;) {  // each value's divisor, block run by block run
+      const int64_t b = i / block, stop = min64((b + 1) * block, end);
+      const float safe = qb_lf_safe(divisors[b]);
+      for (; i < stop; i++) d[i - c0] = safe;
+    }
+    units_any(x + c0, m, d, qb_counter(key_hash, offset + (uint32_t)c0), q, element, stochastic);
+    if (width == 1) units_store_int8_t(q, m, (int8_t *)out + c0);
+    else if (width == 2) units_store_int16_t(q, m, (int16_t *)out + c0);
+    else if (width == 4) units_store_int32_t(q, m, (int32_t *)out + c0);
+    else units_store_int64_t(q, m, (int64_t *)out + c0);
+  }
+  return 0;
+}
+
+// out[i] = sums[i] x per[i] (qb_lf_units_mean), sums of type T.
+#define QB_UNITS_MEAN(T)                                                                     \
+  static void units_mean_##T(const T *restrict sums, int64_t m, const double *restrict per,  \
+                             float *restrict out) {                                          \
+    for (int64_t i = 0; i < m; i++) out[i] = qb_lf_units_mean((int64_t)sums[i], per[i]);     \
+  }
+QB_UNITS_MEAN(int8_t)
+QB_UNITS_MEAN(int16_t)
+QB_UNITS_MEAN(int32_t)
+QB_UNITS_MEAN(int64_t)
+
+// The sums of `world` ranks' units of n values (width bytes each) on the block divisors
+// ceil(n / block) -> their float32 means at out.
+QB_EXPORT int qb_lf_units_decode(const void *restrict sums, int32_t width,
+                                 const float *restrict divisors, int64_t n, int32_t element,
+                                 int64_t block, int32_t world, float *restrict out) {
+  if (!units_args_ok(n, element, block, width) || world < 1) return QB_EINVAL;
+  const qb_lf_format f = qb_lf_format_of(element);
+  double per[QB_LF_CHUNK];
+  for (int64_t c0 = 0; c0 < n; c0 += QB_LF_CHUNK) {
+    const int64_t end = min64(c0 + QB_LF_CHUNK, n), m = end - c0;
+    for (int64_t i = c0; i < end;) {
+      const int64_t b = i / block, stop = min64((b + 1) * block, end);
+      const double p = qb_lf_unit_mean(divisors[b], f, world);
+      for (; i < stop; i++) per[i - c0] = p;
+    }
+    if (width == 1) units_mean_int8_t((const int8_t *)sums + c0, m, per, out + c0);
+    else if (width == 2) units_mean_int16_t((const int16_t *)sums + c0, m, per, out + c0);
+    else if (width == 4) units_mean_int32_t((const int32_t *)sums + c0, m, per, out + c0);
+    else units_mean_int64_t((const int64_t *)sums + c0, m, per, out + c0);
   }
   return 0;
 }

@@ -27,13 +27,17 @@ from qbench.compress.kernel_abi import (
     NORMS,
     Kernels,
     LowFloatEncoded,
+    UnitsView,
     kernel_dir,
 )
 
 _SOURCES = {
     "qsgd.cu": ("qb_qsgd_encode_fused", "qb_qsgd_scales", "qb_qsgd_quantize", "qb_qsgd_decode"),
     "onebit.cu": ("qb_onebit_means", "qb_onebit_signs", "qb_onebit_decode"),
-    "lowfloat.cu": ("qb_lf_maxes", "qb_lf_top", "qb_lf_scales", "qb_lf_quantize", "qb_lf_decode"),
+    "lowfloat.cu": (
+        *("qb_lf_maxes", "qb_lf_top", "qb_lf_scales", "qb_lf_quantize", "qb_lf_decode"),
+        *("qb_lf_units_divisors", "qb_lf_units_encode", "qb_lf_units_decode"),  # integer view
+    ),
 }
 _LF_RUN = 64  # kernels/lowfloat.cu: QB_LF_RUN, values per thread of qb_lf_maxes
 _GROUP_THREADS = 256  # threads per block of the one-thread-per-8-values kernels
@@ -323,6 +327,54 @@ class _CUDAKernels:
             args += (out, _i32(accumulate))
             _launch(scales.device, "qb_lf_decode", _group_blocks(numel), _GROUP_THREADS, args, 0)
         return out
+
+    def units_divisors(self, amax: torch.Tensor, view: UnitsView) -> torch.Tensor:
+        nblocks, dev = amax.numel(), amax.device
+        divisors = _empty(nblocks, torch.float32, dev)
+        if nblocks:
+            maxes = amax.contiguous()
+            words = torch.zeros(2, dtype=torch.int32, device=dev)  # words[1]: the largest
+            if view.kind == "nvfp4":  # amax >= 0: its bits order as the floats
+                threads = _bucket_threads(nblocks)
+                args: tuple[Any, ...] = (maxes.view(torch.int32), _i64(nblocks), words)
+                _launch(dev, "qb_lf_top", -(-nblocks // threads), threads, args, 4 * threads)
+            args = (maxes, _i64(nblocks), _i32(LOWFLOAT_KINDS[view.kind]))
+            args += (_i32(LOWFLOAT_ELEMENTS[view.element]), words, divisors)
+            grid = -(-nblocks // _GROUP_THREADS)
+            _launch(dev, "qb_lf_units_divisors", grid, _GROUP_THREADS, args, 0)
+        return divisors
+
+    def units_encode(
+        self, x: torch.Tensor, divisors: torch.Tensor, view: UnitsView, key_hash: int,
+        offset: int, dtype: torch.dtype,
+    ) -> torch.Tensor:  # fmt: skip
+        n, dev = x.numel(), x.device
+        q = _empty(n, dtype, dev)
+        if n:
+            args: tuple[Any, ...] = (x.contiguous(), divisors.contiguous(), _i64(n))
+            args += (*_units(view), _u32(key_hash), _u32(offset), q, _i32(q.element_size()))
+            grid = -(-n // _GROUP_THREADS)
+            _launch(dev, "qb_lf_units_encode", grid, _GROUP_THREADS, args, 0)
+        return q
+
+    def units_decode(
+        self, sums: torch.Tensor, divisors: torch.Tensor, view: UnitsView, world_size: int,
+        out: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        n = sums.numel()
+        if n:
+            element, block, _ = _units(view)
+            width = _i32(sums.element_size())
+            args: tuple[Any, ...] = (sums.contiguous(), width, divisors.contiguous(), _i64(n))
+            args += (element, block, _i32(world_size), out)
+            grid = -(-n // _GROUP_THREADS)
+            _launch(out.device, "qb_lf_units_decode", grid, _GROUP_THREADS, args, 0)
+        return out
+
+
+def _units(view: UnitsView) -> tuple[np.int32, np.int64, np.int32]:
+    """The view's kernel arguments: element, block, stochastic."""
+    return _i32(LOWFLOAT_ELEMENTS[view.element]), _i64(view.block), _i32(view.stochastic)
 
 
 CUDA: Kernels = _CUDAKernels()

@@ -4,11 +4,11 @@ Builds the emulated kernels with gcov counters (-O0 --coverage) in a fresh direc
 kernel of qbench.compress.cuda through the compressors as QBENCH_CUDA=emulate does (both norms
 and layouts, fused and two-kernel QSGD, 16-bit codes, strided bucket trees, 1-bit with and
 without error feedback, every FP8 / MX / NVFP4 element format, decodes with and without
-accumulate), then reads the counters back with gcov. Counted: every line of kernels/*.cu, and
-the lines of the shared headers that the kernels compile for the device (__CUDA_ARCH__ is
-defined, as under nvcc). A line of a template counts as run only when every instantiation ran
-it. Exit status 1 when any line never ran. `make cuda-coverage` runs it and keeps gcov's
-annotated sources in kernels/build/coverage.
+accumulate, the integer view's ends at every integer width), then reads the counters back with
+gcov. Counted: every line of kernels/*.cu, and the lines of the shared headers that the
+kernels compile for the device (__CUDA_ARCH__ is defined, as under nvcc). A line of a template
+counts as run only when every instantiation ran it. Exit status 1 when any line never ran.
+`make cuda-coverage` runs it and keeps gcov's annotated sources in kernels/build/coverage.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from qbench.compress import cuda, cuda_emulate, kernel_abi, native
+from qbench.compress import cuda, cuda_emulate, from_spec, integer_sum, kernel_abi, native
+from qbench.compress.base import Key
 from qbench.compress.lowfloat import FP8, MX, NVFP4
 from qbench.compress.onebit import OneBit
 from qbench.compress.qsgd import QSGD
@@ -94,6 +95,19 @@ def exercise() -> None:
         onebit.decode(payload)
         onebit.decode(payload, out=torch.ones(x.numel()))
     _exercise_lowfloat(x)
+    _exercise_units(x)
+
+
+def _exercise_units(x: torch.Tensor) -> None:
+    """The integer view of FP8 / MX / NVFP4: both roundings, every integer width."""
+    for spec, dtype in [("mx", torch.int8), ("mx:rounding=stochastic", torch.int16),
+                        ("fp8:block_size=7", torch.int32),
+                        ("nvfp4:scope=global,rounding=stochastic", torch.int64)]:  # fmt: skip
+        view = integer_sum.for_compressor(from_spec(spec))
+        assert view is not None
+        scales = view.share(view.local_scales(x))
+        sums = view.encode(x, scales, Key(step=1), 0, dtype)
+        view.decode(sums, scales, 2, torch.empty(x.numel()))
 
 
 def _exercise_lowfloat(x: torch.Tensor) -> None:

@@ -17,7 +17,9 @@ The protocol, per slice of a gradient cut into blocks (``block`` values share a 
 * FP8 with blocks, MX, NVFP4 (``qbench.compress.lowfloat``): every value of an element format is
   an integer number of its smallest positive value u (E2M1: 0.5, so 6 is 12 units; E4M3: 2^-9,
   so 448 is 229376 units), so on shared block scales d the codes sum exactly as integers: mean =
-  u d sum / K. E5M2 needs 33 bits and is refused (catalog ``integer_levels``).
+  u d sum / K. E5M2 needs 33 bits and is refused (catalog ``integer_levels``). Both ends run
+  in the C loops on CPU and the CUDA kernels on GPU (``Kernels.units_encode`` /
+  ``units_decode``), identical to the torch reference kept here.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from qbench.compress import native
 from qbench.compress._buckets import buckets as _buckets
 from qbench.compress.base import Compressor, Key
 from qbench.compress.draws import uniform
+from qbench.compress.kernel_abi import UnitsView
 from qbench.compress.lowfloat import ScaledFloat
 from qbench.compress.qsgd import QSGD
 from qbench.compress.rng import MASK32, key_hash
@@ -86,12 +89,7 @@ class QSGDLevels(IntegerSum):
         lib = native.int_kernels() if x.device.type == "cpu" else None
         if lib is None:
             return _buckets(x, self.block).abs().amax(dim=1)
-        x = x.contiguous()
-        out = torch.empty(-(-x.numel() // self.block))
-        rc = lib.qb_bucket_absmax(x.data_ptr(), x.numel(), self.block, out.data_ptr())
-        if rc != 0:
-            raise RuntimeError(f"qb_bucket_absmax failed ({rc})")
-        return out
+        return _absmax_native(lib, x, self.block)
 
     def encode(
         self, x: torch.Tensor, scales: torch.Tensor, key: Key, offset: int, dtype: torch.dtype
@@ -128,16 +126,53 @@ class FloatUnits(IntegerSum):
         self.top, self.block = comp.spec.entry.integer_grid(comp.spec.params)
         assert self.top == int(units[torch.isfinite(element.table)].max()), "catalog disagrees"
         self.blockwise = self.scaling.kind != "nvfp4"
+        stochastic = comp.rounding == "stochastic"
+        self.kernel_view = UnitsView(self.scaling.kind, element.name, self.block, stochastic)
 
     def local_scales(self, x: torch.Tensor) -> torch.Tensor:
-        return bs.blocks(x, self.block).abs().amax(dim=1)
+        """max |x| per block: one C pass on CPU float32, torch elsewhere (same values)."""
+        float32 = x.device.type == "cpu" and x.dtype == torch.float32
+        lib = native.int_kernels() if float32 else None
+        if lib is None:
+            return bs.blocks(x, self.block).abs().amax(dim=1)
+        return _absmax_native(lib, x, self.block)
 
+    # The compiled paths (qb_lf_units_* of kernels/cpu/qbench_cpu.c and kernels/lowfloat.cu, on
+    # lowfloat_math.h's scales and element rounding) where native.kernels_for picks one, else
+    # the torch reference (the *_torch methods); the divisors, integers and means are identical.
     def share(self, scales: torch.Tensor) -> torch.Tensor:
-        return self.scaling.divisors(*self.scaling.scales(scales))
+        kernels = native.kernels_for(scales) if scales.dtype == torch.float32 else None
+        if kernels is None:
+            return self.share_torch(scales)
+        return kernels.units_divisors(scales, self.kernel_view)
 
     def encode(
         self, x: torch.Tensor, scales: torch.Tensor, key: Key, offset: int, dtype: torch.dtype
     ) -> torch.Tensor:
+        plain = x.dtype == scales.dtype == torch.float32 and x.device == scales.device
+        kernels = native.kernels_for(x) if plain else None
+        if kernels is None:
+            return self.encode_torch(x, scales, key, offset, dtype)
+        return kernels.units_encode(x, scales, self.kernel_view, key_hash(key), offset, dtype)
+
+    def decode(
+        self, sums: torch.Tensor, scales: torch.Tensor, world_size: int, out: torch.Tensor
+    ) -> torch.Tensor:
+        plain = scales.dtype == torch.float32 and not sums.is_floating_point()
+        plain = plain and native.can_accumulate(out, sums.numel(), sums.device)
+        kernels = native.kernels_for(sums) if plain and scales.device == sums.device else None
+        if kernels is None:
+            return self.decode_torch(sums, scales, world_size, out)
+        return kernels.units_decode(sums, scales, self.kernel_view, world_size, out)
+
+    def share_torch(self, scales: torch.Tensor) -> torch.Tensor:
+        """The reference of share."""
+        return self.scaling.divisors(*self.scaling.scales(scales))
+
+    def encode_torch(
+        self, x: torch.Tensor, scales: torch.Tensor, key: Key, offset: int, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """The reference of encode."""
         rows = bs.blocks(x, self.block)
         divisor = scales[:, None]
         t = rows / torch.where(divisor > 0, divisor, torch.ones_like(divisor))
@@ -147,11 +182,14 @@ class FloatUnits(IntegerSum):
         # a block whose shared scale is 0 holds only zeros on every rank
         return units.to(dtype)
 
-    def decode(
+    def decode_torch(
         self, sums: torch.Tensor, scales: torch.Tensor, world_size: int, out: torch.Tensor
     ) -> torch.Tensor:
-        # float64: a sum of K values of up to 229376 units can pass float32's 2^24; one rounding
-        per_unit = (scales.double() * self.unit / world_size).repeat_interleave(self.block)
+        """The reference of decode."""
+        # float64: a sum of K values of up to 229376 units can pass float32's 2^24; one rounding.
+        # A tensor divisor: CUDA torch multiplies by the reciprocal of a Python number.
+        k = torch.full((1,), float(world_size), dtype=torch.float64, device=scales.device)
+        per_unit = (scales.double() * self.unit / k).repeat_interleave(self.block)
         return out.copy_(sums.double() * per_unit[: sums.numel()])
 
 
@@ -179,6 +217,15 @@ def dequantize(
     ratio = _buckets(sums.to(torch.float32) / divisor, bucket_size)
     values = (ratio * scales.unsqueeze(1)).reshape(-1)[: sums.numel()]
     return out.copy_(values)
+
+
+def _absmax_native(lib: Any, x: torch.Tensor, block: int) -> torch.Tensor:
+    x = x.contiguous()
+    out = torch.empty(-(-x.numel() // block))
+    rc = lib.qb_bucket_absmax(x.data_ptr(), x.numel(), block, out.data_ptr())
+    if rc != 0:
+        raise RuntimeError(f"qb_bucket_absmax failed ({rc})")
+    return out
 
 
 # Compiled twins of quantize / dequantize (kernels/cpu/qbench_cpu.c): same float32 operations in

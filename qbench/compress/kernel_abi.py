@@ -31,6 +31,18 @@ class LowFloatEncoded(NamedTuple):
     residual: torch.Tensor | None
 
 
+class UnitsView(NamedTuple):
+    """The integer view of an FP8 / MX / NVFP4 codec as the kernels take it
+    (``qbench.compress.integer_sum.FloatUnits``): each value of a block, divided by the block's
+    shared float32 divisor, rounded to the element format and sent as an integer number of the
+    format's smallest positive value."""
+
+    kind: str
+    element: str
+    block: int
+    stochastic: bool
+
+
 class Kernels(Protocol):
     """What a compiled path offers the compressors; arguments are checked by the caller. A
     decode returns fresh values when ``out`` is None, else adds them into ``out`` (``accumulate``)
@@ -105,6 +117,26 @@ class Kernels(Protocol):
         out: torch.Tensor | None,
         accumulate: bool = True,
     ) -> torch.Tensor: ...
+
+    def units_divisors(self, amax: torch.Tensor, view: UnitsView) -> torch.Tensor:
+        """Each block's float32 divisor from ``amax``, the ranks' MAX of its max |x|."""
+        ...
+
+    def units_encode(
+        self, x: torch.Tensor, divisors: torch.Tensor, view: UnitsView, key_hash: int,
+        offset: int, dtype: torch.dtype,
+    ) -> torch.Tensor:  # fmt: skip
+        """The integers (``dtype``) of ``x``'s values on its blocks' ``divisors``; draws keyed by
+        ``key_hash`` and the element index ``offset`` + i."""
+        ...
+
+    def units_decode(
+        self, sums: torch.Tensor, divisors: torch.Tensor, view: UnitsView, world_size: int,
+        out: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        """The mean of ``world_size`` ranks' integers summed in ``sums``, written to ``out``
+        (float32, contiguous, ``sums``' length) and returned."""
+        ...
 
 
 def kernel_dir() -> Path:

@@ -47,7 +47,7 @@ import torch
 
 from qbench.catalog import toolchain
 from qbench.catalog.compressors import ELEMENTS, packed_nbytes
-from qbench.compress import rng
+from qbench.compress import native_units, rng
 from qbench.compress._buckets import levels_nbytes, num_buckets
 from qbench.compress.base import Key
 from qbench.compress.kernel_abi import (
@@ -57,6 +57,7 @@ from qbench.compress.kernel_abi import (
     NORMS,
     Kernels,
     LowFloatEncoded,
+    UnitsView,
     cache_dir,
     kernel_dir,
 )
@@ -65,7 +66,7 @@ from qbench.errors import UserError
 BACKENDS = ("auto", "torch", "native")
 ENV_BACKEND = toolchain.BACKEND_ENV
 
-ABI_VERSION = 2  # kernels/cpu/qbench_cpu.c: QB_ABI_VERSION
+ABI_VERSION = 3  # kernels/cpu/qbench_cpu.c: QB_ABI_VERSION
 _SOURCES = ("cpu/qbench_cpu.c", "qsgd_math.h", "qbench_rng.h", "lowfloat_math.h")
 # -ffp-contract=off: one rounding per operation, as torch does (no fused multiply-add);
 # never -ffast-math, which also flushes denormals process-wide.
@@ -254,6 +255,9 @@ def _open(path: Path) -> ctypes.CDLL:
         "qb_bucket_absmax": [p, i64, i64, p],
         "qb_lowfloat_encode": [p, p, p, i32, i64, i32, i32, i64, i32, u32, u32, p, p, p],
         "qb_lowfloat_decode": [p, p, p, i64, i32, i32, i64, p, i32],
+        "qb_lf_units_divisors": [p, i64, i32, i32, p],
+        "qb_lf_units_encode": [p, p, i64, i32, i64, i32, u32, u32, p, i32],
+        "qb_lf_units_decode": [p, i32, p, i64, i32, i64, i32, p],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
@@ -573,6 +577,21 @@ class _CPUKernels:
         rc = lib.qb_lowfloat_decode(_ptr(c), _ptr(s), _ptr(t), *args, _ptr(out), int(accumulate))
         _check(rc, f"{kind} decode")
         return out
+
+    def units_divisors(self, amax: torch.Tensor, view: UnitsView) -> torch.Tensor:
+        return native_units.divisors(_library(), amax, view)
+
+    def units_encode(
+        self, x: torch.Tensor, divisors: torch.Tensor, view: UnitsView, key_hash: int,
+        offset: int, dtype: torch.dtype,
+    ) -> torch.Tensor:  # fmt: skip
+        return native_units.encode(_library(), x, divisors, view, key_hash, offset, dtype)
+
+    def units_decode(
+        self, sums: torch.Tensor, divisors: torch.Tensor, view: UnitsView, world_size: int,
+        out: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        return native_units.decode(_library(), sums, divisors, view, world_size, out)
 
 
 def _library() -> ctypes.CDLL:
