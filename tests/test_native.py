@@ -206,6 +206,27 @@ def test_onebit_decode_accumulates_and_residual_in_place() -> None:
         assert _bits(out) == _bits(1.0 + c.decode(payload))
 
 
+@pytest.mark.parametrize(
+    "make", [lambda: QSGD(bits=4, bucket_size=512), OneBit], ids=["qsgd-4b-b512", "onebit"]
+)
+def test_large_decodes_stream_every_value(
+    make: Callable[[], QSGD | OneBit], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decode of 2^20 values or more (QB_STREAM_MIN) into a buffer stores them with streaming
+    stores from the buffer's first 16-byte boundary on: into a buffer one float past one, the
+    head, the body and the tail must all hold the reference's values."""
+    monkeypatch.setattr(native, "threads", lambda: 1)  # one call over all the values
+    n = 2**20 + 13
+    c = make()
+    payload = c.encode(_grad(n), step=1)
+    with native.backend("torch"):
+        ref = c.decode(payload)
+    out = torch.full((n + 1,), float("nan"))[1:]
+    with native.backend("native"):
+        assert c.decode(payload, out=out, accumulate=False) is out
+    assert torch.equal(out.view(torch.int32), ref.view(torch.int32))
+
+
 ONEBIT_100 = "onebit: payload of 100 values needs 13 uint8 signs and 26 float32 means, got "
 
 

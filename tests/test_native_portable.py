@@ -1,9 +1,10 @@
 """The C library as loaded (``-march=native``: on an AVX-512 CPU, the 16-lane loops of QSGD's
-codes up to 8 bits and of 1bitSGD's encode for buckets of 16 to 256 values) against the same
-source built here without ``-march=native`` (the plain loops), byte for byte, on awkward values:
-zeros of both signs, NaN, infinities, subnormals, values whose squares underflow. Where both
-builds run the same loops (a CPU without AVX-512) this holds trivially; tests/test_native.py
-holds the loaded library to the torch reference.
+codes up to 8 bits and of 1bitSGD's encode for buckets of 16 to 256 values; on an AVX2 CPU
+without AVX-512, the 8-lane loops, buckets of 8 to 128) against the same source built here
+without ``-march=native`` (the plain loops) and with ``-mavx2`` alone (the 8-lane loops, which
+an AVX-512 build skips), byte for byte, on awkward values: zeros of both signs, NaN, infinities,
+subnormals, values whose squares underflow. Where both builds run the same loops this holds
+trivially; tests/test_native.py holds the loaded library to the torch reference.
 """
 
 from __future__ import annotations
@@ -25,15 +26,27 @@ SIZES = (0, 1, 15, 16, 17, 100, 1000, 4097)
 ONEBIT_BUCKETS = (8, 16, 32, 64, 128, 256, 512)  # 16..256: the 16-lane loops; 8, 512: plain
 
 
-@pytest.fixture(scope="module")
-def libs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ctypes.CDLL, ctypes.CDLL]]:
-    """(the loaded library, the one built without -march=native)."""
+def _cpu_has(flag: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and flag in line.split() for line in f)
+    except OSError:  # no /proc: not Linux
+        return False
+
+
+@pytest.fixture(scope="module", params=[(), ("-mavx2",)], ids=["plain", "avx2"])
+def libs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[ctypes.CDLL, ctypes.CDLL]]:
+    """(the loaded library, the one built with these flags instead of -march=native)."""
     compiled.require_c_kernels()
+    if request.param and not _cpu_has("avx2"):
+        pytest.skip("the 8-lane loops need a CPU with AVX2")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(native, "_ARCH_FLAGS", ())
+        mp.setattr(native, "_ARCH_FLAGS", request.param)
         mp.setenv(kernel_abi.ENV_CACHE, str(tmp_path_factory.mktemp("portable")))
-        portable = native._open(native._build(native.kernel_dir()))
-    yield native._library(), portable
+        other = native._open(native._build(native.kernel_dir()))
+    yield native._library(), other
 
 
 def _values(n: int, seed: int) -> torch.Tensor:
@@ -124,9 +137,9 @@ def test_onebit_encode_matches_the_plain_loops(
             assert got == want, (n, ef)
 
 
-@pytest.mark.parametrize("bucket_size", [16, 32, 128, 256])
+@pytest.mark.parametrize("bucket_size", [8, 16, 32, 128, 256])
 def test_onebit_bucket_sizes_of_the_vector_loops_match_torch(bucket_size: int) -> None:
-    """test_native.py's 1bitSGD sizes reach the 16-lane loops only at 64: the others here."""
+    """test_native.py's 1bitSGD sizes reach the 16- or 8-lane loops only at 64: the others here."""
     for n in SIZES:
         x = torch.randn(n, generator=torch.Generator().manual_seed(n)) * 3
         x[: min(n, 32)] = -0.0  # an all -0.0 bucket: avg+ is -0.0 unless padding takes part

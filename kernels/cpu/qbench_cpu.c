@@ -21,13 +21,28 @@
 // AVX-512 (-march=native on a CPU that has it): hand-written 16-lane loops for the QSGD codes
 // and the 1bitSGD encode, where the compiler's vectorisation of the plain loops spends about a
 // third more instructions (compare + blend clamps, the draw turned into a float, a serial bucket
-// sum). Everywhere else the plain loops below run; both give the same bytes (tests/test_native_
-// portable.py builds the library without -march=native and compares).
+// sum). Elsewhere the 8-lane AVX2 loops or the plain loops run; all give the same bytes
+// (tests/test_native_portable.py builds the library without -march=native and compares).
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define QB_AVX512 1
 #else
 #define QB_AVX512 0
+#endif
+// AVX2 without AVX-512 (AMD Zen 2 and 3, older Intel): the same two loops on 8 lanes, for the
+// same reasons (tests/test_native_portable.py builds this variant too and compares).
+#if !QB_AVX512 && defined(__AVX2__)
+#include <immintrin.h>
+#define QB_AVX2 1
+#else
+#define QB_AVX2 0
+#endif
+// Large decodes write with non-temporal stores (SSE2: every x86-64 CPU), see stream_floats.
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#define QB_STREAM 1
+#else
+#define QB_STREAM 0
 #endif
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -39,6 +54,9 @@
 #define QB_ENOMEM 2
 #define QB_CHUNK 2048         // codes per stack buffer; a multiple of 8 (one packing group)
 #define QB_STACK_FLOATS 4096  // scratch floats kept on the stack; more come from the heap
+// Values (8 KiB) a QSGD encode prefetches ahead of its bucket: measured faster with the 8-lane
+// loops (Zen 3); the 16-lane loops were measured slower with a prefetch, so they have none.
+#define QB_PREFETCH (QB_AVX512 ? 0 : 2048)
 
 #define QB_EXPORT __attribute__((visibility("default")))
 #define QB_INLINE static inline __attribute__((always_inline))
@@ -212,6 +230,35 @@ static float l2_norm(const float *restrict x, int64_t cnt, int64_t w, float *res
   return sqrtf(tree_sum(t, w));
 }
 
+// -- streaming stores -----------------------------------------------------------------------------
+// A decode of many values writes them with non-temporal stores: an ordinary store reads each line
+// before writing it, so a 4-bit QSGD decode would move 8.5 bytes per value, not 4.5, and an output
+// this large leaves the caches anyway. Accumulating decodes read out first and store normally.
+#define QB_STREAM_MIN (1 << 20)  // values of one call (4 MiB of output)
+
+static int streams(int64_t n, int32_t accumulate) {
+  return QB_STREAM && !accumulate && n >= QB_STREAM_MIN;
+}
+
+#if QB_STREAM
+// dst[0..m) = src[0..m), 16-byte streaming stores from dst's first 16-byte boundary on.
+static void stream_floats(float *restrict dst, const float *restrict src, int64_t m) {
+  int64_t i = 0;
+  for (; i < m && ((uintptr_t)(dst + i) & 15u); i++) dst[i] = src[i];
+  for (; i + 4 <= m; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
+  for (; i < m; i++) dst[i] = src[i];
+}
+
+// Streaming stores are weakly ordered: this orders them before what the caller does next.
+static void stream_fence(void) { _mm_sfence(); }
+#else
+static void stream_floats(float *restrict dst, const float *restrict src, int64_t m) {
+  memcpy(dst, src, sizeof(float) * (size_t)m);
+}
+
+static void stream_fence(void) {}
+#endif
+
 // -- QSGD -----------------------------------------------------------------------------------------
 // The two quantise loops; `layout` is a constant at every call, so each compiles branch-free.
 QB_INLINE void quantize_u8(const float *restrict x, int m, float s_div, int32_t top, uint32_t kh,
@@ -306,6 +353,71 @@ QB_INLINE void quantize_x16(const float *restrict x, int m, float s_div, int32_t
   }
 }
 #define quantize_codes quantize_x16
+#elif QB_AVX2
+// lowbias32 of 8 counters (qbench_rng.h).
+QB_INLINE __m256i lowbias32_x8(__m256i x) {
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(0x7feb352d));
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32((int32_t)0x846ca68bU));
+  return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+}
+
+typedef struct {  // a bucket's constants, broadcast: divisor, t's scale, top, top + 1
+  __m256 div, scale, top;
+  __m256i sign_bit;
+} qb_x8_level;
+
+// The codes of 8 values x whose draws' counters are `counter`: quantize_u8's steps one for one
+// (AVX2 converts no unsigned integers, so no fixed point as in level_x16). maxps returns its
+// second operand (0) for a NaN, as qb_round_level's first clamp; -0 -> +0 changes no code.
+QB_INLINE __m256i level_x8(const qb_x8_level *q, __m256 x, __m256i counter, const int layout) {
+  const __m256 zero = _mm256_setzero_ps(), ratio = _mm256_div_ps(x, q->div);
+  const __m256 magnitude = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), ratio);
+  const __m256 t = layout == QB_LAYOUT_SIGN
+                       ? _mm256_mul_ps(magnitude, q->scale)
+                       : _mm256_mul_ps(_mm256_add_ps(ratio, _mm256_set1_ps(1.0f)), q->scale);
+  const __m256 v = _mm256_min_ps(_mm256_max_ps(t, zero), q->top);
+  const __m256i low = _mm256_cvttps_epi32(v);
+  const __m256 fraction = _mm256_sub_ps(v, _mm256_cvtepi32_ps(low));
+  const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(lowbias32_x8(counter), 8)),
+                                 _mm256_set1_ps(1.0f / 16777216.0f));
+  const __m256 up = _mm256_cmp_ps(u, fraction, _CMP_LT_OQ);
+  const __m256i code = _mm256_sub_epi32(low, _mm256_castps_si256(up));  // up is all ones: +1
+  if (layout != QB_LAYOUT_SIGN) return code;
+  const __m256 negative = _mm256_cmp_ps(ratio, zero, _CMP_LT_OQ);
+  return _mm256_or_si256(code, _mm256_and_si256(_mm256_castps_si256(negative), q->sign_bit));
+}
+
+// quantize_u8 on 8 lanes, 32 values a step; writes lv up to the next multiple of 8.
+QB_INLINE void quantize_x8(const float *restrict x, int m, float s_div, int32_t top, uint32_t kh,
+                           uint32_t idx0, uint8_t *restrict lv, const int layout) {
+  const float scale = layout == QB_LAYOUT_SIGN ? (float)top : (float)top * 0.5f;
+  const qb_x8_level q = {_mm256_set1_ps(s_div), _mm256_set1_ps(scale), _mm256_set1_ps((float)top),
+                         _mm256_set1_epi32(top + 1)};
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i step = _mm256_set1_epi32((int32_t)(8u * QB_GOLDEN));
+  __m256i counter = _mm256_add_epi32(_mm256_set1_epi32((int32_t)qb_counter(kh, idx0)),
+                                     _mm256_mullo_epi32(lanes, _mm256_set1_epi32((int32_t)QB_GOLDEN)));
+  __m256i c[4];
+  int i = 0;
+  for (; i + 32 <= m; i += 32) {  // codes <= 255: the saturating packs keep them
+    for (int k = 0; k < 4; k++, counter = _mm256_add_epi32(counter, step))
+      c[k] = level_x8(&q, _mm256_loadu_ps(x + i + 8 * k), counter, layout);
+    const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]),
+                                              _mm256_packus_epi32(c[2], c[3]));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undo the per-lane packs
+    _mm256_storeu_si256((__m256i *)(lv + i), _mm256_permutevar8x32_epi32(bytes, order));
+  }
+  for (; i < m; i += 8, counter = _mm256_add_epi32(counter, step)) {  // the rest, the tail masked
+    const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(m - i), lanes);
+    const __m256i code = level_x8(&q, _mm256_maskload_ps(x + i, live), counter, layout);
+    const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(code),
+                                           _mm256_extracti128_si256(code, 1));
+    _mm_storel_epi64((__m128i *)(lv + i), _mm_packus_epi16(words, words));
+  }
+}
+#define quantize_codes quantize_x8
 #else
 #define quantize_codes quantize_u8
 #endif
@@ -357,6 +469,10 @@ QB_EXPORT int qb_qsgd_encode(const float *restrict x, int64_t n, int64_t bucket,
   for (int64_t start = 0, b = 0; start < n; start += bucket, b++) {
     const int64_t cnt = min64(bucket, n - start);
     const float *xb = x + start;
+    // The lines QB_PREFETCH values ahead: this bucket's quantising overlaps their loads.
+    const int64_t ahead = min64(start + QB_PREFETCH + cnt, n);
+    for (int64_t k = start + QB_PREFETCH; QB_PREFETCH && k < ahead; k += 16)
+      __builtin_prefetch(x + k);
     const float s = norm == QB_NORM_MAX ? absmax(xb, cnt) : l2_norm(xb, cnt, w, tree);
     scales[b] = s;
     for (int64_t c0 = 0; c0 < cnt; c0 += QB_CHUNK) {
@@ -408,6 +524,8 @@ QB_EXPORT int qb_qsgd_decode(const uint8_t *restrict levels, const float *restri
   } lv;
   const int32_t top = qb_qsgd_top(bits, layout);
   const int wide = bits == 16;
+  float values[QB_CHUNK];  // a chunk's values before their streaming stores
+  const int stream = streams(n, accumulate);
   for (int64_t c0 = 0; c0 < n; c0 += QB_CHUNK) {
     const int64_t end = min64(c0 + QB_CHUNK, n);
     if (wide) memcpy(lv.u16, levels + 2 * c0, sizeof(uint16_t) * (size_t)(end - c0));
@@ -415,11 +533,14 @@ QB_EXPORT int qb_qsgd_decode(const uint8_t *restrict levels, const float *restri
     for (int64_t e = c0; e < end;) {  // one run per bucket met in the chunk
       const int64_t b = e / bucket, stop = min64((b + 1) * bucket, end);
       const float step = qb_qsgd_step(scales[b], top);
-      dequantize_any(lv.u8 + (e - c0), lv.u16 + (e - c0), stop - e, step, top, out + e, wide,
-                     layout, accumulate);
+      float *dst = stream ? values + (e - c0) : out + e;
+      dequantize_any(lv.u8 + (e - c0), lv.u16 + (e - c0), stop - e, step, top, dst, wide, layout,
+                     accumulate);
       e = stop;
     }
+    if (stream) stream_floats(out + c0, values, end - c0);
   }
+  if (stream) stream_fence();
   return 0;
 }
 
@@ -559,6 +680,96 @@ static int onebit_encode_x16(const float *grad, const float *r_in, float *r_out,
     default: return 0;
   }
 }
+#elif QB_AVX2
+// The same on 8 lanes (buckets of w = 8 * 2^k <= QB_X8_MAX): one sign byte per vector (its
+// movemask), the sum tree's levels h >= 8 add whole vectors and the last three stay inside one.
+#define QB_X8_MAX 128  // 256 spills more registers than it saves (Zen 3)
+#define QB_X8_PREFETCH 1024  // values (4 KiB a stream) prefetched ahead: measured faster (Zen 3)
+
+static __m256i lanes_below_x8(int64_t k) {
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)(k < 8 ? k : 8)), lanes);
+}
+
+// tree_sum of the leaves of v[0..nv) (their values < 0 when neg_side, else the others, as
+// qb_onebit_neg_leaf and qb_onebit_pos_leaf) in the reference order.
+QB_INLINE float leaves_tree_sum_x8(const __m256 *v, const int64_t nv, const int neg_side) {
+  __m256 t[QB_X8_MAX / 8];
+  for (int64_t i = 0; i < nv; i++) {
+    const __m256 negative = _mm256_cmp_ps(v[i], _mm256_setzero_ps(), _CMP_LT_OQ);
+    t[i] = neg_side ? _mm256_and_ps(negative, v[i]) : _mm256_andnot_ps(negative, v[i]);
+  }
+  for (int64_t h = nv / 2; h >= 1; h /= 2)
+    for (int64_t i = 0; i < h; i++) t[i] = _mm256_add_ps(t[i], t[i + h]);
+  const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(t[0]), _mm256_extractf128_ps(t[0], 1));
+  const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));  // (a0 + a2, a1 + a3) of tree_sum
+  return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
+}
+
+// One bucket as onebit_bucket_x16; lanes past cnt read as +0.0 (the padding).
+QB_INLINE void onebit_bucket_x8(const float *g, const float *r, float *r_out, int mode,
+                                int64_t cnt, uint8_t *signs, float *means, const int64_t w,
+                                const int tail) {
+  __m256 v[QB_X8_MAX / 8];  // the masks are recomputed where needed: fewer registers spilled
+  const __m256 zero = _mm256_setzero_ps();
+  int64_t nneg = 0;
+  for (int64_t j = 0; j < w / 8; j++) {
+    const int full = !tail || cnt >= 8 * (j + 1);  // full buckets: plain loads, no masks
+    const __m256i live = lanes_below_x8(cnt - 8 * j);
+    v[j] = full ? _mm256_loadu_ps(g + 8 * j) : _mm256_maskload_ps(g + 8 * j, live);
+    if (mode == 1)
+      v[j] = _mm256_add_ps(v[j], full ? _mm256_loadu_ps(r + 8 * j)
+                                      : _mm256_maskload_ps(r + 8 * j, live));
+    if (mode == 2) v[j] = _mm256_add_ps(v[j], zero);  // qb_onebit_input(g, 0.0f): -0.0 -> +0.0
+    nneg += __builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_cmp_ps(v[j], zero, _CMP_LT_OQ)));
+  }
+  const float avg_pos = qb_onebit_mean(leaves_tree_sum_x8(v, w / 8, 0), cnt - nneg);
+  const float avg_neg = qb_onebit_mean(leaves_tree_sum_x8(v, w / 8, 1), nneg);
+  means[0] = avg_pos;
+  means[1] = avg_neg;
+  const __m256 sent_pos = _mm256_set1_ps(avg_pos), sent_neg = _mm256_set1_ps(avg_neg);
+  for (int64_t j = 0; j < w / 8 && 8 * j < cnt; j++) {
+    const __m256 negative = _mm256_cmp_ps(v[j], zero, _CMP_LT_OQ);
+    signs[j] = (uint8_t)_mm256_movemask_ps(negative);  // bit k: value 8j + k is negative
+    if (!mode) continue;
+    const __m256 left = _mm256_sub_ps(v[j], _mm256_blendv_ps(sent_pos, sent_neg, negative));
+    if (!tail || cnt >= 8 * (j + 1)) _mm256_storeu_ps(r_out + 8 * j, left);
+    else _mm256_maskstore_ps(r_out + 8 * j, lanes_below_x8(cnt - 8 * j), left);
+  }
+}
+
+QB_INLINE void onebit_encode_x8_w(const float *grad, const float *residual_in,
+                                  float *residual_out, int mode, int64_t n, uint8_t *signs,
+                                  float *means, const int64_t w) {
+  int64_t start = 0;
+  for (; start + w <= n; start += w) {  // full buckets: cnt = w, a constant (no masks)
+    const int64_t ahead = min64(start + QB_X8_PREFETCH + w, n);
+    for (int64_t k = start + QB_X8_PREFETCH; k < ahead; k += 16) {  // as QB_PREFETCH
+      __builtin_prefetch(grad + k);
+      if (mode == 1) __builtin_prefetch(residual_in + k);
+    }
+    onebit_bucket_x8(grad + start, mode == 1 ? residual_in + start : NULL,
+                     mode ? residual_out + start : NULL, mode, w, signs + start / 8,
+                     means + 2 * (start / w), w, 0);
+  }
+  if (start < n)
+    onebit_bucket_x8(grad + start, mode == 1 ? residual_in + start : NULL,
+                     mode ? residual_out + start : NULL, mode, n - start, signs + start / 8,
+                     means + 2 * (start / w), w, 1);
+}
+
+// The encode through the 8-lane loops, returning 1, when they take this bucket size; else 0.
+static int onebit_encode_x8(const float *grad, const float *r_in, float *r_out, int mode,
+                            int64_t n, int64_t bucket, uint8_t *signs, float *means) {
+  switch (bucket) {
+    case 8: onebit_encode_x8_w(grad, r_in, r_out, mode, n, signs, means, 8); return 1;
+    case 16: onebit_encode_x8_w(grad, r_in, r_out, mode, n, signs, means, 16); return 1;
+    case 32: onebit_encode_x8_w(grad, r_in, r_out, mode, n, signs, means, 32); return 1;
+    case 64: onebit_encode_x8_w(grad, r_in, r_out, mode, n, signs, means, 64); return 1;
+    case QB_X8_MAX: onebit_encode_x8_w(grad, r_in, r_out, mode, n, signs, means, 128); return 1;
+    default: return 0;
+  }
+}
 #endif
 
 // grad[0..n) (+ residual_in with error feedback; a NULL residual counts as +0.0) -> signs
@@ -571,6 +782,8 @@ QB_EXPORT int qb_onebit_encode(const float *grad, const float *residual_in, floa
   const int mode = !error_feedback ? 0 : residual_in ? 1 : 2;  // as onebit_leaves_mode
 #if QB_AVX512
   if (onebit_encode_x16(grad, residual_in, residual_out, mode, n, bucket, signs, means)) return 0;
+#elif QB_AVX2
+  if (onebit_encode_x8(grad, residual_in, residual_out, mode, n, bucket, signs, means)) return 0;
 #endif
   // Sums over the padded width of a full bucket even when n is smaller, as the reference does:
   // an all -0.0 bucket sums to -0.0 only when nothing pads it.
@@ -593,6 +806,8 @@ QB_EXPORT int qb_onebit_decode(const uint8_t *restrict signs, const float *restr
                                int32_t accumulate) {
   if (n < 0 || bucket < 1) return QB_EINVAL;
   uint8_t lv[QB_CHUNK];
+  float values[QB_CHUNK];  // a chunk's values before their streaming stores
+  const int stream = streams(n, accumulate);
   for (int64_t c0 = 0; c0 < n; c0 += QB_CHUNK) {
     const int64_t end = min64(c0 + QB_CHUNK, n);
     unpack_range(signs, 1, c0, end - c0, lv);
@@ -600,14 +815,16 @@ QB_EXPORT int qb_onebit_decode(const uint8_t *restrict signs, const float *restr
       const int64_t b = e / bucket, stop = min64((b + 1) * bucket, end);
       const float avg_pos = means[2 * b], avg_neg = means[2 * b + 1];
       const uint8_t *c = lv + (e - c0);
-      float *o = out + e;
+      float *o = stream ? values + (e - c0) : out + e;
       if (accumulate)
         for (int64_t i = 0; i < stop - e; i++) o[i] += qb_onebit_value(c[i], avg_pos, avg_neg);
       else
         for (int64_t i = 0; i < stop - e; i++) o[i] = qb_onebit_value(c[i], avg_pos, avg_neg);
       e = stop;
     }
+    if (stream) stream_floats(out + c0, values, end - c0);
   }
+  if (stream) stream_fence();
   return 0;
 }
 
