@@ -453,4 +453,5 @@ def test_cuda_kernels_refuse_nan_and_every_kernel_runs(monkeypatch: pytest.Monke
         assert torch.equal(codec.state["w"], torch.full((40,), 0.25))
         codec.decode(codec.encode(torch.ones(40), name="w"))
     lowfloat = set(cuda._SOURCES["lowfloat.cu"])
-    assert set(launched) == lowfloat
+    units = {k for k in lowfloat if k.startswith("qb_lf_units_")}  # test_integer_units.py's
+    assert len(units) == 3 and set(launched) == lowfloat - units

@@ -15,7 +15,7 @@ import pytest
 
 from qbench.records.schema import RunRecord, epochs_frame, iterations_frame
 from qbench.records.store import ResultStore
-from qbench.report import stats
+from qbench.report import precision, stats
 
 
 def _write(store: ResultStore, run_id: str, labels: dict[str, Any], rows: list | None,
@@ -72,7 +72,7 @@ def test_precision_label(
         {"compute": [compute], "norm": [norm], "weight_bits": [weight_bits],
          "rounding": [rounding]}
     )  # fmt: skip
-    assert stats._precision(runs).tolist() == [label]
+    assert precision.label(runs).tolist() == [label]
 
 
 @pytest.mark.parametrize(

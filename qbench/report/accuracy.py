@@ -17,6 +17,7 @@ import math
 
 import pandas as pd
 
+from qbench.report import precision
 from qbench.spec.scenario import ROUNDED_COMPUTE
 
 RUN_METRICS = (
@@ -26,8 +27,8 @@ RUN_METRICS = (
 CONFIG_KEYS = [
     "model", "dataset", "backend", "scheme", "compressor", "world_size", "skew", "precision",
 ]  # fmt: skip
-SETTINGS = ["compute", "norm", "weight_bits", "rounding"]
-"""The typed settings ``precision`` is made of (``qbench.report.stats.PRECISION_SETTINGS``)."""
+SETTINGS = list(precision.SETTINGS)
+"""The typed settings the ``precision`` label is made of."""
 BASELINE_KEYS = ["model", "dataset", "family", "skew", "compute", "norm", "base_rounding"]
 """fp32 communication and fp32 weights of the same workload, partition and compute precision."""
 TABLE_COLUMNS = (

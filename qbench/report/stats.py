@@ -31,7 +31,7 @@ from qbench.records.schema import (
 )
 from qbench.records.store import ResultStore
 from qbench.records.view import run_specs_each
-from qbench.report import accuracy, async_stats, intervals, names, speedups
+from qbench.report import accuracy, async_stats, intervals, names, precision, speedups
 
 UNREADABLE = "unreadable"
 PROFILED = "profiled"
@@ -50,8 +50,6 @@ RUN_COLUMNS = (
     *("other_cores", "disturbed"),  # what else used the CPUs (qbench.records.interference)
     *memory.PEAK_COLUMNS,  # the largest peak memory of a rank (qbench.records.memory)
 )
-PRECISION_SETTINGS = dict(compute="fp32", norm="batchnorm", weight_bits=0, rounding="per-rank")
-"""What ``precision`` is made of (typed; comparisons read these), and what older runs ran with."""
 _INT_COLUMNS = (
     *("exit_code", "world_size", "batch_size", "global_batch", "numel", "seed", "repeat"),
     *("nodes", "peak_ranks"),
@@ -80,7 +78,7 @@ SUMMARY_COLUMNS = (
     # not in the headline list, but needed by figures, failure tables and CSV readers
     *("compressor_name", "bits", "simulated", "global_batch", "repeat", "skew", "exit_code"),
     *("batch_size", "numel", "gflops_per_sample", "nodes", "price_per_hour", "target_accuracy"),
-    *PRECISION_SETTINGS,
+    *precision.SETTINGS,  # what the precision label is made of, typed
     "dilation",  # time dilation: the times above are the measured ones divided by it
     *("profiled", "git_commit", "error"),
     # other processes' CPU use while measured, the rule's verdict (None: not recorded), and
@@ -240,9 +238,8 @@ def _runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
         runs[column] = _as_int(runs[column])
     runs["bits"] = pd.to_numeric(runs["bits"], errors="coerce")
     runs["skew"] = pd.to_numeric(runs["skew"], errors="coerce").fillna(0.0)  # older runs: IID
-    for column, default in PRECISION_SETTINGS.items():
-        runs[column] = runs[column].fillna(default).astype(type(default))
-    runs["precision"] = _precision(runs)
+    runs = runs.assign(**precision.settings(runs))
+    runs["precision"] = precision.label(runs)
     runs["simulated"] = runs["simulated"].map(_truthy).astype(bool)
     runs["profiled"] = runs["profiled"].map(_truthy).astype(bool)
     runs["other_cores"] = pd.to_numeric(runs["other_cores"], errors="coerce")
@@ -252,18 +249,6 @@ def _runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     for column in ("price_per_hour", "gflops_per_sample", "target_accuracy", *memory.PEAKS):
         runs[column] = pd.to_numeric(runs[column], errors="coerce")
     return runs
-
-
-def _precision(runs: pd.DataFrame) -> pd.Series:
-    """``PRECISION_SETTINGS`` as one label, for people: ``fp32``, ``int8``,
-    ``bf16+range-evonorm``, ``fp32+w8``, ``int8+shared-rounding``."""
-    compute, norm, bits, rounding = (runs[c] for c in PRECISION_SETTINGS)
-    labels = [
-        c + ("" if n == "batchnorm" else f"+{n}") + (f"+w{b}" if b else "")
-        + ("" if r == "per-rank" else f"+{r}-rounding")
-        for c, n, b, r in zip(compute, norm, bits, rounding, strict=True)
-    ]  # fmt: skip
-    return pd.Series(labels, index=runs.index, dtype=object)
 
 
 def _as_int(values: pd.Series) -> pd.Series:
