@@ -6,11 +6,12 @@ on these times (issue 44 item 5); the other timeline test reads the FLOPs from t
 
 from __future__ import annotations
 
-import pytest
-import torch
-from torch.utils.flop_counter import FlopCounterMode
+import importlib.util
+from pathlib import Path
 
-from qbench.run import replay, workload
+import pytest
+
+from qbench.run import replay
 from qbench.spec import scenario
 from qbench.spec.matrix import RunSpec, expand
 
@@ -18,16 +19,15 @@ TFLOPS = 2.0
 
 
 def _counted(spec: RunSpec) -> tuple[float, float]:
-    """(forward, backward) FLOPs of one batch, counted on real tensors."""
-    info, net = workload.model(spec)
-    x = torch.randn(spec.batch_size, *info.input_shape)
-    y = torch.randint(0, info.num_classes, (spec.batch_size,))
-    with FlopCounterMode(display=False) as fwd:
-        net(x)
-    with FlopCounterMode(display=False) as both:
-        workload.loss(spec)(net(x), y).backward()
-    forward = float(fwd.get_total_flops())
-    return forward, float(both.get_total_flops()) - forward
+    """(forward, backward) FLOPs of one batch, counted on real tensors by the script that
+    docs/results/replay.md's H100 figures come from (benchmarks/h100_compute.py)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "h100_compute.py"
+    loader = importlib.util.spec_from_file_location("h100_compute", path)
+    assert loader is not None and loader.loader is not None
+    script = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(script)
+    forward, both = script.counted(spec)
+    return forward, both - forward
 
 
 @pytest.mark.parametrize(
