@@ -77,7 +77,7 @@ def table(summary: pd.DataFrame) -> pd.DataFrame:
     # setting stays only where the compute itself rounds (a run that rounds nothing records
     # per-rank: qbench.spec.matrix's _rounding)
     rounds = out["compute"].isin(ROUNDED_COMPUTE)
-    out["base_rounding"] = out["rounding"].where(rounds, "per-rank")
+    out["base_rounding"] = out["rounding"].where(rounds, precision.SETTINGS["rounding"])
     full = (out["compressor"] == "fp32") & (out["weight_bits"] == 0)
     fp32 = out[full].set_index(BASELINE_KEYS)
     ref = out.apply(lambda r: _fp32_mean(fp32, r), axis=1)
