@@ -4,6 +4,10 @@ interleaved, with the wall time ratio, the share of time spent in timed iteratio
 
     .venv/bin/python benchmarks/isolation.py --repeats 3 --json isolation.json
 
+``--rank-start`` compares instead how a warm group's CPU ranks start: each its own
+``python -m qbench.run.worker`` (``exec``, QBENCH_RANK_START=exec) against forked from the rank
+server (``fork``, the default; ``qbench.run.rank_server``), both with group isolation.
+
 By default the sweep is the embedded demo scenario (``make demo``); ``--figures`` takes every
 ``scenarios/paper/*.yaml`` at seed 0 instead (``make figures``), ``SCENARIO ...`` any files;
 ``--set KEY=VALUE`` goes to every sweep.
@@ -40,13 +44,18 @@ import pandas as pd
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("process", "group")
+MODES = ("process", "group")  # or RANK_STARTS: the first of the pair is the ratio's numerator
+RANK_STARTS = ("exec", "fork")
+# mode -> (--isolation, QBENCH_RANK_START)
+SETTINGS = {"process": ("process", None), "group": ("group", None), "exec": ("group", "exec"),
+            "fork": ("group", "fork")}  # fmt: skip
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
-def qbench(*argv: str) -> subprocess.CompletedProcess[str]:
+def qbench(*argv: str, start: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "QBENCH_RANK_START": start} if start else None
     return subprocess.run([sys.executable, "-m", "qbench.cli", *argv], capture_output=True,
-                          text=True, cwd=ROOT)  # fmt: skip
+                          text=True, cwd=ROOT, env=env)  # fmt: skip
 
 
 def load() -> list[float]:
@@ -86,12 +95,13 @@ def sweep(
 ) -> dict[str, Any]:  # fmt: skip
     """One slice (repeat ``repeat``) of the scenario in ``mode``, timed."""
     path = slice_of(scenario, repeat, repeats, out.parent / f"{name}-r{repeat}.yaml")
-    argv = ["sweep", str(path), "--out", str(out), "--isolation", mode]
+    isolation, start = SETTINGS[mode]
+    argv = ["sweep", str(path), "--out", str(out), "--isolation", isolation]
     for s in sets:
         argv += ["--set", s]
     before = load()
     t0 = time.monotonic()
-    proc = qbench(*argv)
+    proc = qbench(*argv, start=start)
     wall = time.monotonic() - t0
     row = {"scenario": name, "isolation": mode, "repeat": repeat, "wall_s": round(wall, 2),
            "exit_code": proc.returncode, "load_before": before, "load_after": load()}  # fmt: skip
@@ -133,28 +143,28 @@ def interval(values: list[float]) -> dict[str, Any]:
     return out
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per scenario and over all: wall ratio process / group, timed shares, per repeat."""
+def summarize(rows: list[dict[str, Any]], modes: tuple[str, str]) -> dict[str, Any]:
+    """Per scenario and over all: wall ratio first / second mode, timed shares, per repeat."""
     frame = pd.DataFrame(rows)
     out: dict[str, Any] = {}
     for name, part in [*frame.groupby("scenario"), ("all", frame)]:
         totals = part.groupby(["repeat", "isolation"])[["wall_s", "runs_s", "timed_s"]].sum()
         wide = totals.unstack("isolation")
-        ratios = (wide["wall_s"]["process"] / wide["wall_s"]["group"]).tolist()
+        ratios = (wide["wall_s"][modes[0]] / wide["wall_s"][modes[1]]).tolist()
         share_wall = wide["timed_s"] / wide["wall_s"]
         share_runs = wide["timed_s"] / wide["runs_s"]
         out[str(name)] = {
-            "wall_s": {m: wide["wall_s"][m].round(1).tolist() for m in MODES},
-            "wall_ratio_process_over_group": interval(ratios),
-            "timed_share_of_wall": {m: interval(share_wall[m].tolist()) for m in MODES},
-            "timed_share_of_runs": {m: interval(share_runs[m].tolist()) for m in MODES},
+            "wall_s": {m: wide["wall_s"][m].round(1).tolist() for m in modes},
+            f"wall_ratio_{modes[0]}_over_{modes[1]}": interval(ratios),
+            "timed_share_of_wall": {m: interval(share_wall[m].tolist()) for m in modes},
+            "timed_share_of_runs": {m: interval(share_runs[m].tolist()) for m in modes},
         }
     return out
 
 
-def compare(outs: dict[str, Path]) -> dict[str, Any]:
-    """``qbench report PROCESS GROUP``: verdicts, and every configuration beyond the noise."""
-    proc = qbench("report", str(outs["process"]), str(outs["group"]), "--format", "json")
+def compare(outs: dict[str, Path], modes: tuple[str, str]) -> dict[str, Any]:
+    """``qbench report A B`` of the two modes: verdicts, every configuration beyond the noise."""
+    proc = qbench("report", str(outs[modes[0]]), str(outs[modes[1]]), "--format", "json")
     if proc.returncode != 0:
         return {"error": proc.stderr[-1500:]}
     frame = pd.DataFrame(json.loads(proc.stdout))
@@ -177,21 +187,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="repeats per isolation [3]")
     ap.add_argument("--out", default="results/isolation-bench", help="results root (emptied)")
     ap.add_argument("--json", default=None, help="write the figures here as JSON")
+    ap.add_argument("--rank-start", action="store_true",
+                    help="compare exec'd with forked CPU ranks (both warm groups)")  # fmt: skip
     args = ap.parse_args(argv)
+    modes = RANK_STARTS if args.rank_start else MODES
     root = Path(args.out)
     shutil.rmtree(root, ignore_errors=True)
     started, rows = dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), []
     todo = scenarios(args)
     for r in range(args.repeats):
         for name, scenario, sets in todo:
-            for mode in MODES if r % 2 == 0 else MODES[::-1]:
+            for mode in modes if r % 2 == 0 else modes[::-1]:
                 rows.append(sweep(name, scenario, sets, root / name / mode, mode, r, args.repeats))
     doc = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "started": started, "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "cpus": os.cpu_count(), "repeats": args.repeats, "sweeps": rows,
-        "summary": summarize(rows),
-        "compare": {name: compare({m: root / name / m for m in MODES}) for name, _, _ in todo},
+        "summary": summarize(rows, modes),
+        "compare": {name: compare({m: root / name / m for m in modes}, modes)
+                    for name, _, _ in todo},
     }  # fmt: skip
     text = json.dumps(doc, indent=2, default=str)
     if args.json:

@@ -145,7 +145,12 @@ def _workers(driver: subprocess.Popen[str]) -> dict[int, str]:
 
 
 def _rank_of(pid: int) -> int | None:
+    """RANK from the process's environment; a rank the rank server forked (whose environ is
+    the server's) names itself ``qbench rank N`` instead (``ps -o comm``)."""
     try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        if comm.startswith("qbench rank ") and comm[12:].isdigit():
+            return int(comm[12:])
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         return None

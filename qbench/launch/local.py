@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from qbench.comm import INIT_METHOD_ENV
 from qbench.errors import UserError
-from qbench.launch import procs
+from qbench.launch import procs, rank_server
 
 if TYPE_CHECKING:
     from qbench.launch.launcher import Item, Outcome
@@ -155,8 +155,11 @@ class Local:
         if spec.backend == "mpi":
             yield [(argv_for(spec.backend, plan, spec.world_size), worker_env())]
             return
-        program = [sys.executable, *WORKER, str(plan)]
         base = worker_env()
+        program = [sys.executable, *WORKER, str(plan)]
+        if spec.device_kind == "cpu" and rank_server.enabled():  # forked: no import to pay
+            rank_server.warm(base, procs.die_with_parent)
+            program = rank_server.forked_argv(program)
         with tempfile.TemporaryDirectory(prefix="qbench-store-") as tmp:  # local disk, per launch
             store = Path(tmp) / "store"
             yield [(program, direct_rank_env(base, r, spec.world_size, store))

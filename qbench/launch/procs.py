@@ -20,8 +20,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, Protocol
 
+from qbench.launch import rank_server
 from qbench.records.store import STDERR_LOG, STDOUT_LOG
 
 POLL_S = 0.05
@@ -31,10 +32,20 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 Job = tuple[list[str], dict[str, str]]  # argv, environment
 
 
+class Proc(Protocol):
+    """A started job: a ``subprocess.Popen``, or a rank the rank server forked."""
+
+    pid: int
+    returncode: int | Any  # as typeshed types Popen's
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
 def run_jobs(jobs: list[Job], run_dir: Path, timeout: float) -> tuple[str, int | None]:
     """Start ``jobs`` in one process group, logs in run_dir; status ok / failed / timeout."""
     with open(run_dir / STDOUT_LOG, "wb") as out, open(run_dir / STDERR_LOG, "wb") as err:
-        procs: list[subprocess.Popen[bytes]] = []
+        procs: list[Proc] = []
         try:
             start(jobs, procs, out, err)
             return wait_all(procs, timeout)
@@ -42,16 +53,20 @@ def run_jobs(jobs: list[Job], run_dir: Path, timeout: float) -> tuple[str, int |
             kill_group(procs)
 
 
-def start(
-    jobs: list[Job], procs: list[subprocess.Popen[bytes]], out: IO[bytes], err: IO[bytes]
-) -> None:
-    """One process group for all: the first job leads it, so one killpg reaches every rank."""
+def start(jobs: list[Job], procs: list[Proc], out: IO[bytes], err: IO[bytes]) -> None:
+    """One process group for all: the first job leads it, so one killpg reaches every rank.
+    A job whose program is ``rank_server.FORKED`` is a rank forked by the rank server."""
     for argv, env in jobs:
         # process_group=0: a new group led by the first job, not the terminal's foreground
         # group, so Ctrl-C reaches only the driver, which then kills the group.
         group = procs[0].pid if procs else 0
+        if argv[0] == rank_server.FORKED:
+            forked = rank_server.spawn(argv, env, out, err, group, die_with_parent)
+            if forked is not None:
+                procs.append(forked)
+                continue
         child = subprocess.Popen(
-            argv, stdout=out, stderr=err, env=env, process_group=group,
+            rank_server.exec_argv(argv), stdout=out, stderr=err, env=env, process_group=group,
             preexec_fn=die_with_parent(),
         )  # fmt: skip
         procs.append(child)
@@ -92,7 +107,7 @@ def _libc() -> ctypes.CDLL | None:
     return libc
 
 
-def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float) -> tuple[str, int | None]:
+def wait_all(procs: list[Proc], timeout: float) -> tuple[str, int | None]:
     deadline = time.monotonic() + timeout
     while True:
         codes = [p.poll() for p in procs]
@@ -106,7 +121,7 @@ def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float) -> tuple[str,
         time.sleep(POLL_S)
 
 
-def exit_clock(procs: list[subprocess.Popen[bytes]]) -> dict[int, float]:
+def exit_clock(procs: list[Proc]) -> dict[int, float]:
     """Index -> when (monotonic) each process ended, filled in by a thread that waits on it.
 
     Polling sees a crashed rank and the peer it took down as ended together; their exit times
@@ -114,7 +129,7 @@ def exit_clock(procs: list[subprocess.Popen[bytes]]) -> dict[int, float]:
     them another way (``poll``) before they are in it, or their times come late."""
     ended: dict[int, float] = {}
 
-    def wait(i: int, p: subprocess.Popen[bytes]) -> None:
+    def wait(i: int, p: Proc) -> None:
         p.wait()
         ended[i] = time.monotonic()
 
@@ -123,7 +138,7 @@ def exit_clock(procs: list[subprocess.Popen[bytes]]) -> dict[int, float]:
     return ended
 
 
-def kill_group(procs: list[subprocess.Popen[bytes]]) -> None:
+def kill_group(procs: list[Proc]) -> None:
     """SIGTERM first: torchrun starts its workers in sessions of their own, out of our group's
     reach, and only tears them down itself when it can handle a signal (mpirun likewise); then
     SIGKILL whatever is left after GRACE_S."""

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qbench.errors import UserError
-from qbench.launch import local, netns, procs
+from qbench.launch import local, netns, procs, rank_server
 from qbench.spec import network
 from qbench.spec.matrix import RunSpec
 
@@ -175,7 +175,10 @@ class Emulated:
         """One process per rank in its node's namespace (which lives as long as the block),
         or mpirun in the hub's."""
         program = [sys.executable, *local.WORKER, str(plan)]
-        with shaped_jobs(spec.backend, spec.shaped_topology, program) as jobs:
+        fork = spec.device_kind == "cpu" and spec.backend != "mpi" and rank_server.enabled()
+        if fork:  # its imports overlap the namespaces' set-up
+            rank_server.warm(local.worker_env(), procs.die_with_parent)
+        with shaped_jobs(spec.backend, spec.shaped_topology, program, fork=fork) as jobs:
             yield jobs
 
     def run_array(self, items: list[Item], work_dir: Path) -> list[Outcome]:
@@ -215,13 +218,14 @@ def run_program(
 @contextmanager
 def shaped_jobs(
     backend: str, topo: network.Topology, program: list[str], prefix: str = "qb",
-    cluster: bool = False,
+    cluster: bool = False, fork: bool = False,
 ) -> Iterator[list[procs.Job]]:  # fmt: skip
     """The jobs that run ``program`` on the ranks of ``topo`` on emulated hosts, valid while
     the block runs (the namespaces are removed when it ends). With ``cluster``, started as on a
     cluster: gloo by one torchrun per node, mpi by mpirun with a hostfile and a remote-shell
-    agent; without, gloo's ranks themselves (a warm rank group, the flat star) and mpi by
-    mpirun in the hub, which sees one host."""
+    agent; without, gloo's ranks themselves (a warm rank group, the flat star; with ``fork``
+    forked by the rank server into their namespaces) and mpi by mpirun in the hub, which sees
+    one host."""
     why = unsupported(backend)
     if why:
         raise UserError(why)
@@ -241,4 +245,7 @@ def shaped_jobs(
             jobs = [(gloo_rank_argv(net, r, program), gloo_rank_env(net, r, base))
                     for r in range(net.world_size)]  # fmt: skip
         # `ip` (and mpirun) by absolute path: sbin may be missing from PATH
-        yield [([netns.tool(argv[0]), *argv[1:]], env) for argv, env in jobs]
+        jobs = [([netns.tool(argv[0]), *argv[1:]], env) for argv, env in jobs]
+        if fork and not cluster and backend != "mpi":
+            jobs = [(rank_server.forked_argv(argv), env) for argv, env in jobs]
+        yield jobs
