@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from qbench.launch.launcher import Item, Outcome
     from qbench.spec.matrix import RunSpec
 
-WORKER = ["-m", "qbench.run.worker"]
+WORKER = rank_server.WORKER
 
 
 def torchrun_argv(spec_path: Path, world_size: int, python: str = sys.executable) -> list[str]:

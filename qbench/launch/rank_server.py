@@ -10,8 +10,8 @@ ends with the driver (its stdin closes; it and its ranks are also signalled when
 killed, as exec'd ranks are).
 
 ``QBENCH_RANK_START=exec`` turns it off: every rank is its own ``python -m qbench.run.worker``,
-as before; ``benchmarks/rank_start.py`` measures the two side by side. If the server cannot be
-started or dies, ranks are exec'd and the sweep goes on.
+as before; ``benchmarks/isolation.py --rank-start`` measures the two side by side. If the
+server cannot be started or dies, ranks are exec'd and the sweep goes on.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import IO, Any
 Preexec = Callable[[], Callable[[], None] | None]  # qbench.launch.procs.die_with_parent
 
 FORKED = "<qbench rank server>"  # argv[0] of a job whose rank is forked (:func:`forked_argv`)
-WORKER = ["-m", "qbench.run.worker"]
+WORKER = ["-m", "qbench.run.worker"]  # every rank's program (``qbench.launch.local`` too)
 SERVER = ["-m", "qbench.run.rank_server"]
 START_ENV = "QBENCH_RANK_START"  # "exec": no server
 TITLE_SPACE = 4096  # room in the server's argv for a rank's command line (``ps`` shows it)
