@@ -29,6 +29,7 @@ imports are done, and exits when stdin closes.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import json
 import os
@@ -102,7 +103,8 @@ def _fork(request: dict[str, Any], server_fds: tuple[int, int]) -> int:
     if pid:
         # here as well as in the child, as shells do: the driver asks for the next rank in
         # this group as soon as it has this pid, which may be before the child ran at all
-        os.setpgid(pid, request["pgid"] or pid)
+        with contextlib.suppress(OSError):  # a child already gone set its own group first
+            os.setpgid(pid, request["pgid"] or pid)
         return pid
     code = 1
     try:  # the child: never returns into the server's loop
