@@ -21,12 +21,13 @@ What the machine lacks is judged by the sweep's own pre-flight (``qbench sweep -
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
 
+from qbench.cli import cli
 from qbench.launch import preflight
 from qbench.launch.launcher import Launch
 from qbench.spec import matrix, quick, scenario
@@ -96,21 +97,30 @@ def runs_end_to_end(path: Path, tmp_path: Path) -> None:
         pytest.skip(f"{path.name}: run {targets} (root, apt-get); this machine lacks {lines}")
 
     out = tmp_path / "out"
-    argv = ["sweep", str(path), "--quick", "--skip-unavailable", "--out", str(out)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "qbench.cli", *argv], capture_output=True, text=True, timeout=560
-    )  # fmt: skip
+    # `qbench sweep` and `qbench report` in this process: the driver's imports are paid once
+    # per test worker, and the rank server one sweep started serves the next (the ranks are
+    # processes of their own as always); each command's own start is tested in test_cli.py
+    sweep = _cli("sweep", str(path), "--quick", "--skip-unavailable", "--out", str(out))
     records = [json.loads(p.read_text()) for p in out.glob("*/run.json")]
     bad = {r["run_id"]: r.get("error") for r in records if r["status"] not in ("ok", "skipped")}
-    assert proc.returncode == 0 and not bad, f"{bad or ''}\n{proc.stderr[-3000:]}"
+    assert sweep.exit_code == 0 and not bad, f"{bad or ''}\n{sweep.output[-3000:]}"
     assert len(records) == len(runs)
     skipped = [r for r in records if r["status"] == "skipped"]
     assert {r["run_id"] for r in skipped} == set(verdicts.unavailable())
     if len(skipped) == len(records):
         pytest.skip(f"{path.name}: every run needs {verdicts.tags(skipped[0]['run_id'])}")
-    report = subprocess.run(
-        [sys.executable, "-m", "qbench.cli", "report", str(out), "--format", "csv"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert report.returncode == 0, report.stderr[-3000:]
+    report = _cli("report", str(out), "--format", "csv")
+    assert report.exit_code == 0, report.output[-3000:]
     assert (out / "report" / "summary.csv").is_file()
+
+
+def _cli(*argv: str) -> Result:
+    """``qbench ARGV`` as the command line runs it (its exit code, its output and errors),
+    without the variable pytest sets to each test's name: a rank server serves only sweeps that
+    give their ranks the environment it was started with."""
+    name = os.environ.pop("PYTEST_CURRENT_TEST", None)
+    try:
+        return CliRunner().invoke(cli, list(argv), catch_exceptions=False)
+    finally:
+        if name is not None:
+            os.environ["PYTEST_CURRENT_TEST"] = name

@@ -7,7 +7,9 @@ writes it for CPU ranks it starts itself); ``qbench.launch.procs.start`` then ca
 does a ``subprocess.Popen`` (or None: start :func:`exec_argv` instead). The server starts on
 first use, or earlier with :func:`warm` so that its imports overlap the driver's own work, and
 ends with the driver (its stdin closes; it and its ranks are also signalled when the driver is
-killed, as exec'd ranks are).
+killed, as exec'd ranks are). It serves every later sweep of the same driver process (the
+Python API's, a notebook's) that gives its ranks the same environment and directory; a sweep
+that gives others starts a new one, since the server's imports may have read them.
 
 ``QBENCH_RANK_START=exec`` turns it off: every rank is its own ``python -m qbench.run.worker``,
 as before; ``benchmarks/isolation.py --rank-start`` measures the two side by side. If the
@@ -16,6 +18,7 @@ server cannot be started or dies, ranks are exec'd and the sweep goes on.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
@@ -88,6 +91,7 @@ class _Server:
     """One server process and the thread that reads its answers."""
 
     def __init__(self, env: dict[str, str], die_with_parent: Preexec) -> None:
+        self.made_for = (dict(env), os.getcwd())  # what its imports may have read
         self.proc = subprocess.Popen(
             [sys.executable, *SERVER, " " * TITLE_SPACE], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, env=env, start_new_session=True, preexec_fn=die_with_parent(),
@@ -155,15 +159,30 @@ class _Server:
 
 _server: _Server | None = None
 _start_lock = threading.Lock()
+_exit_hook = False  # close() is registered with atexit once
 
 
 def warm(env: dict[str, str], die_with_parent: Preexec) -> None:
-    """Start the server now (its imports take seconds), if it is on and not running; it gets
-    SIGTERM when this process dies (``die_with_parent``), and its ranks when it does."""
-    global _server
+    """Have a server for a launch whose ranks get ``env`` (its imports take seconds: start it
+    before the launch needs it), if it is on: the running one where it was started for the same
+    ``env`` and directory, else a new one. It gets SIGTERM when this process dies
+    (``die_with_parent``), and its ranks when it does."""
+    _start(env, die_with_parent, same_as_before=True)
+
+
+def _start(env: dict[str, str], die_with_parent: Preexec, same_as_before: bool) -> None:
+    global _server, _exit_hook
     with _start_lock:
-        if enabled() and (_server is None or not _server.alive()):
-            _server = _Server(env, die_with_parent)
+        if not enabled():
+            return
+        if _server is not None and _server.alive():
+            if not same_as_before or _server.made_for == (env, os.getcwd()):
+                return
+            _server.close()
+        if not _exit_hook:
+            atexit.register(close)
+            _exit_hook = True
+        _server = _Server(env, die_with_parent)
 
 
 def spawn(
@@ -178,7 +197,7 @@ def spawn(
     ns, args = _parse(argv[1:])
     request = {"args": args, "env": env, "cwd": os.getcwd(), "stdout": out.name,
                "stderr": err.name, "pgid": pgid, "netns": ns}  # fmt: skip
-    warm(env, die_with_parent)
+    _start(env, die_with_parent, same_as_before=False)  # a rank's env: the launch warmed it
     assert _server is not None
     try:
         return _server.spawn(request)
@@ -188,7 +207,8 @@ def spawn(
 
 
 def close() -> None:
-    """End the server (the driver's sweep is over); the next spawn starts a new one."""
+    """End the server (at the driver's exit, or when a test wants a fresh one); the next spawn
+    starts a new one."""
     global _server
     with _start_lock:
         if _server is not None:

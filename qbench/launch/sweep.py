@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qbench.launch import rank_server, runfiles
+from qbench.launch import runfiles
 from qbench.launch.decision import launcher_for
 from qbench.launch.launcher import LOCAL, Launch
 from qbench.launch.runfiles import Provenance
@@ -118,13 +118,11 @@ def run_sweep(
         def run_pass(specs: list[RunSpec]) -> None:
             _run_pass(specs, store, prov, launch, summary, on_progress)
 
-        try:
-            run_pass(todo.todo)
-            if rerun_disturbed:
-                again = Rerun(store, rerun_disturbed, run_pass, summary, on_rerun)
-                again.run([*todo.done, *todo.todo])
-        finally:
-            rank_server.close()  # started by the first launch that forked its ranks, if any
+        # the rank server a launch started, if any, stays for the next sweep of this process
+        run_pass(todo.todo)
+        if rerun_disturbed:
+            again = Rerun(store, rerun_disturbed, run_pass, summary, on_rerun)
+            again.run([*todo.done, *todo.todo])
     return summary
 
 
