@@ -5,6 +5,7 @@ by qbench."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -227,3 +228,93 @@ def test_hierarchical_codec_encodes_one_lane_of_n_over_g_values() -> None:
     got = _predict(Scheme("hierarchical"), 2, 4, 8000, compressor=catalog.from_label(Q4))
     assert got.encode_s == pytest.approx((2000 + 1000) * 1e-9)
     assert got.decode_s == pytest.approx((2 * 1000 + 2000) * 2e-9)
+
+
+# -- gaps the mutation run of costmodel/levels found (docs/results/mutation.md) ---------------
+A_AG, B_AG = 3e-4, 2e-8  # an allgather fit on the node link, unlike the exchange fit there
+
+
+def _hier(inter: str, nodes: int, per_node: int, n: int, **kw: object) -> Prediction:
+    m = _model()
+    m.collectives.append(_fit(GBIT.label, "allgather", A_AG, B_AG))
+    m.phases = [  # c1 per element: the scheme's own fit for each flat level scheme
+        CodecFit(backend="gloo", scheme=scheme, compressor=Q4, op=op, device="cpu", c0_s=0.0,
+                 c1_s=c1, r2=1.0, points=2, rel_err_median=0.0, rel_err_max=0.0)
+        for scheme, op, c1 in (("reduce-broadcast", "encode", 1e-9),
+                               ("reduce-broadcast", "decode", 2e-9),
+                               ("allgather", "encode", 5e-9), ("allgather", "decode", 7e-9))
+    ]  # fmt: skip
+    cfg = Config(
+        scheme=Scheme("hierarchical", inter=inter), topology=Topology(nodes, per_node, GBIT),
+        numel=n, compute_s=0.0, step_s=0.0, tbf_burst=False, **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+    return predict(m, cfg)
+
+
+def test_hierarchical_with_allgather_between_nodes_gathers_every_leaders_payload() -> None:
+    # 2 nodes x 2 ranks, 1000 fp32 values (4000 B). Inside: as reduce-scatter's, 2 steps of
+    # 2000 B. Between: the leaders' allgatherv among N = 2, (N-1) x 4000 B in N-1 = 1 step,
+    # on the allgather fit; one lane, so the wire counts it once.
+    got = _hier("allgather", 2, 2, 1000)
+    assert got.wire_bytes == pytest.approx(4000 + 4000)
+    assert got.comm_s == pytest.approx(2 * A_IN + 4000 * B_IN + 1 * A_AG + 4000 * B_AG)
+
+
+def test_hierarchical_with_reduce_broadcast_between_nodes_is_one_lane() -> None:
+    # as reduce-scatter's exchange among 2 nodes of the whole 4000 B, but one lane (the
+    # leaders'), not G = 2 lanes of half of it: the leader sends 2 x 2000 B
+    got = _hier("reduce-broadcast", 2, 2, 1000)
+    assert got.wire_bytes == pytest.approx(4000 + 4000)
+    assert got.comm_s == pytest.approx(2 * A_IN + 4000 * B_IN + 2 * A_OUT + 4000 * B_OUT)
+    assert _hier("reduce-scatter", 2, 2, 1000).wire_bytes == pytest.approx(4000 + 2000)
+
+
+def test_hierarchical_codec_is_its_level_schemes_on_the_values_a_leader_holds() -> None:
+    # 2 nodes x 4 ranks, 8000 values. allgather between nodes: the leader encodes its 8000
+    # values once and decodes N = 2 payloads of 8000; reduce-broadcast: its 8000 values as
+    # N = 2 ranges plus the owner's 4000, and decodes 2 x 8000; on one node, no codec at all
+    q4 = catalog.from_label(Q4)
+    gather = _hier("allgather", 2, 4, 8000, compressor=q4)
+    assert gather.encode_s == pytest.approx(8000 * 5e-9)
+    assert gather.decode_s == pytest.approx(2 * 8000 * 7e-9)
+    leaders = _hier("reduce-broadcast", 2, 4, 8000, compressor=q4)
+    assert leaders.encode_s == pytest.approx((8000 + 4000) * 1e-9)
+    assert leaders.decode_s == pytest.approx(2 * 8000 * 2e-9)
+    one_node = _hier("reduce-scatter", 1, 4, 8000, compressor=q4)
+    assert one_node.encode_s == 0.0 and one_node.decode_s == 0.0
+
+
+def test_without_a_topology_every_rank_is_a_node_on_the_network_link() -> None:
+    # world_size 4 on 1 Gbit/s links, no topology: a flat star, the ring's 6 steps of 6000 B
+    # (1000 fp32 values) on the node link's fit, not the intra one
+    cfg = Config(scheme=Scheme("allreduce"), world_size=4, network=GBIT, numel=1000,
+                 compute_s=0.0, step_s=0.0, tbf_burst=False)  # fmt: skip
+    assert predict(_model(), cfg).comm_s == pytest.approx(6 * A_OUT + 6000 * B_OUT)
+    # hierarchical there: no level inside a node; between the 4 "nodes" an exchange of the
+    # whole 4000 B, 3 + 3 steps of 3000 B each way, on the node link
+    got = predict(_model(), replace(cfg, scheme=Scheme("hierarchical")))
+    assert got.comm_s == pytest.approx(6 * A_OUT + 6000 * B_OUT)
+    assert got.wire_bytes == pytest.approx(6000)
+
+
+def test_a_direct_exchange_across_three_nodes_shares_the_node_link() -> None:
+    # reduce-broadcast 3 x 2 (K = 6) of 4000 B: each rank sends 4000 / 6 B to each of its 5
+    # peers in each of 2 calls, 10 message steps; the node link carries its 2 ranks' sends to
+    # the 4 ranks on other nodes: 2 x 4 x 4000 / 6 B per call
+    per_call = 2 * 4 * 4000 / 6
+    assert _comm(Scheme("reduce-broadcast"), 3, 2) == pytest.approx(
+        10 * A_OUT + 2 * per_call * B_OUT
+    )
+
+
+@pytest.mark.parametrize(("scheme", "nodes", "per_node"), [
+    (Scheme("allreduce"), 2, 1), (Scheme("allreduce"), 2, 2), (Scheme("hierarchical"), 2, 2),
+])  # fmt: skip
+def test_a_level_on_a_link_not_fitted_says_it_was_scaled(
+    scheme: Scheme, nodes: int, per_node: int
+) -> None:
+    two = Link(2e9, "2gbit")
+    cfg = Config(scheme=scheme, topology=Topology(nodes, per_node, two), numel=1000,
+                 compute_s=0.0, step_s=0.0, tbf_burst=False)  # fmt: skip
+    notes = predict(_model(), cfg).notes
+    assert any("scaled from 1gbit to 2gbit" in n for n in notes), notes
