@@ -14,6 +14,7 @@ mpirun here (``mpi``), and the sweeps' own launchers elsewhere.
 from __future__ import annotations
 
 import atexit
+import functools
 import multiprocessing
 import os
 import runpy
@@ -29,7 +30,6 @@ from qbench.launch import local
 TIMEOUT_S = 120
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "qbench.comm", "qbench.aggregate",
            "qbench.compress", "qbench.ddp", "tests.distributed"]  # fmt: skip
-_forks: list[ForkServerContext] = []
 
 
 def launch(backend: str, world_size: int, argv: list[str], timeout: float = TIMEOUT_S) -> None:
@@ -55,12 +55,11 @@ def launch(backend: str, world_size: int, argv: list[str], timeout: float = TIME
         )
 
 
+@functools.cache
 def _fork_server() -> ForkServerContext:
-    if not _forks:
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(PRELOAD)
-        _forks.append(ctx)
-    return _forks[0]
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
 
 
 def _forked(world_size: int, argv: list[str], timeout: float) -> None:

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from qbench.run.rank_server import ended
+
 STOP_GRACE_S = 10.0
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -86,15 +88,9 @@ def _exited(
 
 def _reap(reaped: dict[int, int] | None = None) -> None:
     """Reap every child that has ended (adopted ones too), noting their exit codes."""
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+    for pid, code in ended():
         if reaped is not None:
-            reaped[pid] = os.waitstatus_to_exitcode(status)
+            reaped[pid] = code
 
 
 def _children() -> list[int]:

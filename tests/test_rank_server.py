@@ -167,3 +167,16 @@ def test_a_forked_rank_of_an_emulated_host_runs_in_its_network_namespace(tmp_pat
                     time.sleep(0.05)
         finally:
             procs.kill_group(ranks)
+
+
+def test_a_later_launch_with_the_same_environment_keeps_the_server(tmp_path: Path) -> None:
+    """The server outlives a sweep: a later launch of this process whose ranks get the same
+    environment and directory uses it; another environment gets a new one, the old one ends
+    (its imports may have read the environment it was started with)."""
+    rank_server.warm(_env(), procs.die_with_parent)
+    first = rank_server._server
+    assert first is not None
+    rank_server.warm(_env(), procs.die_with_parent)
+    assert rank_server._server is first and first.alive()
+    rank_server.warm(_env(QBENCH_COMPRESS_BACKEND="torch"), procs.die_with_parent)
+    assert rank_server._server is not first and not first.alive()

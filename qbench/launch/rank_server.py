@@ -159,7 +159,6 @@ class _Server:
 
 _server: _Server | None = None
 _start_lock = threading.Lock()
-_exit_hook = False  # close() is registered with atexit once
 
 
 def warm(env: dict[str, str], die_with_parent: Preexec) -> None:
@@ -171,7 +170,7 @@ def warm(env: dict[str, str], die_with_parent: Preexec) -> None:
 
 
 def _start(env: dict[str, str], die_with_parent: Preexec, same_as_before: bool) -> None:
-    global _server, _exit_hook
+    global _server
     with _start_lock:
         if not enabled():
             return
@@ -179,9 +178,6 @@ def _start(env: dict[str, str], die_with_parent: Preexec, same_as_before: bool) 
             if not same_as_before or _server.made_for == (env, os.getcwd()):
                 return
             _server.close()
-        if not _exit_hook:
-            atexit.register(close)
-            _exit_hook = True
         _server = _Server(env, die_with_parent)
 
 
@@ -214,3 +210,6 @@ def close() -> None:
         if _server is not None:
             _server.close()
             _server = None
+
+
+atexit.register(close)  # the server ends with the driver (a no-op where none started)

@@ -37,6 +37,7 @@ import select
 import signal
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,13 @@ def _send(doc: dict[str, Any]) -> None:
 
 
 def _reap() -> None:
+    for pid, code in ended():
+        _send({"exit": pid, "code": code})
+
+
+def ended() -> Iterator[tuple[int, int]]:
+    """(pid, exit code as ``subprocess.Popen.returncode`` gives it) of each child of this
+    process that has ended, reaped; stops when no other has ended yet."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -94,7 +102,7 @@ def _reap() -> None:
             return
         if pid == 0:
             return
-        _send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+        yield pid, os.waitstatus_to_exitcode(status)
 
 
 def _fork(request: dict[str, Any], server_fds: tuple[int, int]) -> int:
