@@ -1,9 +1,9 @@
 """A table of bad inputs as a new user makes them (files, options, specs, scenario values): each
 is one line on stderr naming what is wrong, exit code 2, never a traceback (issue 21).
 
-Cases run in-process through ``qbench.cli.main`` (fast); a few also as a real process, to see
-exactly what a terminal shows. Each case names a piece of text its message must contain, so a
-case cannot pass by failing for another reason.
+Cases run in-process through ``qbench.cli.main`` (fast); what a terminal shows of a real
+process is tested in tests/test_cli.py. Each case names a piece of text its message must
+contain, so a case cannot pass by failing for another reason.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qbench.cli import main
+from tests.cli import qbench
 
 OK = "name: x\nmodel: mlp\nworld_size: 2\n"
 Case = tuple[Callable[[Path], list[str]], str]
@@ -273,11 +273,11 @@ def test_cli_spec_form_works_inside_a_scenario(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "case", ["binary file", "directory", "compressor key typo", "set unknown key"]
 )
-def test_a_real_process_shows_one_line(case: str, tmp_path: Path) -> None:
+def test_the_terminal_shows_only_one_line(case: str, tmp_path: Path) -> None:
     make, needle = CASES[case]
-    proc = subprocess.run([sys.executable, "-m", "qbench.cli", *make(tmp_path)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = qbench(*make(tmp_path))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stdout == "", proc.stdout
     assert needle in proc.stderr and "Traceback" not in proc.stderr
 
 

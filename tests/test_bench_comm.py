@@ -16,6 +16,7 @@ from qbench import catalog
 from qbench.bench import comm, comm_worker, render_comm
 from qbench.bench.comm import CommResult, CommRow
 from qbench.errors import UserError
+from tests.cli import qbench
 
 MIB = 2**20
 
@@ -284,7 +285,8 @@ def test_failed_launch_reports_its_exit_code(tmp_path: Path) -> None:
 
 
 # -- command line --------------------------------------------------------------------------------
-def qbench(*args: str) -> subprocess.CompletedProcess[str]:
+def process(*args: str) -> subprocess.CompletedProcess[str]:
+    """``qbench ARGS`` as a process of its own, for the benchmarks that launch ranks."""
     cmd = [sys.executable, "-c", "from qbench.cli import main; main()", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
@@ -305,8 +307,8 @@ def test_bad_option_is_one_line_and_exit_2(args: tuple[str, ...]) -> None:
 @pytest.mark.slow
 def test_end_to_end_gloo_and_mpi(tmp_path: Path) -> None:
     out = tmp_path / "comm.json"
-    proc = qbench("bench", "comm", "--backend", "gloo", "mpi", "--world-size", "2",
-                  "--max-bytes", "64K", "--repeats", "2", "--json", str(out))  # fmt: skip
+    proc = process("bench", "comm", "--backend", "gloo", "mpi", "--world-size", "2",
+                   "--max-bytes", "64K", "--repeats", "2", "--json", str(out))  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["schema"] == "qbench.bench.comm/1"
@@ -335,9 +337,9 @@ def test_end_to_end_gloo_and_mpi(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_stream_mode_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "comm.json"
-    proc = qbench("bench", "comm", "--backend", "gloo", "--max-bytes", "1K", "--scheme",
-                  "allreduce", "--compressor", "none", "--repeats", "3", "--sync", "stream",
-                  "--gap-ms", "2", "--json", str(out))  # fmt: skip
+    proc = process("bench", "comm", "--backend", "gloo", "--max-bytes", "1K", "--scheme",
+                   "allreduce", "--compressor", "none", "--repeats", "3", "--sync", "stream",
+                   "--gap-ms", "2", "--json", str(out))  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["settings"]["sync"] == "stream" and doc["settings"]["gap_ms"] == 2.0

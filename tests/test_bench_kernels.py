@@ -5,8 +5,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ from qbench.errors import UserError
 from qbench.spec import roofline
 from qbench.spec.codec_times import CodecTimes
 from tests import compiled
+from tests.cli import qbench
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -291,21 +290,15 @@ def test_list_options_take_several_values(monkeypatch: pytest.MonkeyPatch) -> No
     assert seen["kw"]["overlap"] == 0.8 and seen["kw"]["json_path"] == Path("k.json")
 
 
-def _qbench(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "qbench.cli", *args], capture_output=True, text=True, timeout=120
-    )
-
-
 def test_cli_writes_json(tmp_path: Path) -> None:
     path = tmp_path / "out" / "kernels.json"
-    proc = _qbench("bench", "kernels", "--sizes", "10", "--repeats", "1", "--json", str(path))
+    proc = qbench("bench", "kernels", "--sizes", "10", "--repeats", "1", "--json", str(path))
     assert proc.returncode == 0, proc.stderr
     assert path.is_file() and json.loads(path.read_text())["schema"] == kernels.SCHEMA
 
 
 def test_cli_bad_size_is_one_line_exit_2() -> None:
-    proc = _qbench("bench", "kernels", "--sizes", "40")
+    proc = qbench("bench", "kernels", "--sizes", "40")
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "40" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -313,7 +306,7 @@ def test_cli_bad_size_is_one_line_exit_2() -> None:
 
 def test_cli_bad_overlap_is_one_line_exit_2() -> None:
     """F = 1 (everything hidden) is refused too: compressing would pay on any link."""
-    proc = _qbench("bench", "kernels", "--sizes", "8", "--overlap", "1")
+    proc = qbench("bench", "kernels", "--sizes", "8", "--overlap", "1")
     assert proc.returncode == 2, proc.stdout
     assert proc.stderr.count("\n") == 1 and "got 1;" in proc.stderr
     assert "0 <= F < 1" in proc.stderr and "Traceback" not in proc.stderr
@@ -321,7 +314,7 @@ def test_cli_bad_overlap_is_one_line_exit_2() -> None:
 
 
 def test_cli_table_shows_the_roofline_columns() -> None:
-    proc = _qbench(
+    proc = qbench(
         "bench", "kernels", "--sizes", "10", "--repeats", "1", "--compressor", "none",
         "--compressor", "onebit", "--overlap", "0.25",
     )  # fmt: skip

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ from qbench.errors import UserError
 from qbench.report import numerics as report_numerics
 from qbench.report import plots_numerics
 from qbench.run.gradients import ModelGradients
+from tests.cli import qbench
 
 
 class Correlated:
@@ -223,10 +222,7 @@ def test_cli_bad_input_raises_user_error(args: list[str], words: str) -> None:
 def test_cli_error_is_one_line_and_exit_2(tmp_path: Path) -> None:
     path = tmp_path / "g.pt"
     torch.save(torch.randn(3, 8), path)
-    proc = subprocess.run(
-        [sys.executable, "-m", "qbench.cli", "bench", "numerics", "--gradients", str(path),
-         "--ranks", "2", "16"], capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    proc = qbench("bench", "numerics", "--gradients", str(path), "--ranks", "2", "16")
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert "--ranks 16 needs 16 gradient rows, the gradients file has 3" in proc.stderr

@@ -11,17 +11,13 @@ import pandas as pd
 import pytest
 
 from qbench.records.schema import ITERATION_COLUMNS
+from tests.cli import qbench
 
 
-def qbench(
-    *args: str, cwd: Path | None = None, timeout: float = 600
-) -> subprocess.CompletedProcess[str]:
+def process(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m qbench.cli ARGS`` as a process of its own."""
     return subprocess.run(
-        [sys.executable, "-m", "qbench.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=timeout,
+        [sys.executable, "-m", "qbench.cli", *args], capture_output=True, text=True, timeout=600
     )
 
 
@@ -62,10 +58,20 @@ def test_missing_file_is_one_line_exit_2(tmp_path: Path) -> None:
     assert proc.stderr.count("\n") == 1 and "not found" in proc.stderr
 
 
+# The two tests of the command as a process (the others run it in this process, tests/cli.py):
+# it starts, and a user's mistake is one line and exit 2 as a terminal shows it, no traceback.
+def test_python_m_qbench_cli_starts() -> None:
+    proc = process("--help")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.startswith("Usage: python -m qbench.cli [OPTIONS] COMMAND")
+    assert "sweep" in proc.stdout and "report" in proc.stdout
+
+
 def test_bad_option_is_one_line_exit_2() -> None:
-    proc = qbench("report", "x", "--format", "xml")
+    proc = process("report", "x", "--format", "xml")
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "xml" in proc.stderr
+    assert "(see `qbench report --help`)" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_cost_group_and_its_old_name(tmp_path: Path) -> None:
@@ -125,7 +131,7 @@ iterations: 3
 @pytest.mark.slow
 def test_sweep_then_report_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "res"
-    proc = qbench("sweep", write(tmp_path, TINY), "--out", str(out))
+    proc = process("sweep", write(tmp_path, TINY), "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     run_dirs = sorted(p.parent for p in out.glob("*/run.json"))
     assert len(run_dirs) == 2 * 2 * 2
@@ -149,9 +155,9 @@ def test_sweep_then_report_end_to_end(tmp_path: Path) -> None:
     assert resolved["launcher"] == "local" and len(resolved["runs"]) == 8
     assert json.loads((out / "machine.json").read_text())["cores"] >= 1
     # Re-running skips what is complete.
-    again = qbench("sweep", write(tmp_path, TINY), "--out", str(out))
+    again = process("sweep", write(tmp_path, TINY), "--out", str(out))
     assert again.returncode == 0 and "8 already done" in again.stderr
-    rep = qbench("report", str(out), "--format", "csv")
+    rep = process("report", str(out), "--format", "csv")
     assert rep.returncode == 0, rep.stderr
     summary = pd.read_csv(out / "report" / "summary.csv")
     assert len(summary) == 8

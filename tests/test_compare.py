@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import io
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -14,6 +12,7 @@ from qbench.errors import UserError
 from qbench.records.store import ResultStore
 from qbench.report import ab_report as report
 from qbench.report import ab_stats as compare
+from tests.cli import qbench
 from tests.test_report import add_run, labels, rows_for
 
 
@@ -93,12 +92,9 @@ def test_comparison_files_and_failed_runs(tmp_path: Path) -> None:
 def test_cli_compare_and_one_line_error(tmp_path: Path) -> None:
     a = make(tmp_path / "a", [("a1", "mlp", "fp32", 2, 1.0, 0)])
     b = make(tmp_path / "b", [("b1", "mlp", "fp32", 2, 2.0, 0)])
-    run = [sys.executable, "-m", "qbench.cli", "report", str(a)]
-    ok = subprocess.run(
-        [*run, str(b), "--format", "csv"], capture_output=True, text=True, timeout=120
-    )
+    ok = qbench("report", str(a), str(b), "--format", "csv")
     assert ok.returncode == 0, ok.stderr
     assert "slower" in ok.stdout and "comparison: 1 slower" in ok.stderr
-    bad = subprocess.run([*run, str(tmp_path / "x")], capture_output=True, text=True, timeout=120)
+    bad = qbench("report", str(a), str(tmp_path / "x"))
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "Traceback" not in bad.stderr

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import json
 import signal
-import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -35,6 +33,7 @@ from qbench.catalog.params import Param
 from qbench.errors import UserError
 from qbench.spec import layers, scenario
 from qbench.spec.matrix import Matrix, RunSpec, expand
+from tests.cli import qbench
 
 CHECKED_RUNS = 8  # of each matrix: run ids and labels are computed for these
 LIMIT_S = 10  # per input; a hang is a bug too
@@ -552,21 +551,9 @@ def test_the_generator_is_not_all_junk() -> None:
 
 
 def _cli(path: Path) -> tuple[int, str]:
-    """``qbench sweep PATH --dry-run`` through qbench.cli.main: exit code and all output."""
-    from qbench import cli
-
-    out, err = io.StringIO(), io.StringIO()
-    argv = ["qbench", "sweep", str(path), "--dry-run"]
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        old, sys.argv = sys.argv, argv
-        try:
-            cli.main()
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-        finally:
-            sys.argv = old
-    return code, out.getvalue() + err.getvalue()
+    """``qbench sweep PATH --dry-run`` (tests/cli.py): exit code and all output."""
+    proc = qbench("sweep", str(path), "--dry-run")
+    return proc.returncode, proc.stdout + proc.stderr
 
 
 @settings(SETTINGS, max_examples=60)

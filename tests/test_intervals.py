@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 from qbench.records.store import ResultStore
 from qbench.report import ab_stats as compare
 from qbench.report import intervals, stats
+from tests.cli import qbench
 from tests.test_report import BATCH, MEASURED, add_run, labels, rows_for
 
 
@@ -87,8 +87,7 @@ def test_summary_intervals_per_configuration(tmp_path: Path) -> None:
 
 
 def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "qbench.cli", "report", *argv],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return qbench("report", *argv)
 
 
 def test_fail_if_slower_gate(tmp_path: Path) -> None:

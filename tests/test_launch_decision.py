@@ -5,8 +5,6 @@ and through both doors."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from qbench.launch import decision
 from qbench.launch.launcher import Launch
 from qbench.spec import matrix as matrix_mod
 from qbench.spec import scenario as scenario_mod
+from tests import cli
 
 BASE = "name: d\nmodel: mlp\nworld_size: 1\nbackend: gloo\nwarmup: 1\niterations: 2\n"
 # the scenario reference's message for a bad `isolation:` (docs/scenarios.md), written out here
@@ -73,8 +72,7 @@ def test_a_bad_isolation_gets_the_scenarios_message_everywhere(tmp_path: Path) -
     assert str(yaml_err.value) == str(override_err.value) == str(api_err.value) == BAD
     (tmp_path / "s.yaml").write_text(BASE)
     argv = ["sweep", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "cli"), "--dry-run"]
-    proc = subprocess.run([sys.executable, "-m", "qbench.cli", *argv, "--isolation", "proces"],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = cli.qbench(*argv, "--isolation", "proces")  # `qbench` here is the package
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert BAD in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "api").exists() and not (tmp_path / "cli").exists()

@@ -18,6 +18,7 @@ from qbench.catalog import datasets, toolchain
 from qbench.data.idx import write_idx
 from qbench.launch import preflight
 from qbench.spec import matrix, scenario
+from tests.cli import qbench
 
 FASHION_FIX = (
     "install Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist, or make "
@@ -194,7 +195,8 @@ def test_the_refusal_lists_each_prerequisite_once(tmp_path: Path) -> None:
 # ---- the command line ----------------------------------------------------------------------
 
 
-def _qbench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _process(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m qbench.cli ARGS``, for the sweep that launches ranks."""
     return subprocess.run(
         [sys.executable, "-m", "qbench.cli", *args], capture_output=True, text=True,
         timeout=600, env={**os.environ, **(env or {})},
@@ -205,7 +207,7 @@ def test_sweep_stops_before_starting_anything(tmp_path: Path) -> None:
     (tmp_path / "s.yaml").write_text(FASHION)
     out = tmp_path / "out"
     env = {"QBENCH_DATA": str(tmp_path / "nothing")}
-    proc = _qbench("sweep", str(tmp_path / "s.yaml"), "--out", str(out), env=env)
+    proc = qbench("sweep", str(tmp_path / "s.yaml"), "--out", str(out), env=env)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert lines[0].startswith("qbench: error: 1 run cannot start on this machine; nothing")
@@ -221,13 +223,13 @@ def test_check_prints_only_the_missing_lines(tmp_path: Path) -> None:
     (tmp_path / "s.yaml").write_text(FASHION)
     env = {"QBENCH_DATA": str(tmp_path / "nothing")}
     args = ("sweep", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "out"), "--check")
-    proc = _qbench(*args, env=env)
+    proc = qbench(*args, env=env)
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("dataset fashion-mnist: no train-images") and line.endswith(FASHION_FIX)
     assert not (tmp_path / "out").exists()
     _write_idx_dir(tmp_path / "data" / "fashion-mnist")
-    proc = _qbench(*args, env={"QBENCH_DATA": str(tmp_path / "data")})
+    proc = qbench(*args, env={"QBENCH_DATA": str(tmp_path / "data")})
     assert proc.returncode == 0 and proc.stderr == ""
     assert "ready: every run that is not done yet (2 of 2) can start" in proc.stdout
 
@@ -235,7 +237,7 @@ def test_check_prints_only_the_missing_lines(tmp_path: Path) -> None:
 def test_dry_run_shows_the_verdict_of_each_run(tmp_path: Path) -> None:
     (tmp_path / "s.yaml").write_text(FASHION)
     env = {"QBENCH_DATA": str(tmp_path / "nothing"), "COLUMNS": "250"}
-    proc = _qbench("sweep", str(tmp_path / "s.yaml"), "--dry-run", env=env)
+    proc = qbench("sweep", str(tmp_path / "s.yaml"), "--dry-run", env=env)
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if "logreg-gloo" in line]
     assert len(rows) == 2
@@ -253,7 +255,7 @@ def test_skip_unavailable_records_skipped_never_failed(tmp_path: Path) -> None:
     out = tmp_path / "out"
     args = ("sweep", str(tmp_path / "s.yaml"), "--out", str(out))
     env = {"QBENCH_DATA": str(tmp_path / "data")}
-    proc = _qbench(*args, "--skip-unavailable", env=env)
+    proc = _process(*args, "--skip-unavailable", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "1 skipped (prerequisites missing)" in proc.stderr
     recs = {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/run.json")}
@@ -262,11 +264,11 @@ def test_skip_unavailable_records_skipped_never_failed(tmp_path: Path) -> None:
     assert skipped["labels"]["dataset"] == "fashion-mnist"
     assert skipped["error"].startswith("skipped: this machine lacks dataset fashion-mnist: no ")
     assert not (out / skipped["run_id"] / "iterations.parquet").exists()
-    report = _qbench("report", str(out), "--format", "csv")
+    report = _process("report", str(out), "--format", "csv")
     assert report.returncode == 0, report.stderr[-2000:]
 
     _write_idx_dir(tmp_path / "data" / "fashion-mnist")
-    proc = _qbench(*args, env=env)
+    proc = _process(*args, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "1 already done" in proc.stderr
     recs = {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/run.json")}

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +37,7 @@ from qbench.report import page_breakeven
 from qbench.report import tables as report
 from qbench.spec import roofline
 from qbench.spec.codec_times import SCHEMA, CodecTimes
+from tests.cli import qbench
 
 REPO = Path(__file__).resolve().parents[1]
 N = 2**20
@@ -251,10 +250,7 @@ def test_a_compressor_the_file_lacks_is_named(tmp_path: Path) -> None:
 def test_bad_kernels_path_is_one_line_and_exit_2(tmp_path: Path, bad: str) -> None:
     root = _sweep(tmp_path / "res")
     (tmp_path / "not-json.json").write_text("{not json")
-    done = subprocess.run(
-        [sys.executable, "-m", "qbench.cli", "report", str(root), "--kernels",
-         str(tmp_path / bad)], capture_output=True, text=True, cwd=REPO,
-    )  # fmt: skip
+    done = qbench("report", str(root), "--kernels", str(tmp_path / bad), cwd=REPO)
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert f"qbench: error: --kernels: {tmp_path / bad} cannot be read" in done.stderr
@@ -264,9 +260,6 @@ def test_bad_kernels_path_is_one_line_and_exit_2(tmp_path: Path, bad: str) -> No
 def test_kernels_with_two_directories_is_a_usage_error(tmp_path: Path) -> None:
     root = _sweep(tmp_path / "a")
     shutil.copytree(root, tmp_path / "b")
-    done = subprocess.run(
-        [sys.executable, "-m", "qbench.cli", "report", str(root), str(tmp_path / "b"),
-         "--kernels", "k.json"], capture_output=True, text=True, cwd=REPO,
-    )  # fmt: skip
+    done = qbench("report", str(root), str(tmp_path / "b"), "--kernels", "k.json", cwd=REPO)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "--kernels adds to one directory's page" in done.stderr

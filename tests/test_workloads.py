@@ -25,6 +25,7 @@ from qbench.data import factory
 from qbench.errors import UserError
 from qbench.run import epochs, workload
 from qbench.spec import matrix, scenario
+from tests.cli import qbench
 
 _COUNTER = itertools.count()
 
@@ -225,20 +226,14 @@ def test_the_cli_stops_before_any_run_with_exit_2(tmp_path: Path) -> None:
         "name: bad\nmodel: {factory: 'nets_cli:build', input_shape: [4], num_classes: 2}\n"
         "world_size: 1\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "qbench.cli", "sweep", "s.yaml", "--out", "res"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=300,
-    )  # fmt: skip
+    proc = qbench("sweep", "s.yaml", "--out", "res", cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr == (
         "qbench: error: model factory 'nets_cli:build' returned int; expected a torch.nn.Module "
         "or qbench.models.Workload(model, input_shape=..., num_classes=...)\n"
     )
     assert not (tmp_path / "res").exists()
-    dry = subprocess.run(
-        [sys.executable, "-m", "qbench.cli", "sweep", "s.yaml", "--dry-run"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=300,
-    )  # fmt: skip
+    dry = qbench("sweep", "s.yaml", "--dry-run", cwd=tmp_path)
     assert dry.returncode == 0 and "does not import model, dataset or loss factories" in dry.stderr
 
 

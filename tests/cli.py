@@ -1,0 +1,81 @@
+"""``qbench ARGS`` run in this process, as the console script runs it: its exit code, its
+stdout and its stderr, as a ``subprocess.CompletedProcess``.
+
+Tests whose subject is what a command prints and the code it exits with used to start it as a
+process (``python -m qbench.cli``); each paid a new interpreter and the imports of qbench and
+what it uses (pandas, torch): 1 s of CPU for a usage error, 4-5 s for a command that imports
+torch, on the 2-core machine the suite runs on, for output that is the same in this process.
+The command's own start as a process (``python -m qbench.cli``, as the console script starts
+``qbench.cli.main``; what a terminal shows when it fails) stays tested by the subprocess tests
+in tests/test_cli.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import click.formatting
+from click.testing import CliRunner
+
+from qbench.cli import main
+
+
+def qbench(
+    *args: str,
+    cwd: Path | str | None = None,
+    env: Mapping[str, str] | None = None,
+    input: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``qbench ARGS`` in this process: ``main()`` reads ``sys.argv`` as the console script's
+    does, with stdin holding ``input``, the variables of ``env`` set over this process's
+    environment and ``cwd`` as the current directory; all are restored after, and
+    ``sys.path`` too (importing a user's factory module appends the current directory to it).
+    A ``SystemExit`` gives the exit code (``sys.exit("text")`` is 1, as for a process); any
+    other exception escapes ``main`` and fails the test with its traceback.
+
+    ``PYTEST_CURRENT_TEST`` is unset meanwhile, as in tests/test_scenarios_quick.py: a rank
+    server serves only sweeps that give their ranks the environment it was started with."""
+    argv = ["qbench", *args]
+    saved_argv, saved_path = sys.argv, sys.path[:]
+    saved_cwd = os.getcwd()
+    test_name = os.environ.pop("PYTEST_CURRENT_TEST", None)
+    code = 0
+    try:
+        with CliRunner().isolation(input=input, env=env) as (out, err, _):
+            # The width click wraps help to, worked out as for the console script (the
+            # isolation forces 80 columns; a process whose stdout is a pipe gets 78).
+            click.formatting.FORCED_WIDTH = None  # the isolation restores its old value
+            sys.argv = argv
+            if cwd is not None:
+                os.chdir(cwd)
+            try:
+                main()
+            except SystemExit as e:
+                code = _exit_code(e.code)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            stdout = out.getvalue().decode()
+            stderr = err.getvalue().decode()
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path  # a user's factory module puts its directory on it
+        os.chdir(saved_cwd)
+        if test_name is not None:
+            os.environ["PYTEST_CURRENT_TEST"] = test_name
+    return subprocess.CompletedProcess(argv, code, stdout, stderr)
+
+
+def _exit_code(code: object) -> int:
+    """A process's exit status for ``sys.exit(code)``: None is 0, a string is printed (to
+    stderr, as Python does) and is 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
