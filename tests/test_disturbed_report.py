@@ -149,3 +149,34 @@ def test_the_utility_figure_takes_no_disturbed_baseline() -> None:
     rows = plots_utility.utility_rows(pd.concat([table, shaken], ignore_index=True))
     at_1g = rows[(rows["compressor"] == "qsgd-4b-b512") & (rows["bps"] == 1e9)]["vs_ddp"]
     assert list(at_1g) == [pytest.approx(1.0)]
+
+
+def test_the_sentences_in_full_from_a_summary() -> None:
+    """Unknown flags (None) count as not disturbed and not left out; a failed disturbed run is
+    not "compared"; a run with no core count is named without one."""
+    from qbench.report import disturbed
+
+    summary = pd.DataFrame({
+        "run_id": ["gone", "kept", "quiet", "unknown", "failed", "nocount"],
+        "status": ["ok", "ok", "ok", "ok", "failed", "ok"],
+        "disturbed": [True, True, False, None, True, True],
+        "left_out": [True, False, False, None, False, False],
+        "other_cores": [1.314, 0.8, 0.0, None, 2.0, None],
+    })  # fmt: skip
+    assert disturbed.warnings(summary) == [
+        "Left out of every speedup, baseline and verdict as disturbed (measured while other "
+        "processes used more than 0.1 cores on average (beyond /proc/stat's tick resolution)): "
+        "gone (1.31 cores). `qbench report --include-disturbed` puts them back; `qbench sweep "
+        "--rerun-disturbed N` measures them again.",
+        "Compared although disturbed (--include-disturbed): kept (0.80 cores), nocount; their "
+        "speedups, and those over them as a baseline, may be off.",
+    ]
+    assert disturbed.unknown_note(summary) == (
+        "1 of 5 ok runs have no record of what else used the machine (results of an older "
+        "qbench, or no /proc/stat): whether they were disturbed is unknown."
+    )
+    assert disturbed.runs_text(summary.iloc[:2], prefix="run ") == (
+        "run gone (1.31 cores), run kept (0.80 cores)"
+    )
+    assert disturbed.warnings(summary[summary["run_id"] == "quiet"]) == []
+    assert disturbed.unknown_note(summary[summary["run_id"] == "quiet"]) is None

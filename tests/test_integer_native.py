@@ -61,3 +61,47 @@ def test_native_bucket_absmax_matches_torch(n: int, bucket: int) -> None:
     got = torch.empty_like(want)
     assert native.int_kernels().qb_bucket_absmax(x.data_ptr(), n, bucket, got.data_ptr()) == 0
     assert torch.equal(got, want)
+
+
+def test_qsgd_levels_take_the_kernels_on_cpu_and_torch_elsewhere_with_equal_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """QSGDLevels' three steps through their public methods: on CPU each calls its compiled
+    function once; where there are none (a GPU tensor, no compiler) each takes torch's path,
+    and the scales, levels and mean are the same integers and floats."""
+    from qbench.compress import from_spec
+
+    levels = ia.for_compressor(from_spec("qsgd:bits=4,bucket_size=128"))
+    assert isinstance(levels, ia.QSGDLevels) and (levels.top, levels.block) == (7, 128)
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(3))
+    key, offset, world = Key(seed=2, step=5, rank=1), 77, 3
+    calls: list[str] = []
+    for name in ("_absmax_native", "_quantize_native", "_dequantize_native"):
+        real = getattr(ia, name)
+        monkeypatch.setattr(
+            ia, name, lambda *a, _r=real, _n=name, **k: calls.append(_n) or _r(*a, **k)
+        )
+
+    def steps() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        scales = levels.local_scales(x) * 1.25  # a shared max above this rank's
+        q = levels.encode(x, scales, key, offset, torch.int16)
+        return scales, q, levels.decode(q * world, scales, world, torch.zeros(1000))
+
+    compiled_ = steps()
+    assert calls == ["_absmax_native", "_quantize_native", "_dequantize_native"]
+    monkeypatch.setattr(native, "int_kernels", lambda: None)
+    calls.clear()
+    reference = steps()
+    assert calls == []
+    for got, want in zip(compiled_, reference, strict=True):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    scales, q, mean = reference
+    assert q.dtype == torch.int16 and int(q.abs().max()) <= 7
+    want_scales = buckets(x, 128).abs().amax(dim=1) * 1.25
+    assert torch.equal(scales, want_scales)
+    # every rank sent these levels: the mean is the levels times scale / top, bucket by bucket
+    assert torch.allclose(
+        mean, (q.float().view(-1) * want_scales.repeat_interleave(128)[:1000] / 7)
+    )
+    # the draws are this key's at this offset: another offset gives other levels
+    assert not torch.equal(levels.encode(x, scales, key, offset + 1, torch.int16), q)

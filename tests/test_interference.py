@@ -190,3 +190,95 @@ def test_disturbed_past_the_threshold_beyond_the_tick_resolution() -> None:
                                  {"hosts": [{"wall_s": 1.0}]}])  # fmt: skip
 def test_not_recorded_is_unknown_not_quiet(doc: Any) -> None:
     assert interference.disturbed(doc) is None and interference.other_cores(doc) is None
+
+
+def test_a_host_entry_keeps_its_names_and_survives_empty_counts() -> None:
+    """The host, governor and wall time come from the ranks; a window in which /proc/stat
+    counted no tick (or no time passed) reads 0 cores of others, not a division by zero."""
+    rank = {**_rank(0, 0.5, {"0": [1.0, 0.0, 1.0]}), "governor": ["performance"]}
+    (host,) = interference.combine([rank, _rank(1, 0.5, {"0": [9.0, 0.0, 9.0]})])["hosts"]  # type: ignore[index]
+    assert (host["host"], host["governor"], host["wall_s"]) == ("h-boot-a", ["performance"], 2.0)
+    assert host["loadavg_before"] == [0.5, 0.4, 0.3] and host["loadavg_after"] == [1.75, 0.6, 0.35]
+    (idle,) = interference.combine([_rank(0, 0.0, {"0": [0.0, 0.0, 0.0]})])["hosts"]  # type: ignore[index]
+    assert (idle["accounted_s"], idle["other_s"], idle["other_cores"]) == (0.0, 0.0, 0.0)
+    (instant,) = interference.combine([_rank(0, 0.0, {"0": [0.0, 0.0, 0.0]}, wall=0.0)])["hosts"]  # type: ignore[index]
+    assert instant["other_cores"] == 0.0
+
+
+def test_ranks_are_grouped_by_machine_else_host_and_ordered_by_rank() -> None:
+    """Two network namespaces of one machine share a boot id (one host entry); where no boot id
+    was readable the hostname groups."""
+    no_id = [{**_rank(3, 0.1, {"0": [1.0, 0.0, 1.0]}), "machine": None, "host": "x"},
+             {**_rank(0, 0.1, {"0": [1.0, 0.0, 1.0]}), "machine": None, "host": "y"}]  # fmt: skip
+    doc = interference.combine(no_id)
+    assert doc is not None and [h["ranks"] for h in doc["hosts"]] == [[0], [3]]
+    one = [{**_rank(2, 0.1, {"0": [1.0, 0.0, 1.0]}), "host": "ns-b"},
+           {**_rank(1, 0.1, {"0": [1.0, 0.0, 1.0]}), "host": "ns-a"}]  # fmt: skip
+    (host,) = interference.combine(one)["hosts"]  # type: ignore[index]
+    assert host["ranks"] == [1, 2] and host["host"] == "ns-a"  # the first rank's name
+
+
+def test_host_values_are_rounded_to_four_places() -> None:
+    (host,) = interference.combine([_rank(0, 0.123456, {"0": [1.0, 0.0, 1.0]})])["hosts"]  # type: ignore[index]
+    assert host["own_s"] == 0.1235 and host["other_s"] == 0.8765
+
+
+def test_a_short_window_still_counts() -> None:
+    """A run measured for 0.5 s is judged like any other (only 0 s means nothing measured)."""
+    assert interference.disturbed(_doc(0.3, wall=0.5, resolution=0.02)) is True
+    assert interference.other_cores(_doc(0.3, wall=0.5, resolution=0.02)) == pytest.approx(0.6)
+
+
+def test_describe_names_the_worst_host_or_says_nothing_was_recorded() -> None:
+    quiet, busy = _doc(0.0)["hosts"][0], {**_doc(5.24)["hosts"][0], "host": "b", "cpus": 4}
+    assert interference.describe({"hosts": [quiet, busy]}) == (
+        "other processes used 1.31 cores (host b, 4 CPUs)"
+    )
+    assert interference.describe(None) == "interference not recorded"
+    assert interference.describe({"hosts": []}) == "interference not recorded"
+
+
+def test_a_cpu_without_a_governor_does_not_hide_the_next(tmp_path: Path) -> None:
+    (tmp_path / "cpu1/cpufreq").mkdir(parents=True)
+    (tmp_path / "cpu1/cpufreq/scaling_governor").write_text("performance\n")
+    assert governors([0, 1], tmp_path) == ["performance"]
+
+
+def test_a_sample_without_loadavg_says_none(tmp_path: Path) -> None:
+    root = tmp_path / "proc"
+    root.mkdir()
+    (root / "stat").write_text(STAT_BEFORE)
+    assert sample([0], root).loadavg is None
+
+
+def test_a_watch_watches_its_own_cpus_and_names_its_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    asked = []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: asked.append(pid) or {0})
+    root = _proc(tmp_path / "proc", _stat(100, [0]))
+    (tmp_path / "sys/cpu0/cpufreq").mkdir(parents=True)
+    (tmp_path / "sys/cpu0/cpufreq/scaling_governor").write_text("ondemand\n")
+    watch = Watch(tmp_path / "parts", 1, proc=root, sys_cpu=tmp_path / "sys")
+    assert asked == [0] and watch.cpus == [0]
+    watch.start()
+    watch.stop()
+    doc = json.loads(interference_part(tmp_path / "parts", 1).read_text())
+    assert doc["host"] == socket.gethostname() and doc["governor"] == ["ondemand"]
+
+
+def test_a_watch_that_could_not_start_records_nothing_at_stop(tmp_path: Path) -> None:
+    """/proc/stat unreadable at start but readable at stop: no window, so no part (half a
+    window would read as a run with no time)."""
+    watch = Watch(tmp_path / "parts", 0, proc=tmp_path / "proc")
+    assert watch.before is None
+    watch.start()
+    assert watch.before is None
+    _proc(tmp_path / "proc", _stat(100, watch.cpus))
+    watch.stop()
+    assert not (tmp_path / "parts").exists()
+    never = Watch(tmp_path / "parts", 0, proc=tmp_path / "proc")
+    never.stop()  # stop without start
+    assert not (tmp_path / "parts").exists()

@@ -50,6 +50,16 @@ def test_every_code_has_the_specifications_value(name: str) -> None:
     assert float(fmt.finite[1]) == tiny
 
 
+@pytest.mark.parametrize("name", SPEC)
+def test_each_codes_magnitude_is_the_specifications(name: str) -> None:
+    """``Format.magnitude`` itself, code by code: the decode table above is built from it once
+    and cached, so the test above alone would not see a later change to it."""
+    fmt = mf.FORMATS[name]
+    for code in range(fmt.sign_bit):
+        got, want = fmt.magnitude(code), reference(name, code)
+        assert (math.isnan(got) and math.isnan(want)) or got == want, (name, code, got, want)
+
+
 def test_e2m1_holds_the_eight_magnitudes_of_fp4() -> None:
     assert mf.E2M1.finite.tolist() == [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 

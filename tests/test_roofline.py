@@ -133,3 +133,32 @@ def test_summary_takes_the_median_copy_per_size() -> None:
         {"numel": 256, "copy_seconds": 2e-6, "copy_gbps": pytest.approx(1.024), "samples": 3},
         {"numel": 1024, "copy_seconds": 4e-6, "copy_gbps": pytest.approx(2.048), "samples": 1},
     ]
+
+
+def test_breakeven_just_above_no_compression_and_to_the_last_digit() -> None:
+    """r = 1.25 (a 16-bit payload plus headers) still pays on slow links: (1 - 0.8) * 1e9 B/s
+    = 1.6 Gbit/s with both codecs at 2 GB/s; r = 2: 4 Gbit/s. The formula's units are exact."""
+    assert roofline.breakeven_gbit(2e9, 2e9, 1.25) == pytest.approx(1.6, rel=1e-12)
+    assert roofline.breakeven_gbit(2e9, 2e9, 2.0) == pytest.approx(4.0, rel=1e-12)
+    # one wire byte for 1,000 values (r = 4,000), not "free": (1 - 1/4000) * 4000 B / 2 s
+    assert roofline.breakeven_of_times(1000, 1, 1.0, 1.0) == pytest.approx(
+        (1 - 1 / 4000) * 2000 * 8 / 1e9, rel=1e-12
+    )
+
+
+def test_place_passes_error_feedback_and_accumulation_through() -> None:
+    placed = roofline.place(
+        1024, {"encode": 1e-6, "decode": 1e-6}, 1e-6, wire_bytes=256, measured=0,
+        error_feedback=True, overlap=0.0, accumulate=True,
+    )  # fmt: skip
+    assert placed["encode"].error_feedback is True and placed["decode"].error_feedback is True
+    assert placed["decode"].moved_bytes == 256 + 8 * 1024  # the accumulating buffer is read too
+    assert placed["encode"].moved_bytes == 256 + 12 * 1024
+
+
+def test_the_overlap_message_in_full() -> None:
+    with pytest.raises(UserError) as e:
+        roofline.check_overlap(2.0)
+    assert str(e.value) == (
+        "overlap is the fraction of codec time hidden, 0 <= F < 1, got 2; e.g. `--overlap 0.5`"
+    )
