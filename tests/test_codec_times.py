@@ -138,3 +138,16 @@ def test_a_data_dependent_payload_never_measured_has_no_breakeven(tmp_path: Path
     assert times.wires == {}
     assert times.wire_bytes(ADAPTIVE, 1000) is None
     assert times.breakeven(ADAPTIVE, 1000) is None
+
+
+def test_a_read_names_its_file_and_keeps_a_one_byte_payload(tmp_path: Path) -> None:
+    times = _read(
+        tmp_path, [_row(ADAPTIVE, op, 1000, 1e-3, wire_bytes=1) for op in ("encode", "decode")]
+    )
+    assert times.source == str(tmp_path / "k.json")
+    assert times.wires == {ADAPTIVE: ((1000, 1),)}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schema": SCHEMA}))
+    with pytest.raises(UserError) as e:
+        CodecTimes.read(bad, "--codec-time")
+    assert str(e.value) == f"--codec-time: {bad}: has no rows list"

@@ -105,3 +105,26 @@ def test_qsgd_levels_take_the_kernels_on_cpu_and_torch_elsewhere_with_equal_resu
     )
     # the draws are this key's at this offset: another offset gives other levels
     assert not torch.equal(levels.encode(x, scales, key, offset + 1, torch.int16), q)
+
+
+def test_the_units_kernels_refuse_bad_arguments_naming_the_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A non-zero return of qb_lf_units_* is an error naming the C function and its code."""
+    from qbench.compress import native_units as nu
+    from qbench.compress.kernel_abi import UnitsView
+
+    lib = native.int_kernels()
+    no_block = UnitsView("mx", "e4m3", 0, False)
+    with pytest.raises(RuntimeError) as e:
+        nu.encode(lib, torch.ones(64), torch.ones(2), no_block, 0, 0, torch.int32)
+    assert str(e.value) == "qb_lf_units_encode failed with code 1 (1: bad arguments)"
+    view = UnitsView("mx", "e4m3", 32, False)
+    sums = torch.ones(64, dtype=torch.int32)
+    with pytest.raises(RuntimeError) as e:  # zero ranks
+        nu.decode(lib, sums, torch.ones(2), view, 0, torch.empty(64))
+    assert str(e.value) == "qb_lf_units_decode failed with code 1 (1: bad arguments)"
+    monkeypatch.setitem(nu.LOWFLOAT_KINDS, "mx", 99)  # a scaling kind the library lacks
+    with pytest.raises(RuntimeError) as e:
+        nu.divisors(lib, torch.ones(2), view)
+    assert str(e.value) == "qb_lf_units_divisors failed with code 1 (1: bad arguments)"
