@@ -22,6 +22,7 @@ import click.formatting
 from click.testing import CliRunner
 
 from qbench.cli import main
+from qbench.run.rank_server import exit_status
 
 
 def qbench(
@@ -55,7 +56,7 @@ def qbench(
             try:
                 main()
             except SystemExit as e:
-                code = _exit_code(e.code)
+                code = exit_status(e.code)
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -68,14 +69,3 @@ def qbench(
         if test_name is not None:
             os.environ["PYTEST_CURRENT_TEST"] = test_name
     return subprocess.CompletedProcess(argv, code, stdout, stderr)
-
-
-def _exit_code(code: object) -> int:
-    """A process's exit status for ``sys.exit(code)``: None is 0, a string is printed (to
-    stderr, as Python does) and is 1."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)
-    return 1

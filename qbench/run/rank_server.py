@@ -185,6 +185,12 @@ def _run(args: list[str]) -> int:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+    return exit_status(code)
+
+
+def exit_status(code: object) -> int:
+    """A process's exit status for ``sys.exit(code)``: None is 0, an int itself, anything else
+    printed to stderr (as Python does) and 1."""
     if code is None:
         return 0
     if isinstance(code, int):
