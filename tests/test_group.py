@@ -227,6 +227,40 @@ def test_a_launch_that_dies_before_the_first_run_fails_that_run_only(
     assert len(fake_ranks) == 2
 
 
+@dataclasses.dataclass
+class _Ended:
+    returncode: int
+
+
+TAG = "qbench worker rank"
+
+
+@pytest.mark.parametrize(
+    ("log", "codes", "exit_order", "cause"),
+    [
+        # rank 1 raised; rank 0, taken down by it, finished its teardown first (CI saw this)
+        (
+            f"{TAG} 1 failed: NonFiniteGradient: nan\n{TAG} 0 failed: RuntimeError: closed\n",
+            [1, 1],
+            [0, 1],
+            1,
+        ),
+        # rank 1 crashed without a word: the first to end is the cause, not the first tagged
+        (f"{TAG} 0 failed: RuntimeError: closed\n", [1, 3], [1, 0], 1),
+        # a rank 10's line is not rank 1's
+        (f"{TAG} 10 failed: RuntimeError: x\n", [0, 1] + [0] * 8 + [1], [1, 10], 1),
+        # no tagged line at all: the exit clock decides
+        ("", [3, 3], [1, 0], 1),
+    ],
+)
+def test_the_cause_is_the_rank_that_failed_first_not_the_first_to_exit(
+    log: str, codes: list[int], exit_order: list[int], cause: int
+) -> None:
+    ranks = [_Ended(c) for c in codes]
+    ended = {r: float(t) for t, r in enumerate(exit_order)}
+    assert group._cause(ranks, ended, log) == cause
+
+
 # ---- a rank's side: logs per run --------------------------------------------------------------
 
 

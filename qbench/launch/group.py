@@ -181,7 +181,8 @@ class Group:
             if done_marker(self._parts(pending[done])).exists():
                 continue  # it finished just before the next run failed: take it first
             time.sleep(POLL_S)  # the peers it takes down end too: their exit times come in
-            failed = _first_failed(ranks, ended)
+            failed = _cause(ranks, ended, runfiles.read_log(self.store.stderr_path(
+                pending[done].run_id)))  # fmt: skip
             code = ranks[failed].returncode if failed is not None else 0
             rank = failed if per_rank else None
             return _Outcome(done, "failed", code, time.monotonic() - t0, rank)
@@ -236,6 +237,24 @@ def _attach_launcher_log(store: ResultStore, spec: RunSpec, launcher_log: Path) 
         return
     with open(store.stderr_path(spec.run_id), "ab") as f:
         f.write(b"\n--- the rank group's launcher ---\n" + text)
+
+
+def _cause(ranks: list[Any], ended: dict[int, float], stderr: str) -> int | None:
+    """The rank whose failure came first. A rank that raised prints its tagged line before it
+    closes its connections, so in the run's log (every rank appends to it) that line comes
+    before the lines of the peers it took down; those may still exit first, as the failed
+    rank's teardown takes seconds. A rank that crashed prints nothing: it is the first to end.
+    The rank named is waited for (its exit code), as long as the ranks' clean-up may take."""
+    first = _first_failed(ranks, ended)
+    if first is None or runfiles.tagged_ranks(stderr, first) == []:
+        return first
+    cause = runfiles.tagged_ranks(stderr)[0]
+    if not 0 <= cause < len(ranks):
+        return first
+    deadline = time.monotonic() + procs.GRACE_S
+    while cause not in ended and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    return cause if cause in ended and ranks[cause].returncode != 0 else first
 
 
 def _first_failed(ranks: list[Any], ended: dict[int, float]) -> int | None:

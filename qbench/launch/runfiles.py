@@ -117,7 +117,7 @@ def finish(
     record.status = status
     if status != "ok":
         record.stderr_tail = _tail(store.stderr_path(spec.run_id))
-        stderr = _read(store.stderr_path(spec.run_id))
+        stderr = read_log(store.stderr_path(spec.run_id))
         record.error = error or _error_line(status, code, stderr, spec, dead)
     store.write_record(record)
     return record
@@ -261,7 +261,8 @@ def _tail(path: Path) -> str:
     return "\n".join(lines[-STDERR_TAIL_LINES:])
 
 
-def _read(path: Path) -> str:
+def read_log(path: Path) -> str:
+    """A log's text ('' where there is none yet)."""
     try:
         return path.read_text(errors="replace")
     except OSError:
@@ -288,11 +289,28 @@ def _error_line(
 
 def _worker_failure(stderr: str, rank: int | None) -> str | None:
     """The exception a worker reported on its tagged line (of ``rank`` when given)."""
-    prefix = f"{FAILED_TAG} {'' if rank is None else rank}"
+    found = _tagged(stderr, rank)
+    return found[0][1] if found else None
+
+
+def tagged_ranks(stderr: str, rank: int | None = None) -> list[int]:
+    """The ranks that printed a tagged failure line, in the order of their lines (``rank``:
+    only its lines)."""
+    return [r for r, _ in _tagged(stderr, rank) if r is not None]
+
+
+def _tagged(stderr: str, rank: int | None) -> list[tuple[int | None, str]]:
+    """(rank, exception) of each tagged failure line, in order; of ``rank`` when given. A
+    rank that failed before it knew its number tags its line ``?`` (rank None here)."""
+    found: list[tuple[int | None, str]] = []
     for line in stderr.splitlines():
-        if line.startswith(prefix) and " failed: " in line:
-            return line.split(" failed: ", 1)[1].strip()[:500]
-    return None
+        if not line.startswith(f"{FAILED_TAG} ") or " failed: " not in line:
+            continue
+        who, why = line[len(FAILED_TAG) + 1 :].split(" failed: ", 1)
+        number = int(who) if who.isdigit() else None
+        if rank is None or number == rank:
+            found.append((number, why.strip()[:500]))
+    return found
 
 
 def now() -> str:
