@@ -28,12 +28,12 @@ from qbench.run.rank_server import exit_status
 def qbench(
     *args: str,
     cwd: Path | str | None = None,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str | None] | None = None,
     input: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``qbench ARGS`` in this process: ``main()`` reads ``sys.argv`` as the console script's
     does, with stdin holding ``input``, the variables of ``env`` set over this process's
-    environment and ``cwd`` as the current directory; all are restored after, and
+    environment (None: unset) and ``cwd`` as the current directory; all are restored after, and
     ``sys.path`` too (importing a user's factory module appends the current directory to it).
     A ``SystemExit`` gives the exit code (``sys.exit("text")`` is 1, as for a process); any
     other exception escapes ``main`` and fails the test with its traceback.
@@ -69,3 +69,34 @@ def qbench(
         if test_name is not None:
             os.environ["PYTEST_CURRENT_TEST"] = test_name
     return subprocess.CompletedProcess(argv, code, stdout, stderr)
+
+
+PROCESS = [sys.executable, "-m", "qbench.cli"]
+"""The argv prefix of ``python -m qbench.cli``, which :func:`run` runs in this process."""
+
+
+def run(
+    argv: list[str],
+    *,
+    cwd: Path | str | None = None,
+    env: Mapping[str, str] | None = None,
+    check: bool = False,
+    **_ignored: object,
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(PROCESS + ARGS, ...)`` in this process, for the multi-process tests
+    whose subject is what a sweep launches and records, not the driver's own start: the
+    driver's imports (4-5 s of CPU) are paid once per test worker, and its rank server
+    serves every sweep whose ranks get the same environment. ``env``, a whole environment as
+    ``subprocess.run`` takes it, is applied as the differences from this one's; output
+    options and ``timeout`` are accepted and ignored (text output, the test's own timeout)."""
+    if argv[: len(PROCESS)] != PROCESS:
+        raise ValueError(f"not a qbench command: {argv}")
+    overlay: dict[str, str | None] | None = None
+    if env is not None:
+        overlay = {k: v for k, v in env.items() if os.environ.get(k) != v}
+        overlay.update({k: None for k in os.environ if k not in env})
+        overlay.pop("PYTEST_CURRENT_TEST", None)
+    done = qbench(*argv[len(PROCESS) :], cwd=cwd, env=overlay)
+    if check and done.returncode:
+        raise subprocess.CalledProcessError(done.returncode, argv, done.stdout, done.stderr)
+    return done

@@ -1,9 +1,10 @@
 """How a training script with qbench's DDP hook ends (tests/test_ddp_exit.py).
 
 usage: torchrun --standalone --nproc-per-node 2 tests/ddp_exit_prog.py [plain]
+       (or two ranks started as torchrun starts them: RANK, WORLD_SIZE, MASTER_ADDR/PORT set)
        python tests/ddp_exit_prog.py busy SECONDS | stuck JOIN_TIMEOUT_S | release VALUES
 
-With torchrun: a user's script in the shape of README's hook example, two gloo ranks, a tiny
+With two ranks: a user's script in the shape of README's hook example, two gloo ranks, a tiny
 model, the QSGD hook from ``comm_hook``, ``STEPS`` steps, ``dist.destroy_process_group()`` and a
 normal exit with no ``close()`` (``plain``: the same script with DDP's own allreduce, no
 qbench). ``busy``: one process whose hook thread is inside torch's C++

@@ -21,6 +21,7 @@ from qbench.cli import init as init_mod
 from qbench.errors import UserError
 from qbench.run import workload
 from qbench.spec import matrix, scenario
+from tests import cli as qbench_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -159,8 +160,8 @@ def test_sweep_load_report_from_python(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_init_workload_starter_runs_as_written(tmp_path: Path) -> None:
     def qb(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "qbench.cli", *args], capture_output=True,
-                              text=True, cwd=tmp_path, timeout=900)  # fmt: skip
+        return qbench_cli.run([sys.executable, "-m", "qbench.cli", *args], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=900)  # fmt: skip
 
     assert qb("init", "--workload").returncode == 0
     run = qb("sweep", "scenario.yaml", "--out", "res")

@@ -38,6 +38,7 @@ from qbench.run.flat_loop import async_parts
 from qbench.run.training import Training
 from qbench.spec import scenario
 from qbench.spec.matrix import expand
+from tests import cli
 
 QSGD8 = {"name": "qsgd", "bits": 8}
 
@@ -525,7 +526,7 @@ def test_the_package_stands_alone_and_its_metric_needs_no_torch() -> None:
 def _sweep(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> pd.DataFrame:
     sc = tmp_path / "s.yaml"
     sc.write_text(text)
-    proc = subprocess.run(
+    proc = cli.run(
         [sys.executable, "-m", "qbench.cli", "sweep", str(sc), "--out", str(tmp_path / "out")],
         capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})},
     )  # fmt: skip

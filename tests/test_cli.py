@@ -154,10 +154,10 @@ def test_sweep_then_report_end_to_end(tmp_path: Path) -> None:
     assert resolved["scenario"]["iterations"] == 3 and resolved["scenario"]["lr"] == 0.05
     assert resolved["launcher"] == "local" and len(resolved["runs"]) == 8
     assert json.loads((out / "machine.json").read_text())["cores"] >= 1
-    # Re-running skips what is complete.
-    again = process("sweep", write(tmp_path, TINY), "--out", str(out))
+    # Re-running skips what is complete (in this process from here: the start is tested above).
+    again = qbench("sweep", write(tmp_path, TINY), "--out", str(out))
     assert again.returncode == 0 and "8 already done" in again.stderr
-    rep = process("report", str(out), "--format", "csv")
+    rep = qbench("report", str(out), "--format", "csv")
     assert rep.returncode == 0, rep.stderr
     summary = pd.read_csv(out / "report" / "summary.csv")
     assert len(summary) == 8

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import random
 import string
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from qbench.errors import UserError
 from qbench.run import epochs
 from qbench.spec import scenario
 from qbench.spec.matrix import expand
+from tests import cli
 
 
 def _corpus(root: Path, n: int = 40, words: str = "the cat sat on the mat", seed: int = -1) -> Path:
@@ -138,7 +138,7 @@ def test_gpt_learns_a_corpus_in_accuracy_mode(tmp_path: Path) -> None:
     )
     out = tmp_path / "out"
     env = {**__import__("os").environ, facts.DATA_ENV: str(tmp_path / "data")}
-    proc = subprocess.run(
+    proc = cli.run(
         [sys.executable, "-m", "qbench.cli", "sweep", str(sc), "--out", str(out)],
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
@@ -148,7 +148,7 @@ def test_gpt_learns_a_corpus_in_accuracy_mode(tmp_path: Path) -> None:
     assert list(ep["epoch"]) == [1, 2, 3]
     assert ep["perplexity"].iloc[-1] < ep["perplexity"].iloc[0] < 256
     assert ep["perplexity"].iloc[-1] == pytest.approx(math.exp(ep["test_loss"].iloc[-1]))
-    rep = subprocess.run([sys.executable, "-m", "qbench.cli", "report", str(out)],
+    rep = cli.run([sys.executable, "-m", "qbench.cli", "report", str(out)],
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert rep.returncode == 0, rep.stderr[-2000:]
     summary = pd.read_csv(out / "report" / "summary.csv")

@@ -11,7 +11,6 @@ exclusions, and user errors.
 from __future__ import annotations
 
 import math
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +26,7 @@ from qbench.ddp.scheme_hook import segments
 from qbench.ddp.timeline import BucketTimeline, overlap_fraction, union_length
 from qbench.errors import UserError
 from qbench.spec import matrix, scenario
+from tests import cli
 from tests.dist_ddp_prog import NUMEL, STEPS, TRAIN, UNBIASED, known_gradient
 from tests.distributed import here, launch
 
@@ -135,7 +135,7 @@ def test_bad_ddp_input_is_one_line(text: str, message: str) -> None:
 def test_cli_refuses_ddp_on_mpi_in_one_line(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text("name: t\nmodel: mlp\nworld_size: 2\nbackend: mpi\nscheme: ddp\n")
-    proc = subprocess.run(
+    proc = cli.run(
         [sys.executable, "-m", "qbench.cli", "sweep", str(path), "--out", str(tmp_path / "o")],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -243,7 +243,7 @@ def _sweep(tmp_path: Path, text: str) -> Callable[[], Any]:
 
     path = tmp_path / "s.yaml"
     path.write_text(text)
-    subprocess.run(
+    cli.run(
         [sys.executable, "-m", "qbench.cli", "sweep", str(path), "--out", str(tmp_path / "o")],
         check=True, capture_output=True, timeout=600,
     )  # fmt: skip

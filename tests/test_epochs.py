@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from qbench.errors import UserError
 from qbench.run import epochs
 from qbench.spec import scenario
 from qbench.spec.matrix import expand
+from tests import cli
 from tests.distributed import here, launch
 
 BASE = "name: acc\nmodel: logreg\ndataset: digits\nworld_size: 2\n"
@@ -200,7 +200,7 @@ def test_short_epoch_run_learns_digits(tmp_path: Path) -> None:
         "compressor: [none]\nepochs: 3\nlr: 0.1\nbatch_size: 32\n"
     )
     out = tmp_path / "out"
-    proc = subprocess.run(
+    proc = cli.run(
         [sys.executable, "-m", "qbench.cli", "sweep", str(sc), "--out", str(out)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip

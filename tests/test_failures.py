@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from qbench.launch.local import failed_rank
+from tests import cli
 
 TORCHRUN_REPORT = """
 Root Cause (first observed failure):
@@ -69,7 +70,7 @@ def test_dead_rank_fails_fast_and_is_named(mode: str, isolation: str, tmp_path: 
     t0 = time.monotonic()
     argv = ["sweep", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "r"), "--isolation",
             isolation]  # fmt: skip
-    proc = subprocess.run(
+    proc = cli.run(
         [sys.executable, "-m", "qbench.cli", *argv], capture_output=True, text=True, env=env,
         timeout=300,
     )  # fmt: skip

@@ -4,7 +4,6 @@ gloo ranks (tests/dist_fsdp_prog.py, one launch), and runs through the CLI."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, cast
@@ -17,6 +16,7 @@ import torch.distributed as dist
 from qbench import catalog
 from qbench.catalog import rules
 from qbench.errors import UserError
+from tests import cli
 from tests.dist_fsdp_prog import QSGD2, SHARD, STEPS, known
 from tests.distributed import here, launch
 
@@ -246,7 +246,7 @@ iterations: 3
 def test_fsdp_runs_record_both_collectives_apart(tmp_path: Path) -> None:
     (tmp_path / "s.yaml").write_text(SCENARIO)
     out = tmp_path / "r"
-    proc = subprocess.run(
+    proc = cli.run(
         [sys.executable, "-m", "qbench.cli", "sweep", str(tmp_path / "s.yaml"), "--out", str(out)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import cli
+
 pytestmark = pytest.mark.slow
 
 SCENARIO = """name: hog
@@ -36,7 +38,7 @@ def test_a_run_beside_busy_loops_is_flagged_and_rerun_within_bound(tmp_path: Pat
     try:
         argv = [sys.executable, "-m", "qbench.cli", "sweep", str(tmp_path / "s.yaml"), "--out",
                 str(out), "--rerun-disturbed", "1"]  # fmt: skip
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=400)
+        proc = cli.run(argv, capture_output=True, text=True, timeout=400)
     finally:
         for hog in hogs:
             hog.kill()
@@ -56,7 +58,7 @@ def test_a_run_beside_busy_loops_is_flagged_and_rerun_within_bound(tmp_path: Pat
     assert sorted(p.name for p in (run / "parts").glob("interference-*.json")) == [
         "interference-0.json", "interference-1.json",
     ]  # fmt: skip
-    shown = subprocess.run([sys.executable, "-m", "qbench.cli", "report", str(out), "--format",
+    shown = cli.run([sys.executable, "-m", "qbench.cli", "report", str(out), "--format",
                             "md"], capture_output=True, text=True, timeout=300)  # fmt: skip
     assert shown.returncode == 0, shown.stderr
     assert " disturbed |" in shown.stdout and "warning: Left out of every speedup" in shown.stderr

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import queue
-import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from qbench.run.training import Training
 from qbench.spec import scenario
 from qbench.spec.matrix import RunSpec, expand
 from qbench.timing import PhaseTimer
+from tests import cli
 from tests.threadcomm import run_ranks
 
 NAN, INF = float("nan"), float("inf")
@@ -438,7 +438,7 @@ def _sweep(tmp_path: Path, name: str, extra: str) -> Path:
         "input_shape: [8], num_classes: 3}\nworld_size: 2\nbackend: gloo\nwarmup: 1\n"
         f"iterations: 4\nbatch_size: 8\ntimeout: 240\n{extra}"
     )
-    subprocess.run(
+    cli.run(
         [sys.executable, "-m", "qbench.cli", "sweep", f"{name}.yaml", "--out", name],
         cwd=tmp_path, capture_output=True, text=True, timeout=900,
     )  # fmt: skip

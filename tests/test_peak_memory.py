@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from qbench.report import stats
 from qbench.report import tables as report
 from qbench.run import memory
 from qbench.run.lifecycle import SPIKE_MB
+from tests import cli
 from tests.test_disturbed_report import _labels, _rows
 from tests.test_group import _specs
 
@@ -174,7 +174,7 @@ def _sweep(out: Path, *extra: str, env: dict[str, str] | None = None) -> list[di
     (out.parent / f"{out.name}.yaml").write_text(TWO)
     argv = [sys.executable, "-m", "qbench.cli", "sweep", str(out.parent / f"{out.name}.yaml"),
             "--out", str(out), *extra]  # fmt: skip
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600,
+    proc = cli.run(argv, capture_output=True, text=True, timeout=600,
                           env={**os.environ, **(env or {})})  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(p.read_text()) for p in out.glob("*/run.json")]

@@ -18,6 +18,7 @@ from qbench.catalog import datasets, toolchain
 from qbench.data.idx import write_idx
 from qbench.launch import preflight
 from qbench.spec import matrix, scenario
+from tests import cli
 from tests.cli import qbench
 
 FASHION_FIX = (
@@ -197,7 +198,7 @@ def test_the_refusal_lists_each_prerequisite_once(tmp_path: Path) -> None:
 
 def _process(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``python -m qbench.cli ARGS``, for the sweep that launches ranks."""
-    return subprocess.run(
+    return cli.run(
         [sys.executable, "-m", "qbench.cli", *args], capture_output=True, text=True,
         timeout=600, env={**os.environ, **(env or {})},
     )  # fmt: skip

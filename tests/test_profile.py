@@ -17,6 +17,7 @@ from qbench.compress import build
 from qbench.compress.base import Compressor
 from qbench.compress.qsgd import QSGD
 from qbench.spec import matrix, scenario
+from tests import cli
 
 RANGES = ("forward", "backward", "encode", "comm", "decode", "step")
 
@@ -131,7 +132,7 @@ def test_profiled_sweep_writes_a_trace_per_rank(tmp_path: Path) -> None:
     )
     out = tmp_path / "out"
     run = [sys.executable, "-m", "qbench.cli", "sweep", str(path), "--out", str(out), "--profile"]
-    done = subprocess.run(run, capture_output=True, text=True, timeout=600)
+    done = cli.run(run, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     traces = sorted(out.glob("*/profile/rank-*.pt.trace.json"))
     assert len(traces) == 4  # 2 runs x 2 ranks

@@ -178,5 +178,8 @@ def test_a_later_launch_with_the_same_environment_keeps_the_server(tmp_path: Pat
     assert first is not None
     rank_server.warm(_env(), procs.die_with_parent)
     assert rank_server._server is first and first.alive()
+    # what a rank reads only when its run starts does not matter (each rank gets its own)
+    rank_server.warm(_env(QBENCH_FAULT="1:2:raise", QBENCH_SLOW_START="3"), procs.die_with_parent)
+    assert rank_server._server is first and first.alive()
     rank_server.warm(_env(QBENCH_COMPRESS_BACKEND="torch"), procs.die_with_parent)
     assert rank_server._server is not first and not first.alive()

@@ -12,6 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests import cli as qbench_cli
+
 SCENARIO = """\
 name: replay-e2e
 model: mlp
@@ -32,7 +34,7 @@ def test_replayed_runs_send_what_real_runs_send(tmp_path: Path) -> None:
     (tmp_path / "s.yaml").write_text(SCENARIO)
     out = tmp_path / "out"
     cli = [sys.executable, "-m", "qbench.cli"]
-    proc = subprocess.run([*cli, "sweep", str(tmp_path / "s.yaml"), "--out", str(out)],
+    proc = qbench_cli.run([*cli, "sweep", str(tmp_path / "s.yaml"), "--out", str(out)],
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(p.read_text()) for p in out.glob("*/run.json")]

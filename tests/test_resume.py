@@ -22,6 +22,7 @@ import pytest
 
 from qbench.errors import UserError
 from qbench.records.lock import LOCK_FILE, sweep_lock
+from tests import cli
 
 # ---- the sweep every kill test runs: 4 quick runs, w1 before w2 -----------------------------
 
@@ -48,7 +49,7 @@ def _argv(scenario: Path, out: Path, *extra: str) -> list[str]:
 
 
 def _sweep(scenario: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(_argv(scenario, out, *extra), capture_output=True, text=True, timeout=300)
+    return cli.run(_argv(scenario, out, *extra), capture_output=True, text=True, timeout=300)
 
 
 def _start(scenario: Path, out: Path, *extra: str, env: dict[str, str] | None = None):

@@ -7,13 +7,13 @@ with each rank's host in ``parts/host-<rank>.json``. Needs root and ``make slurm
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests import cli
 from tests.slurm_cluster import Cluster, running_nodes_cluster
 
 SCENARIO = """
@@ -40,7 +40,7 @@ def nodes_cluster() -> Iterator[Cluster]:
 def test_a_sweep_runs_across_two_slurm_nodes(nodes_cluster: Cluster, tmp_path: Path) -> None:
     (tmp_path / "s.yaml").write_text(SCENARIO)
     out = tmp_path / "out"
-    proc = subprocess.run(
+    proc = cli.run(
         [sys.executable, "-m", "qbench.cli", "sweep", str(tmp_path / "s.yaml"), "--out", str(out)],
         capture_output=True, text=True, timeout=300, env=nodes_cluster.env,
     )  # fmt: skip
@@ -55,6 +55,6 @@ def test_a_sweep_runs_across_two_slurm_nodes(nodes_cluster: Cluster, tmp_path: P
         network = json.loads((run / "machine.json").read_text())["network"]
         assert network["nodes"] == 2 and not network["shaped"]
         assert network["method"] == "the Slurm allocation's hosts and links, not emulated"
-    report = subprocess.run([sys.executable, "-m", "qbench.cli", "report", str(out), "--format",
+    report = cli.run([sys.executable, "-m", "qbench.cli", "report", str(out), "--format",
                              "csv"], capture_output=True, text=True, timeout=300)  # fmt: skip
     assert report.returncode == 0, report.stderr[-2000:]

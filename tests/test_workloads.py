@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -25,6 +24,7 @@ from qbench.data import factory
 from qbench.errors import UserError
 from qbench.run import epochs, workload
 from qbench.spec import matrix, scenario
+from tests import cli
 from tests.cli import qbench
 
 _COUNTER = itertools.count()
@@ -370,7 +370,7 @@ def test_a_sweep_trains_a_factory_model_on_factory_data_with_adamw(tmp_path: Pat
         warmup: 1
         iterations: 4
         """))  # fmt: skip
-    proc = subprocess.run(
+    proc = cli.run(
         [sys.executable, "-m", "qbench.cli", "sweep", "s.yaml", "--out", "res"],
         capture_output=True, text=True, cwd=tmp_path, timeout=900,
     )  # fmt: skip
@@ -400,7 +400,7 @@ def test_accuracy_mode_evaluates_a_factory_datasets_test_split(tmp_path: Path) -
         batch_size: 10
         compressor: {name: qsgd, bits: 4, bucket_size: 64}
         """))  # fmt: skip
-    proc = subprocess.run(
+    proc = cli.run(
         [sys.executable, "-m", "qbench.cli", "sweep", "s.yaml", "--out", "res"],
         capture_output=True, text=True, cwd=tmp_path, timeout=600,
     )  # fmt: skip

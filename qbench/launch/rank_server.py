@@ -34,6 +34,10 @@ WORKER = ["-m", "qbench.run.worker"]  # every rank's program (``qbench.launch.lo
 SERVER = ["-m", "qbench.run.rank_server"]
 START_ENV = "QBENCH_RANK_START"  # "exec": no server
 TITLE_SPACE = 4096  # room in the server's argv for a rank's command line (``ps`` shows it)
+RUN_TIME_ENV = frozenset({"QBENCH_FAULT", "QBENCH_SLOW_START", "QBENCH_ASYNC_DELAY",
+                          "PYTEST_CURRENT_TEST"})  # fmt: skip
+"""Variables a rank reads when its run starts, never while importing: a server started with
+other values of them serves the launch all the same (each rank gets the launch's own)."""
 
 
 def enabled() -> bool:
@@ -91,7 +95,7 @@ class _Server:
     """One server process and the thread that reads its answers."""
 
     def __init__(self, env: dict[str, str], die_with_parent: Preexec) -> None:
-        self.made_for = (dict(env), os.getcwd())  # what its imports may have read
+        self.made_for = _made_for(env)
         self.proc = subprocess.Popen(
             [sys.executable, *SERVER, " " * TITLE_SPACE], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, env=env, start_new_session=True, preexec_fn=die_with_parent(),
@@ -175,10 +179,16 @@ def _start(env: dict[str, str], die_with_parent: Preexec, same_as_before: bool) 
         if not enabled():
             return
         if _server is not None and _server.alive():
-            if not same_as_before or _server.made_for == (env, os.getcwd()):
+            if not same_as_before or _server.made_for == _made_for(env):
                 return
             _server.close()
         _server = _Server(env, die_with_parent)
+
+
+def _made_for(env: dict[str, str]) -> tuple[dict[str, str], str]:
+    """What a server's imports may have read: the environment but :data:`RUN_TIME_ENV`, and
+    the directory."""
+    return {k: v for k, v in env.items() if k not in RUN_TIME_ENV}, os.getcwd()
 
 
 def spawn(
