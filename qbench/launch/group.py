@@ -181,8 +181,8 @@ class Group:
             if done_marker(self._parts(pending[done])).exists():
                 continue  # it finished just before the next run failed: take it first
             time.sleep(POLL_S)  # the peers it takes down end too: their exit times come in
-            failed = _cause(ranks, ended, runfiles.read_log(self.store.stderr_path(
-                pending[done].run_id)))  # fmt: skip
+            log = runfiles.read_log(self.store.stderr_path(pending[done].run_id))
+            failed = _cause(ranks, ended, log)
             code = ranks[failed].returncode if failed is not None else 0
             rank = failed if per_rank else None
             return _Outcome(done, "failed", code, time.monotonic() - t0, rank)
