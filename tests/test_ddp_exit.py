@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -150,10 +149,7 @@ def test_readme_shaped_script_exits_cleanly_every_time() -> None:
 
 
 def _launch_two_ranks() -> tuple[list[int], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**local.worker_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+    env = {**local.worker_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(local.free_port()),
            "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}  # fmt: skip
 
     def rank(r: int) -> subprocess.Popen[str]:

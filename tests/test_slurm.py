@@ -9,6 +9,7 @@ import json
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from qbench.errors import UserError
-from qbench.launch import slurm
+from qbench.launch import local, slurm
 from qbench.launch.slurm import SlurmOptions, jobs, options, runs
 from qbench.records.store import atomic_write_json
 from qbench.spec import matrix, scenario
@@ -210,9 +211,24 @@ def test_batch_script_marks_start_and_writes_the_exit_code(tmp_path: Path) -> No
     script.write_text(slurm.batch_script(cmd, tmp_path, torch_env=True))
     p = subprocess.run(["bash", str(script)], capture_output=True, text=True)
     assert p.returncode == 3
-    assert int(p.stdout) > 0
+    assert 1024 <= int(p.stdout) < _ephemeral_low()  # drawn where no connection takes it
     assert (tmp_path / slurm.STARTED).exists()
     assert (tmp_path / slurm.EXIT_CODE).read_text().strip() == "3"
+
+
+def _ephemeral_low() -> int:
+    return int(local.EPHEMERAL_RANGE.read_text().split()[0])
+
+
+def test_free_ports_are_drawn_below_the_ephemeral_range_and_bind() -> None:
+    """The kernel hands out ephemeral ports to every outgoing connection; one of them took a
+    rendezvous port drawn there (bind to 0) before the ranks bound it (CI, a job array)."""
+    ports = {local.free_port() for _ in range(20)}
+    assert all(1024 <= port < _ephemeral_low() for port in ports)
+    assert len(ports) > 10  # drawn at random, not the same few
+    for port in list(ports)[:3]:
+        with socket.socket() as s:
+            s.bind(("", port))
 
 
 def test_array_script_runs_the_task_s_line(tmp_path: Path) -> None:
@@ -453,7 +469,7 @@ def test_srun_pmix_mpi(tmp_path: Path) -> None:
 DRIVER = """
 import json, sys
 from pathlib import Path
-from qbench.launch import slurm
+from qbench.launch import local, slurm
 from qbench.spec.matrix import RunSpec
 run_dir = Path(sys.argv[1])
 spec = RunSpec.from_dict(json.loads((run_dir / "spec.json").read_text()))
@@ -539,7 +555,7 @@ def test_timeout_cancels_the_job(tmp_path: Path) -> None:
 SIGTERM_DRIVER = """
 import json, sys
 from pathlib import Path
-from qbench.launch import slurm
+from qbench.launch import local, slurm
 from qbench.spec.matrix import RunSpec
 run_dir = Path(sys.argv[1])
 spec = RunSpec.from_dict(json.loads((run_dir / "spec.json").read_text()))

@@ -8,6 +8,7 @@ hosts).
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import socket
@@ -72,9 +73,29 @@ def direct_rank_env(
     return env
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+PORT_SPAN = 12000  # how far below the ephemeral range a rendezvous port is drawn
+
+
 def free_port() -> int:
-    """A TCP port free now (the kernel's pick), for a rendezvous that starts right after."""
-    with socket.socket() as s:
+    """A TCP port free now, for a rendezvous that binds it seconds later (its ranks import
+    torch first). Drawn below the kernel's ephemeral range: a port the kernel picks (bind to
+    0) is one it also gives the host's outgoing connections, and on a busy host one of them
+    took it before the rendezvous bound it (EADDRINUSE in a Slurm job array in CI)."""
+    try:
+        low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    draw = random.SystemRandom()
+    for _ in range(100):
+        port = draw.randrange(max(1024, low - PORT_SPAN), max(1025, low))
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue  # in use: draw again
+            return port
+    with socket.socket() as s:  # every draw was taken: the kernel's pick after all
         s.bind(("", 0))
         return int(s.getsockname()[1])
 
