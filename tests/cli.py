@@ -95,7 +95,6 @@ def run(
     if env is not None:
         overlay = {k: v for k, v in env.items() if os.environ.get(k) != v}
         overlay.update({k: None for k in os.environ if k not in env})
-        overlay.pop("PYTEST_CURRENT_TEST", None)
     done = qbench(*argv[len(PROCESS) :], cwd=cwd, env=overlay)
     if check and done.returncode:
         raise subprocess.CalledProcessError(done.returncode, argv, done.stdout, done.stderr)

@@ -27,6 +27,7 @@ import pytest
 from qbench.errors import UserError
 from qbench.launch import group, local, runfiles, sweep
 from qbench.launch.launcher import Launch
+from qbench.records.schema import WORKER_FAILED
 from qbench.records.store import ResultStore
 from qbench.spec import matrix as matrix_mod
 from qbench.spec import scenario as scenario_mod
@@ -233,7 +234,7 @@ class _Ended:
     returncode: int
 
 
-TAG = "qbench worker rank"
+TAG = WORKER_FAILED
 
 
 @pytest.mark.parametrize(
@@ -300,7 +301,7 @@ def _sweep(scenario: str, out: Path, *extra: str, env: dict[str, str] | None = N
     path.write_text(scenario)
     argv = [sys.executable, "-m", "qbench.cli", "sweep", str(path), "--out", str(out), *extra]
     return cli.run(argv, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **(env or {})})  # fmt: skip
+                   env={**os.environ, **(env or {})})  # fmt: skip
 
 
 def _records(out: Path) -> dict[str, dict]:

@@ -246,9 +246,10 @@ def _cause(ranks: list[Any], ended: dict[int, float], stderr: str) -> int | None
     rank's teardown takes seconds. A rank that crashed prints nothing: it is the first to end.
     The rank named is waited for (its exit code), as long as the ranks' clean-up may take."""
     first = _first_failed(ranks, ended)
-    if first is None or runfiles.tagged_ranks(stderr, first) == []:
+    tagged = runfiles.tagged_ranks(stderr)
+    if first is None or first not in tagged:
         return first
-    cause = runfiles.tagged_ranks(stderr)[0]
+    cause = tagged[0]
     if not 0 <= cause < len(ranks):
         return first
     deadline = time.monotonic() + procs.GRACE_S

@@ -34,8 +34,7 @@ WORKER = ["-m", "qbench.run.worker"]  # every rank's program (``qbench.launch.lo
 SERVER = ["-m", "qbench.run.rank_server"]
 START_ENV = "QBENCH_RANK_START"  # "exec": no server
 TITLE_SPACE = 4096  # room in the server's argv for a rank's command line (``ps`` shows it)
-RUN_TIME_ENV = frozenset({"QBENCH_FAULT", "QBENCH_SLOW_START", "QBENCH_ASYNC_DELAY",
-                          "PYTEST_CURRENT_TEST"})  # fmt: skip
+RUN_TIME_ENV = frozenset({"QBENCH_FAULT", "QBENCH_SLOW_START", "QBENCH_ASYNC_DELAY"})
 """Variables a rank reads when its run starts, never while importing: a server started with
 other values of them serves the launch all the same (each rank gets the launch's own)."""
 

@@ -293,10 +293,9 @@ def _worker_failure(stderr: str, rank: int | None) -> str | None:
     return found[0][1] if found else None
 
 
-def tagged_ranks(stderr: str, rank: int | None = None) -> list[int]:
-    """The ranks that printed a tagged failure line, in the order of their lines (``rank``:
-    only its lines)."""
-    return [r for r, _ in _tagged(stderr, rank) if r is not None]
+def tagged_ranks(stderr: str) -> list[int]:
+    """The ranks that printed a tagged failure line, in the order of their lines."""
+    return [r for r, _ in _tagged(stderr, None) if r is not None]
 
 
 def _tagged(stderr: str, rank: int | None) -> list[tuple[int | None, str]]:

@@ -29,7 +29,7 @@ SCRIPT = "slurm-job.sh"
 STARTED = "slurm-started"
 EXIT_CODE = "slurm-exit-code"
 # Picks a free TCP port on the host that runs it (the batch host = the node of rank 0).
-FREE_PORT_PY = "from qbench.launch.local import free_port; print(free_port())"  # on the batch host
+FREE_PORT_PY = "from qbench.launch.local import free_port; print(free_port())"
 
 
 def worker_argv(spec_path: Path | str, python: str = sys.executable) -> list[str]:
