@@ -31,6 +31,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import gc
 import json
 import os
 import select
@@ -62,6 +63,9 @@ def main() -> int:
 
     if torch.cuda.is_initialized():  # a fork would carry a CUDA context no child can use
         raise SystemExit("qbench.run.rank_server: CUDA was initialized by an import")
+    # The imports' objects stay for the server's life: frozen, no rank's collection scans
+    # them, nor writes to their pages, which the fork shares with the server (copy on write)
+    gc.freeze()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
