@@ -34,9 +34,11 @@ WORKER = ["-m", "qbench.run.worker"]  # every rank's program (``qbench.launch.lo
 SERVER = ["-m", "qbench.run.rank_server"]
 START_ENV = "QBENCH_RANK_START"  # "exec": no server
 TITLE_SPACE = 4096  # room in the server's argv for a rank's command line (``ps`` shows it)
-RUN_TIME_ENV = frozenset({"QBENCH_FAULT", "QBENCH_SLOW_START", "QBENCH_ASYNC_DELAY"})
+RUN_TIME_ENV = frozenset({"QBENCH_FAULT", "QBENCH_SLOW_START", "QBENCH_ASYNC_DELAY", "QBENCH_DATA"})
 """Variables a rank reads when its run starts, never while importing: a server started with
-other values of them serves the launch all the same (each rank gets the launch's own)."""
+other values of them serves the launch all the same (each rank gets the launch's own).
+``QBENCH_DATA``: where a run reads its dataset (``qbench.catalog.datasets``), which the tests
+of real data and of missing data change from one sweep to the next."""
 
 
 def enabled() -> bool:
