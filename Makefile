@@ -9,6 +9,12 @@ NVCC   ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/
 CUDA_ARCHS ?= 80 90
 DEMO_OUT ?= results/smoke
 
+# Python may cache compiled modules (in __pycache__/, ignored by git) whatever the caller's
+# environment says: with PYTHONDONTWRITEBYTECODE set, every process the tests and sweeps start
+# (ranks, rank servers, drivers, test workers) compiled qbench and the tests again; collecting
+# the suite took 26 s of CPU per worker instead of 11 (docs/results/timings.md).
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: venv demo test test-fast test-slow lint kernels cuda-coverage figures clean mutation
 
 venv: $(STAMP)
@@ -24,23 +30,23 @@ demo: venv
 	$(BIN)/qbench sweep --out $(DEMO_OUT)
 	$(BIN)/qbench report $(DEMO_OUT)
 
-# The single-process tests on every core (pytest-xdist); then the multi-process ones, which
-# launch ranks of their own, two at a time (SLOW_WORKERS), whole files per worker (loadfile):
-# the tests of one file share the machine's network namespaces or Slurm, never two at once.
-# The longest files go first (tests/conftest.py), so the two workers end close together.
-TEST_WORKERS ?= auto
-SLOW_WORKERS ?= 2
-FAST_TESTS = $(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS)
-SLOW_TESTS = $(BIN)/python -m pytest -m slow -n $(SLOW_WORKERS) --dist loadfile --no-loadscope-reorder
+# One pytest session, two workers (TEST_WORKERS): the multi-process tests, which launch ranks of
+# their own, go out first, whole files per worker (an xdist_group per file, tests/conftest.py:
+# the tests of one file share the machine's network namespaces or Slurm, never two at once), the
+# longest first; the single-process tests then fill both workers to the end, so neither waits.
+# One session collects the suite once per worker, not twice. More workers than two would run
+# more multi-process files at once than their timeouts allow for (TEST_WORKERS=0: one process).
+TEST_WORKERS ?= 2
+TESTS = $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+
 test: venv
-	$(FAST_TESTS)
-	$(SLOW_TESTS)
+	$(TESTS)
 
 test-fast: venv
-	$(FAST_TESTS)
+	$(TESTS) -m "not slow"
 
 test-slow: venv
-	$(SLOW_TESTS)
+	$(TESTS) -m slow
 
 lint: venv kernels
 	$(BIN)/ruff check qbench tests

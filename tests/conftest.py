@@ -6,9 +6,11 @@ kernels: no C compiler"), as a user's would. The tests then sweep the torch code
 kernels skip, saying so (tests/compiled.py); the header of the run says which. A backend set
 by hand is left alone.
 
-The multi-process tests run whole files per worker (`make test`: ``--dist loadfile
---no-loadscope-reorder``), handed out in collection order as workers come free; so the files
-that take longest go first (``LONGEST_FIRST``), and the two workers end close together.
+`make test` is one pytest-xdist session (``--dist loadgroup --no-loadscope-reorder``): the
+multi-process tests (marked slow) of one file form one group, run by one worker, and groups go
+out in collection order as workers come free. So the slow files go first, those that take
+longest first (``LONGEST_FIRST``), and the single-process tests, handed out one at a time,
+fill both workers to the end.
 """
 
 from __future__ import annotations
@@ -43,7 +45,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order kept within
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
+
+    def order(item: pytest.Item) -> tuple[int, int]:
+        slow = item.get_closest_marker("slow") is not None
+        return (0 if slow else 1, rank.get(item.path.name, len(rank)))
+
+    items.sort(key=order)  # stable: collection order kept within a file
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
