@@ -161,17 +161,26 @@ class RunRecord:
         return cls(**known)
 
 
+def conform(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
+    """``frame``'s ``columns``, in order, each of its schema dtype: only the columns of another
+    dtype are converted (``DataFrame.astype`` of all of them costs a copy of every column; a
+    frame read back from parquet, or built from rows, has most already right)."""
+    frame = frame[list(columns)]
+    wrong = {c: t for c, t in columns.items() if str(frame[c].dtype) != t}  # "str" is not "string"
+    return frame.astype(wrong) if wrong else frame
+
+
 def iterations_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """Build a frame with exactly the schema's columns and dtypes (optional ones NaN)."""
     frame = pd.DataFrame(rows, columns=list(ITERATION_COLUMNS))  # missing columns -> NaN
-    return frame.astype(ITERATION_COLUMNS)
+    return conform(frame, ITERATION_COLUMNS)
 
 
 def buckets_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=list(BUCKET_COLUMNS))
-    return frame.astype(BUCKET_COLUMNS)
+    return conform(frame, BUCKET_COLUMNS)
 
 
 def epochs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=list(EPOCH_COLUMNS))
-    return frame.astype(EPOCH_COLUMNS)
+    return conform(frame, EPOCH_COLUMNS)

@@ -26,6 +26,7 @@ from qbench.records.schema import (
     LATER_EPOCH_COLUMNS,
     LATER_ITERATION_COLUMNS,
     RunRecord,
+    conform,
     epochs_frame,
     iterations_frame,
 )
@@ -141,7 +142,7 @@ def _read_epochs(path: Path, run_id: str) -> pd.DataFrame | None:
         for column in LATER_EPOCH_COLUMNS:  # files written before these columns existed
             if column not in frame.columns:
                 frame[column] = math.nan
-        frame = frame[list(EPOCH_COLUMNS)].astype(EPOCH_COLUMNS)
+        frame = conform(frame, EPOCH_COLUMNS)
     except Exception:  # pyarrow raises many types; a partial file must not stop the report
         return None
     frame["run_id"] = pd.Series(run_id, index=frame.index, dtype="string")
@@ -222,7 +223,7 @@ def _read_iterations(path: Path, run_id: str) -> pd.DataFrame:
     missing = [c for c in ITERATION_COLUMNS if c not in frame.columns]
     if missing:
         raise ValueError(f"missing columns {', '.join(missing)}")
-    frame = frame[list(ITERATION_COLUMNS)].astype(ITERATION_COLUMNS)
+    frame = conform(frame, ITERATION_COLUMNS)
     frame["run_id"] = pd.Series(run_id, index=frame.index, dtype="string")  # directory wins
     return frame
 
