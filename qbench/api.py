@@ -122,17 +122,18 @@ def load(directory: str | os.PathLike[str]) -> Results:
 
 def report(
     directory: str | os.PathLike[str], fmt: str | None = None, include_disturbed: bool = False,
-    kernels: str | os.PathLike[str] | None = None,
+    kernels: str | os.PathLike[str] | None = None, figures: bool = True,
 ) -> ReportPaths:  # fmt: skip
     """Write ``directory/report/`` as ``qbench report`` does (summary.md and .csv, figures,
     index.html) and return their paths with the summary (``.summary``). ``fmt`` (table, csv,
     md, json) also prints the summary to stdout; None prints nothing. ``include_disturbed``,
-    ``kernels``: as ``qbench report --include-disturbed``, ``--kernels FILE``."""
+    ``kernels``, ``figures``: as ``qbench report --include-disturbed``, ``--kernels FILE``,
+    ``--no-figures``."""
     from qbench.report import tables
 
     return tables.write_report(
         Path(directory), fmt, include_disturbed=include_disturbed,
-        kernels=None if kernels is None else Path(kernels),
+        kernels=None if kernels is None else Path(kernels), figures=figures,
     )  # fmt: skip
 
 

@@ -125,7 +125,7 @@ def _results(root: Path, with_bf16: bool = True) -> Path:
 
 
 def test_summary_csv_has_the_new_columns_and_keeps_the_old(tmp_path: Path) -> None:
-    paths = report.write_report(_results(tmp_path), fmt=None)
+    paths = report.write_report(_results(tmp_path), fmt=None, figures=False)
     frame = pd.read_csv(paths.summary_csv).set_index("run_id")
     for column in ("speedup_vs_best", "best_baseline", "best_baseline_compressor", "uncompressed",
                    "speedup_vs_best_low", "speedup_vs_best_n_base", "speedup_vs_fp32",
@@ -141,7 +141,7 @@ def test_summary_csv_has_the_new_columns_and_keeps_the_old(tmp_path: Path) -> No
 
 def test_tables_name_the_best_baseline(tmp_path: Path) -> None:
     out = io.StringIO()
-    paths = report.write_report(_results(tmp_path), fmt="table", out=out)
+    paths = report.write_report(_results(tmp_path), fmt="table", out=out, figures=False)
     md = paths.summary_md.read_text()
     assert "| vs best (95% CI; samples) | best uncompressed baseline |" in md
     assert "| allreduce · bf16 |" in md and "`vs best` is the speedup over the fastest" in md
@@ -152,7 +152,7 @@ def test_tables_name_the_best_baseline(tmp_path: Path) -> None:
 
 
 def test_page_headline_is_over_the_best_uncompressed_baseline(tmp_path: Path) -> None:
-    report.write_report(_results(tmp_path), fmt=None)
+    report.write_report(_results(tmp_path), fmt=None, figures=False)
     speed = (tmp_path / "report" / INDEX_MD).read_text().split("## Does it hurt accuracy?")[0]
     # QSGD beats fp32 (1.21x on cnn) but not bf16: compression does not pay here
     assert "0 are faster than their best uncompressed baseline beyond the noise" in speed
@@ -166,7 +166,7 @@ def test_page_headline_is_over_the_best_uncompressed_baseline(tmp_path: Path) ->
 
 
 def test_page_without_16_bit_says_so(tmp_path: Path) -> None:
-    report.write_report(_results(tmp_path, with_bf16=False), fmt=None)
+    report.write_report(_results(tmp_path, with_bf16=False), fmt=None, figures=False)
     speed = (tmp_path / "report" / INDEX_MD).read_text().split("## Does it hurt accuracy?")[0]
     assert "Their best uncompressed baseline is allreduce · fp32." in speed
     assert "No 16-bit baseline ran here" in speed and "`compressor: bf16`" in speed
@@ -180,3 +180,22 @@ def test_speedup_figure_names_its_baseline_and_marks_casts(tmp_path: Path) -> No
     assert "1x: fastest fp32 (allreduce)" in texts
     assert "bf16 · nccl · 2 ranks · uncompressed" in texts
     assert "uncompressed baselines" in fig.axes[0].get_title()
+
+
+def test_no_figures_writes_the_tables_and_page_only(tmp_path: Path) -> None:
+    """``qbench report --no-figures`` draws nothing and says so; without it, the same results
+    get their figures (png and pdf), so the flag is what leaves them out."""
+    from tests.cli import qbench
+
+    root = _results(tmp_path)
+    bare = qbench("report", str(root), "--format", "csv", "--no-figures")
+    assert bare.returncode == 0, bare.stderr
+    report_dir = root / "report"
+    assert sorted(p.name for p in report_dir.glob("*.png")) == []
+    assert sorted(p.name for p in report_dir.glob("*.pdf")) == []
+    assert (report_dir / "summary.csv").is_file() and (report_dir / INDEX_MD).is_file()
+    assert "figures: none (--no-figures)" in " ".join(bare.stderr.split())
+    drawn = qbench("report", str(root), "--format", "csv")
+    assert drawn.returncode == 0, drawn.stderr
+    assert {"breakdown.png", "breakdown.pdf"} <= {p.name for p in report_dir.iterdir()}
+    assert "(--no-figures)" not in drawn.stderr

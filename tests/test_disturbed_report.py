@@ -67,7 +67,7 @@ def test_a_disturbed_baseline_gives_no_verdict_and_is_named(tmp_path: Path) -> N
     assert list(summary["other_cores"]) == [1.5, 0.05]
     assert summary.loc["fp32", "status"] == "ok"  # measured and shown, not failed
     assert summary["speedup_vs_fp32"].isna().all()  # no clean fp32 baseline: no speedup
-    report.write_report(root, fmt=None)
+    report.write_report(root, fmt=None, figures=False)
     page = (root / "report" / INDEX_MD).read_text()
     assert "surest gain" not in page
     assert "No compressed multi-rank run has an uncompressed run" in page
@@ -86,7 +86,7 @@ def test_include_disturbed_compares_them_and_says_so(tmp_path: Path) -> None:
     summary = stats.summarize(stats.load(root), include_disturbed=True).set_index("run_id")
     assert not summary["left_out"].any() and summary.loc["fp32", "disturbed"]
     assert summary.loc["qsgd", "speedup_vs_fp32"] == pytest.approx(0.044 / 0.020, rel=1e-9)
-    report.write_report(root, fmt=None, include_disturbed=True)
+    report.write_report(root, fmt=None, include_disturbed=True, figures=False)
     page = (root / "report" / INDEX_MD).read_text()
     assert "the surest gain is allreduce · QSGD 4-bit" in page  # the false headline
     assert "Compared although disturbed (--include-disturbed): fp32 (1.50 cores)" in page
@@ -115,7 +115,7 @@ def test_older_records_load_with_interference_unknown(tmp_path: Path) -> None:
     summary = stats.summarize(stats.load(tmp_path))
     assert pd.isna(summary.loc[0, "disturbed"]) and pd.isna(summary.loc[0, "other_cores"])
     assert not summary.loc[0, "left_out"]  # unknown is not disturbed
-    report.write_report(tmp_path, fmt=None)
+    report.write_report(tmp_path, fmt=None, figures=False)
     assert (
         "1 of 1 ok runs have no record of what else used the machine"
         in (tmp_path / "report" / INDEX_MD).read_text()

@@ -119,7 +119,7 @@ def _kernels(path: Path, times: dict[int, tuple[float, float]], roofline_keys: b
 
 
 def _page(root: Path, kernels: Path | None = None) -> str:
-    report.write_report(root, fmt=None, kernels=kernels)
+    report.write_report(root, fmt=None, kernels=kernels, figures=False)
     return (root / "report" / INDEX_MD).read_text()
 
 

@@ -109,7 +109,9 @@ def runs_end_to_end(path: Path, tmp_path: Path) -> None:
     assert {r["run_id"] for r in skipped} == set(verdicts.unavailable())
     if len(skipped) == len(records):
         pytest.skip(f"{path.name}: every run needs {verdicts.tags(skipped[0]['run_id'])}")
-    report = _cli("report", str(out), "--format", "csv")
+    # no figures: drawing them was a third of each test's CPU; each shipped scenario's figures
+    # are built in tests/test_figure_styles.py and drawn from a real sweep in test_cli.py
+    report = _cli("report", str(out), "--format", "csv", "--no-figures")
     assert report.exit_code == 0, report.output[-3000:]
     assert (out / "report" / "summary.csv").is_file()
 

@@ -243,12 +243,13 @@ def _print_reruns(summary: SweepSummary) -> None:
 
 
 def report(
-    directory: Path, fmt: str, include_disturbed: bool = False, kernels: str | None = None
-) -> None:
+    directory: Path, fmt: str, include_disturbed: bool = False, kernels: str | None = None,
+    figures: bool = True,
+) -> None:  # fmt: skip
     from qbench.report import tables as report_mod
 
     paths = report_mod.write_report(directory, fmt, include_disturbed=include_disturbed,
-                                    kernels=kernels)  # fmt: skip
+                                    kernels=kernels, figures=figures)  # fmt: skip
     for note in paths.notes:
         err.print(note)
     if fmt != "table":  # the table prints them under itself
@@ -256,8 +257,9 @@ def report(
 
         for warning in disturbed.warnings(paths.summary):
             err.print(f"warning: {escape(warning)}")
-    figures = ", ".join(p.name for p in paths.figures) or "none"
-    err.print(f"report: {paths.summary_md} and {paths.summary_csv.name}; figures: {figures} "
+    drawn = ", ".join(p.name for p in paths.figures) or "none"
+    drawn += "" if figures else " (--no-figures)"
+    err.print(f"report: {paths.summary_md} and {paths.summary_csv.name}; figures: {drawn} "
               f"(in {paths.summary_md.parent})")  # fmt: skip
 
 

@@ -29,9 +29,14 @@ import click
     help="A `qbench bench kernels --json` file: the page shows each compressor's break-even link "
     "rate from its codec times (default: the sweep's own `codec_time:` file, if any).",
 )  # fmt: skip
+@click.option(
+    "--figures/--no-figures", default=True, show_default=True,
+    help="Draw the figures (png and pdf). --no-figures writes the tables and the page only, "
+    "in a fraction of the time (drawing is most of it): for CI jobs that read the CSV.",
+)  # fmt: skip
 def report(
     directory: str, other: str | None, fmt: str, fail_pct: float | None, include_disturbed: bool,
-    kernels: str | None,
+    kernels: str | None, figures: bool,
 ) -> None:  # fmt: skip
     """Summarise DIRECTORY's runs: tables and figures in DIRECTORY/report/.
 
@@ -47,4 +52,4 @@ def report(
         return
     if fail_pct is not None:
         raise click.UsageError("--fail-if-slower compares two directories: qbench report A B")
-    console.report(Path(directory), fmt, include_disturbed, kernels)
+    console.report(Path(directory), fmt, include_disturbed, kernels, figures)

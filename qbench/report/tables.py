@@ -63,12 +63,13 @@ class ReportPaths:
 
 def write_report(
     root: Path | str, fmt: str | None = "table", out: TextIO | None = None,
-    include_disturbed: bool = False, kernels: str | Path | None = None,
+    include_disturbed: bool = False, kernels: str | Path | None = None, figures: bool = True,
 ) -> ReportPaths:  # fmt: skip
     """Summarize ``root``, write ``root/report/{summary.csv,summary.md,*.png,*.pdf}``, then
     render the summary to ``out`` (stdout) in ``fmt`` (None: print nothing). Disturbed runs
     are shown but compared only with ``include_disturbed`` (``stats.summarize``); ``kernels``:
-    a ``bench kernels --json`` file for the page's break-even link rates.
+    a ``bench kernels --json`` file for the page's break-even link rates. ``figures=False``
+    draws none (``qbench report --no-figures``: drawing them is most of a report's time).
 
     Raises UserError when ``fmt`` is unknown, ``root`` holds no runs or ``kernels`` is bad.
     """
@@ -82,20 +83,28 @@ def write_report(
     csv_path, md_path = report_dir / SUMMARY_CSV, report_dir / SUMMARY_MD
     atomic_write_bytes(csv_path, summary.to_csv(index=False).encode())
     atomic_write_bytes(md_path, markdown_report(summary, str(root), acc).encode())
-    figures, notes = plots.write_figures(summary, report_dir)
     if not acc.empty:
         atomic_write_bytes(report_dir / ACCURACY_CSV, acc.to_csv(index=False).encode())
-        fig = plots_accuracy.accuracy_figure(summary, results.epochs)
-        if fig is not None:
-            figures += plots.save_all(fig, report_dir / "accuracy")
+    paths, notes = _write_figures(summary, results, acc, report_dir) if figures else ([], [])
+    through = stats.throughputs(results, summary)
+    page = report_page.write_page(report_dir, summary, acc, paths, through, codec)
+    if fmt is not None:
+        render(summary, fmt, out)
+    return ReportPaths(csv_path, md_path, tuple(paths), tuple(notes), summary, page)
+
+
+def _write_figures(
+    summary: pd.DataFrame, results: stats.Results, acc: pd.DataFrame, report_dir: Path
+) -> tuple[list[Path], list[str]]:
+    """Every figure the summary has runs for (png and pdf), and a note per figure skipped."""
+    figures, notes = plots.write_figures(summary, report_dir)
+    fig = None if acc.empty else plots_accuracy.accuracy_figure(summary, results.epochs)
+    if fig is not None:
+        figures += plots.save_all(fig, report_dir / "accuracy")
     study = plots_study.write_study_figures(summary, report_dir)
     figures, notes = figures + study[0], notes + study[1]
     figures += plots_utility.write_utility_figure(summary, report_dir)
-    through = stats.throughputs(results, summary)
-    page = report_page.write_page(report_dir, summary, acc, figures, through, codec)
-    if fmt is not None:
-        render(summary, fmt, out)
-    return ReportPaths(csv_path, md_path, tuple(figures), tuple(notes), summary, page)
+    return figures, notes
 
 
 def load_summary(root: Path | str, include_disturbed: bool = False) -> pd.DataFrame:
