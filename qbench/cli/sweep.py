@@ -46,8 +46,9 @@ import click
 )  # fmt: skip
 @click.option(
     "--quick", is_flag=True,
-    help="Every configuration at a tiny scale (first seed, one repeat, one epoch of 2 steps "
-    "or 1 + 2 iterations): proves the scenario runs end to end; keep its --out apart.",
+    help="Every configuration at a tiny scale (first seed, one repeat, at most 4 samples a "
+    "rank, one epoch of 2 steps or 1 + 2 iterations): proves the scenario runs end to end; "
+    "keep its --out apart.",
 )  # fmt: skip
 @click.option(
     "--set", "sets", multiple=True, metavar="KEY=VALUE",
