@@ -68,8 +68,7 @@ def write_report(
     """Summarize ``root``, write ``root/report/{summary.csv,summary.md,*.png,*.pdf}``, then
     render the summary to ``out`` (stdout) in ``fmt`` (None: print nothing). Disturbed runs
     are shown but compared only with ``include_disturbed`` (``stats.summarize``); ``kernels``:
-    a ``bench kernels --json`` file for the page's break-even link rates. ``figures=False``
-    draws none (``qbench report --no-figures``: drawing them is most of a report's time).
+    a ``bench kernels --json`` file for the page's break-even link rates; ``figures``: draw them.
 
     Raises UserError when ``fmt`` is unknown, ``root`` holds no runs or ``kernels`` is bad.
     """
@@ -93,18 +92,14 @@ def write_report(
     return ReportPaths(csv_path, md_path, tuple(paths), tuple(notes), summary, page)
 
 
-def _write_figures(
-    summary: pd.DataFrame, results: stats.Results, acc: pd.DataFrame, report_dir: Path
-) -> tuple[list[Path], list[str]]:
+def _write_figures(summary: pd.DataFrame, results: stats.Results, acc: pd.DataFrame,
+                   out: Path) -> tuple[list[Path], list[str]]:  # fmt: skip
     """Every figure the summary has runs for (png and pdf), and a note per figure skipped."""
-    figures, notes = plots.write_figures(summary, report_dir)
-    fig = None if acc.empty else plots_accuracy.accuracy_figure(summary, results.epochs)
-    if fig is not None:
-        figures += plots.save_all(fig, report_dir / "accuracy")
-    study = plots_study.write_study_figures(summary, report_dir)
-    figures, notes = figures + study[0], notes + study[1]
-    figures += plots_utility.write_utility_figure(summary, report_dir)
-    return figures, notes
+    figures, notes = plots.write_figures(summary, out)
+    if not acc.empty and (fig := plots_accuracy.accuracy_figure(summary, results.epochs)):
+        figures += plots.save_all(fig, out / "accuracy")
+    study, skipped = plots_study.write_study_figures(summary, out)
+    return figures + study + plots_utility.write_utility_figure(summary, out), notes + skipped
 
 
 def load_summary(root: Path | str, include_disturbed: bool = False) -> pd.DataFrame:
