@@ -41,6 +41,22 @@ def pytest_configure(config: pytest.Config) -> None:
     if toolchain.find_c_compiler() is None and toolchain.BACKEND_ENV not in os.environ:
         os.environ[toolchain.BACKEND_ENV] = "torch"  # inherited by every sweep's subprocess
         config.stash[_TORCH_CODECS] = True
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+    if int(workers) > 1:
+        _one_thread_each()
+
+
+def _one_thread_each() -> None:
+    """With several test workers, each computes on one thread, and so do the processes it
+    starts (unless the caller chose a count): two workers of torch's default two threads on two
+    cores spin-waited for each other. Measured: test_fidelity, test_gpt and test_lowfloat_kernels
+    on two workers took 159 s of CPU and 128 s, 89 s and 83 s with one thread each. Tests of
+    threading set their own counts (test_kernel_threads.py)."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
