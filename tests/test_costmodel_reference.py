@@ -469,3 +469,25 @@ def test_codec_composed_from_kernel_timings(from_kernels: CostModel, k: int) -> 
         assert p.encode_s == pytest.approx(enc, rel=1e-6), scheme
         assert p.decode_s == pytest.approx(dec, rel=1e-6), scheme
         assert math.isfinite(p.total_s)
+
+
+# -- a recorded hierarchical scheme and a pipelined one per bucket (issue 44's re-run) ----------
+def test_a_recorded_hierarchical_scheme_keeps_its_levels() -> None:
+    given = Scheme.of(
+        catalog.scheme({"name": "hierarchical", "intra": "bf16", "inter": "allgather"})
+    )
+    assert (given.name, given.intra, given.inter, given.backward) == (
+        "hierarchical", "bf16", "allgather", False
+    )  # fmt: skip
+    default = Scheme.of(catalog.scheme({"name": "hierarchical"}))
+    assert (default.intra, default.inter) == ("none", "reduce-scatter")
+
+
+def test_no_hierarchical_per_bucket_nor_a_pipeline_per_bucket() -> None:
+    with pytest.raises(UserError) as got:
+        Scheme.of(catalog.scheme({"name": "hierarchical", "backward": True}))
+    assert str(got.value) == "scheme hierarchical: the cost model has no per-bucket hierarchical"
+    # the smallest pipeline, 2 chunks, is one too
+    with pytest.raises(UserError) as got:
+        Scheme("reduce-broadcast", 2).per_bucket("backward")
+    assert str(got.value) == "scheme reduce-broadcast: the cost model has no per-bucket pipeline"

@@ -21,6 +21,7 @@ import math
 from typing import Any
 
 import pandas as pd
+import pytest
 
 from qbench.report import speedups
 
@@ -182,3 +183,89 @@ def test_no_fp32_anywhere_gives_no_ratio_and_no_baseline() -> None:
     assert out["speedup_vs_flat_fp32"].isna().all() and out["scalability"].isna().all()
     assert out["speedup_vs_fp32_low"].isna().all()
     assert out["samples_per_s"].tolist() == [250, 250]
+
+
+def test_vs_best_compares_only_the_compared_runs_of_its_baseline() -> None:
+    # The fastest uncompressed configuration here is fp32 DDP (median 200; allreduce 125,
+    # reduce-broadcast 160), so vs best is vs fp32: 250 / 200, and its interval is against the
+    # same 3 DDP runs (250 / 400 and 250 / 100); the profiled and the disturbed DDP runs, 1000
+    # each and uncompressed too, are not among its baseline rows.
+    q = _add(_runs()).loc["q-1"]
+    assert q["speedup_vs_best"] == 1.25
+    assert (q["best_baseline"], q["best_baseline_compressor"]) == ("ddp", "fp32")
+    assert (q["speedup_vs_best_low"], q["speedup_vs_best_high"]) == (0.625, 2.5)
+    assert (q["speedup_vs_best_n"], q["speedup_vs_best_n_base"]) == (3, 3)
+
+
+def test_vs_best_and_uncompressed_keep_the_rows_index() -> None:
+    rows = _runs()
+    out = _add(rows, index=[100 + 3 * i for i in range(len(rows))][::-1])
+    assert _col(out, "speedup_vs_best", ["q-1", "ddp-1", "ar-1", "q-w1"]) == [1.25, 0.5, 0.625, 2.0]
+    assert _col(out, "best_baseline", ["q-1", "ddp-w1-2"]) == ["ddp", "ddp"]
+    assert _col(out, "best_baseline_compressor", ["q-1", "rb-fp32"]) == ["fp32", "fp32"]
+    # fp32 runs are uncompressed baselines, QSGD's are not
+    assert _col(out, "uncompressed", ["ddp-1", "ar-2", "rb-fp32", "q-1", "q-mpi"]) == [
+        True, True, True, False, False
+    ]  # fmt: skip
+
+
+def test_vs_best_columns_follow_uncompressed_in_order() -> None:
+    columns = list(_add(_runs()).columns)
+    at = columns.index("uncompressed")
+    assert columns[at : at + 4] == [
+        "uncompressed", "speedup_vs_best", "best_baseline", "best_baseline_compressor"
+    ]  # fmt: skip
+
+
+def test_vs_best_matches_missing_key_values_with_each_other() -> None:
+    # as test_missing_key_values_match_each_other for vs best: the fp32 run of the missing
+    # network (200) is the baseline of the QSGD run there (400), not the other network's 100
+    rows = [
+        _run("fp32", 200, scheme="reduce-broadcast", **FLAT, **FP32, network=None),
+        _run("q", 400, scheme="reduce-broadcast", **FLAT, **QSGD, network=None),
+        _run("other", 100, scheme="reduce-broadcast", **FLAT, **FP32),
+    ]
+    q = _add(rows).loc["q"]
+    assert q["speedup_vs_best"] == 2.0
+    assert (q["best_baseline"], q["best_baseline_compressor"]) == ("reduce-broadcast", "fp32")
+
+
+def test_of_equally_fast_baselines_vs_best_names_the_first_by_label() -> None:
+    # 17 fp32 configurations s00 ... s16, one run each: s11 and s16 are the fastest, 300
+    # samples/s both; the first by label, s11, is the baseline (a quicksort's order of equal
+    # values is not their order in the table: with these 17 it would put s16 first)
+    levels = [0, 1, 0, 0, 1, 1, 1, 0, 0, 0, 0, 2, 1, 1, 0, 1, 2]
+    rows = [_run(f"s{i:02d}", 100.0 * (v + 1), scheme=f"s{i:02d}", **FLAT, **FP32)
+            for i, v in enumerate(levels)]  # fmt: skip
+    rows.append(_run("q", 600, scheme="reduce-broadcast", **FLAT, **QSGD))
+    q = _add([{"left_out": False, **r} for r in rows]).loc["q"]
+    assert (q["best_baseline"], q["best_baseline_compressor"], q["speedup_vs_best"]) == (
+        "s11", "fp32", 2.0
+    )  # fmt: skip
+
+
+# pandas 3 warns that filling a float column with False will raise in pandas 4; the summary
+# never hands uncompressed() one (stats casts ``simulated`` to bool first): a direct caller may
+@pytest.mark.filterwarnings("ignore:'bool' is not supported as a fill value")
+def test_a_run_whose_simulated_flag_is_missing_is_not_simulated() -> None:
+    # a summary of records with and without the flag: NaN where a record has none
+    table = pd.DataFrame({"compressor_name": ["none", "none", "none"], "scheme": ["s"] * 3,
+                          "simulated": [math.nan, False, True]})  # fmt: skip
+    assert speedups.uncompressed(table).tolist() == [True, True, False]
+    assert speedups.uncompressed(table.drop(columns="simulated")).tolist() == [True] * 3
+    as_numbers = table.assign(simulated=[math.nan, 0.0, 1.0])  # a float column: NaN, 0, 1
+    assert speedups.uncompressed(as_numbers).tolist() == [True, True, False]
+
+
+def test_a_baseline_without_labels_still_gives_label_columns_of_objects() -> None:
+    # records whose scheme and compressor labels are all missing: the baseline is found (by
+    # compressor_name), its labels are missing values in columns of objects, not of floats
+    unlabelled = {"scheme": None, "compressor": None}
+    rows = [_run("fp32", 200, **FLAT, **{**FP32, **unlabelled}),
+            _run("q", 400, **FLAT, **{**QSGD, **unlabelled})]  # fmt: skip
+    out = _add([{"left_out": False, **r} for r in rows])
+    assert out.loc["q", "speedup_vs_best"] == 2.0
+    assert [str(out[c].dtype) for c in ("best_baseline", "best_baseline_compressor")] == [
+        "object", "object"
+    ]  # fmt: skip
+    assert out["best_baseline"].isna().all() and out["best_baseline_compressor"].isna().all()

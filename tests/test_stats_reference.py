@@ -396,3 +396,13 @@ def test_async_run_without_server_rows_has_no_metrics(tmp_path: Path) -> None:
     _write(store, "a", labels, rows)
     row = stats.summarize(stats.load(tmp_path)).iloc[0]
     assert row["iterations"] == 0 and math.isnan(row["t_iteration_median"])
+
+
+def test_precision_labels_keep_the_runs_index_as_objects() -> None:
+    runs = pd.DataFrame(
+        {"compute": ["int8", None], "norm": [None, "groupnorm"], "weight_bits": [None, 8],
+         "rounding": ["shared", None]}, index=[7, 3],
+    )  # fmt: skip
+    got = precision.label(runs)
+    assert got.to_dict() == {7: "int8+shared-rounding", 3: "fp32+groupnorm+w8"}
+    assert got.dtype == object  # not pandas' string dtype: the summary's other labels are objects
