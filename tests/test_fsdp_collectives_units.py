@@ -311,12 +311,7 @@ def test_compressed_reduce_scatter_sums_averages_and_accounts(fixed: bool) -> No
         assert log.sent == {"all_gather": 0, "reduce_scatter": 2 * 2 * (4 * N + pad)}
         sizes = 0 if fixed else 2 * 2 * 8
         assert r["comm_bytes"] == 2 * 2 * (4 * N + pad) + sizes
-        spans = log.spans["reduce_scatter"]
-        assert len(spans) == 2
-        for (start, end), (before, after) in zip(spans, r["times"], strict=True):
-            assert before <= start < end <= after
-        held, codec = log.held - EARLIER, log.codec - EARLIER
-        assert held == pytest.approx(sum(e - s for s, e in spans), abs=1e-6)
+        held, codec = _two_spans_within_their_calls(log, "reduce_scatter", r["times"])
         # K encodes and K decodes of a tick each per call, within the calls
         assert 2 * 2 * K * TICK <= codec <= held
 
@@ -436,12 +431,7 @@ def test_compressed_all_gather_decodes_every_shard_and_accounts(fixed: bool) -> 
         assert log.sent == {"all_gather": 2 * 2 * (4 * N + pad), "reduce_scatter": 0}
         sizes = 0 if fixed else 2 * 2 * 8
         assert r["comm_bytes"] == 2 * 2 * (4 * N + pad) + sizes
-        spans = log.spans["all_gather"]
-        assert len(spans) == 2
-        for (start, end), (before, after) in zip(spans, r["times"], strict=True):
-            assert before <= start < end <= after
-        held, codec = log.held - EARLIER, log.codec - EARLIER
-        assert held == pytest.approx(sum(e - s for s, e in spans), abs=1e-6)
+        held, codec = _two_spans_within_their_calls(log, "all_gather", r["times"])
         # one encode and K decodes of a tick each per call, within the calls
         assert 2 * (1 + K) * TICK <= codec <= held
 
@@ -483,3 +473,15 @@ def test_fsdps_group_must_be_the_communicators_ranks(
     with pytest.raises(ValueError) as e:
         rs(torch.empty(N), torch.ones(whole), _group(k), dist.ReduceOp.SUM)
     assert str(e.value) == message
+
+
+def _two_spans_within_their_calls(log, kind: str, times) -> tuple[float, float]:
+    """The two calls' spans of ``kind`` lie within the calls and add up to the held time;
+    returns (held, codec) seconds beyond EARLIER."""
+    spans = log.spans[kind]
+    assert len(spans) == 2
+    for (start, end), (before, after) in zip(spans, times, strict=True):
+        assert before <= start < end <= after
+    held, codec = log.held - EARLIER, log.codec - EARLIER
+    assert held == pytest.approx(sum(e - s for s, e in spans), abs=1e-6)
+    return held, codec
