@@ -31,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -278,19 +279,37 @@ def cleanup_stale(prefix: str = "qb") -> list[str]:
     return stale
 
 
-def teardown(net: ShapedNetwork) -> None:
-    """Delete every namespace of ``net`` that exists; warn (never raise) about any left."""
+def teardown(net: ShapedNetwork, pauses: tuple[float, ...] = (0.2, 1.0, 4.0)) -> None:
+    """Delete every namespace of ``net`` that exists; warn (never raise) about any left.
+
+    A delete that fails is tried again after each pause: CI once saw all three namespaces of a
+    finished mpirun cluster launch survive a single attempt on a loaded machine (its message
+    was not kept), which left them to the next call's stale sweep.
+    """
+    left = list(net.namespaces)
+    errors: dict[str, Exception] = {}
+    for pause in (0.0, *pauses):
+        time.sleep(pause)
+        errors = {}
+        for ns in _present(left):
+            try:
+                delete_namespace(ns)
+            except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
+                errors[ns] = err
+        if not errors:
+            return
+        left = list(errors)
+    for ns, why in errors.items():
+        print(f"qbench: could not delete network namespace {ns}: {why}", file=sys.stderr)
+
+
+def _present(names: list[str]) -> list[str]:
+    """Those of ``names`` that exist; all of them when the list cannot be read."""
     try:
         present = set(list_namespaces())
     except (RuntimeError, OSError, subprocess.TimeoutExpired):
-        present = set(net.namespaces)
-    for ns in net.namespaces:
-        if ns not in present:
-            continue
-        try:
-            delete_namespace(ns)
-        except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
-            print(f"qbench: could not delete network namespace {ns}: {e}", file=sys.stderr)
+        return names
+    return [ns for ns in names if ns in present]
 
 
 @contextlib.contextmanager
