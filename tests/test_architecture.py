@@ -190,7 +190,7 @@ def _loads_torch(code: str) -> bool:
 
 @pytest.mark.parametrize(
     "modules",
-    ["qbench.catalog, qbench.catalog.rules, qbench.spec.matrix, qbench.spec.scenario",
+    ["qbench.catalog, qbench.spec.rules, qbench.spec.matrix, qbench.spec.scenario",
      "qbench.report.tables, qbench.report.stats, qbench.report.page, qbench.report.ab_stats",
      "qbench.costmodel, qbench.cli.cost", "qbench.launch.sweep, qbench.records.store"],
 )  # fmt: skip

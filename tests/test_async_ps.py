@@ -458,10 +458,16 @@ def test_a_slow_worker_does_not_stall_the_others() -> None:
 
 
 def test_refuses_settings_it_does_not_implement() -> None:
-    spec = _spec("{name: async-ps}", world=2, extra="telemetry: true\n")
-    _, parts = _rank(spec, Threads(0, 2, [queue.Queue(), queue.Queue()]))
-    with pytest.raises(UserError, match="telemetry"):
-        async_ps.run(parts)
+    """Refused by the planner (qbench.spec.rules), before any rank starts: the run-time check
+    it replaced let a scenario start its ranks first."""
+    text = "name: t\nmodel: logreg\ndataset: digits\nworld_size: 2\nscheme: [async-ps, "
+    text += "allgather]\ncompressor: {name: qsgd, bits: 8}\ntelemetry: true\n"
+    m = expand(scenario.loads(text))
+    assert [r.scheme for r in m.runs] == ["allgather"]
+    assert [e.reason for e in m.excluded] == [
+        "async-ps records no per-layer telemetry; remove `telemetry` from the scenario for "
+        "async-ps runs"
+    ]
 
 
 @pytest.mark.parametrize("extra", ["compute: bf16\n", "compute: int8\nweights: {bits: 8}\n"])

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import qbench.ddp
-from qbench.catalog import rules
+from qbench.catalog import spelling
 from qbench.ddp.scheme_hook import segments
 from qbench.ddp.timeline import BucketTimeline, overlap_fraction, union_length
 from qbench.errors import UserError
@@ -155,12 +155,12 @@ def test_comm_hook_names_a_bad_parameter_and_a_bad_exchange() -> None:
 
 
 def test_one_spelling_per_ddp_configuration() -> None:
-    assert rules.canonical("ddp", {}, "onebit") == ("reduce-broadcast", {"backward": True})
-    assert rules.canonical("ddp", {}, "fp16") == ("ddp", {})
-    assert rules.canonical("allreduce", {"backward": True}, "none") == ("ddp", {})
-    assert rules.canonical("allgather", {"backward": False}, "qsgd") == ("allgather", {})
-    assert rules.overlap("allgather", {"backward": True}) == "backward"
-    assert rules.overlap("allgather", {}) == "none"
+    assert spelling.canonical("ddp", {}, "onebit") == ("reduce-broadcast", {"backward": True})
+    assert spelling.canonical("ddp", {}, "fp16") == ("ddp", {})
+    assert spelling.canonical("allreduce", {"backward": True}, "none") == ("ddp", {})
+    assert spelling.canonical("allgather", {"backward": False}, "qsgd") == ("allgather", {})
+    assert spelling.overlap("allgather", {"backward": True}) == "backward"
+    assert spelling.overlap("allgather", {}) == "none"
 
 
 # -- two GPU ranks (nccl): written for a GPU machine; skips here with the reason -------------------

@@ -14,8 +14,9 @@ import torch
 import torch.distributed as dist
 
 from qbench import catalog
-from qbench.catalog import rules
+from qbench.catalog import spelling
 from qbench.errors import UserError
+from qbench.spec import rules
 from tests import cli
 from tests.dist_fsdp_prog import QSGD2, SHARD, STEPS, known
 from tests.distributed import here, launch
@@ -27,8 +28,11 @@ K = 2
 
 
 def _why(scheme: str = "fsdp", comp: object = "none", **kw: object) -> str | None:
-    combo = rules.Combo(kw.pop("backend", "gloo"), scheme, {}, catalog.compressor(comp), **kw)
-    return rules.why_not(combo)
+    backend = kw.pop("backend", "gloo")
+    candidate = rules.Candidate(
+        backend=backend, scheme=scheme, compressor=catalog.compressor(comp), **kw
+    )
+    return rules.why_not(candidate)
 
 
 @pytest.mark.parametrize(
@@ -46,7 +50,7 @@ def test_what_fsdp_cannot_run_is_refused_saying_why(kw: dict, reason: str) -> No
 @pytest.mark.parametrize("comp", ["none", "bf16", "fp16", {"name": "qsgd", "bits": 4}, "onebit"])
 def test_fsdp_runs_torch_dtypes_and_qbench_codecs(comp: object) -> None:
     assert _why(comp=comp) is None
-    assert rules.overlap("fsdp", {}) == "backward"  # communicated inside backward, like DDP
+    assert spelling.overlap("fsdp", {}) == "backward"  # communicated inside backward, like DDP
 
 
 def test_the_all_gather_codec_is_validated_and_named() -> None:

@@ -15,10 +15,10 @@ from qbench.aggregate import directed
 from qbench.aggregate.directed import Mixing
 from qbench.aggregate.gossip import consensus_distance
 from qbench.aggregate.push_sum import PushSum
-from qbench.catalog.rules import incompatibility
 from qbench.catalog.schemes import qgm_beta
 from qbench.compress import from_spec
 from qbench.errors import UserError
+from qbench.spec.rules import incompatibility
 from qbench.timing import PhaseTimer
 from tests.rank_codec import Parts, rank_codec
 from tests.test_gossip import LocalComm, on_threads

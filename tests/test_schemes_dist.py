@@ -18,7 +18,6 @@ import torch
 
 from qbench import aggregate
 from qbench.aggregate.integer_allreduce import sum_dtype
-from qbench.catalog.rules import incompatibility
 from qbench.comm import Comm, allreduce_bus_bytes
 from qbench.compress import Key, from_spec
 from qbench.compress import blockscale as bs
@@ -26,6 +25,7 @@ from qbench.compress._buckets import buckets
 from qbench.compress.draws import uniform
 from qbench.compress.lowfloat import ScaledFloat
 from qbench.errors import UserError
+from qbench.spec.rules import incompatibility
 from qbench.timing import PhaseTimer
 from tests.dist_schemes_prog import make_gradient
 from tests.distributed import here, launch

@@ -6,7 +6,7 @@
   overflow to inf above 65504), cast back to float32 and divide by K (decode).
 
 Packed payloads (qsgd, onebit, ...) cannot be summed as raw buffers, and MPI cannot sum bf16
-(numpy, hence mpi4py, has no bfloat16 datatype): ``qbench.catalog.rules`` excludes those
+(numpy, hence mpi4py, has no bfloat16 datatype): ``qbench.spec.rules`` excludes those
 combinations before any rank starts.
 """
 

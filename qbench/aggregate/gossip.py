@@ -61,7 +61,7 @@ class Gossip(Aggregator):
         tensors: Sequence[int] | None = None,
     ) -> None:
         """Parameters validated by the catalog (qbench.catalog.schemes.GOSSIP), which also keeps
-        compressors with their own error feedback out (qbench.catalog.rules)."""
+        compressors with their own error feedback out (qbench.spec.rules)."""
         super().__init__(comm, compressor, numel, offset, tensors=tensors)
         self.graph = graphs.build(topology, comm.world_size)
         self.algorithm, self.gamma = algorithm, gamma

@@ -72,7 +72,7 @@ class PushSum(Aggregator):
         tensors: Sequence[int] | None = None,
     ) -> None:
         """Parameters validated by the catalog (qbench.catalog.schemes.PUSH_SUM), which also
-        keeps compressors with their own error feedback out (qbench.catalog.rules)."""
+        keeps compressors with their own error feedback out (qbench.spec.rules)."""
         super().__init__(comm, compressor, numel, offset, tensors=tensors)
         self.algorithm = _resolve(algorithm, compressor.name, gamma)
         self.gamma, self.beta = gamma, qgm_beta(qgm)  # beta 0: no quasi-global momentum

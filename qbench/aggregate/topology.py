@@ -93,14 +93,5 @@ def build(name: str, size: int) -> Graph:
     return _BUILDERS[name](size)
 
 
-def incompatibility(name: str, size: int) -> str | None:
-    """Why ``name`` cannot be built on ``size`` ranks, or None (for run-matrix expansion)."""
-    try:
-        build(name, size)
-    except UserError as e:
-        return str(e)
-    return None
-
-
 def _distinct(rank: int, candidates: list[int] | tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sorted(set(candidates) - {rank}))

@@ -53,11 +53,11 @@ from qbench.bench.comm_results import (  # noqa: F401  # the bench's public numb
     summarize,
     targets,
 )
-from qbench.catalog import rules, specs
+from qbench.catalog import specs
 from qbench.errors import UserError
 from qbench.launch import local
 from qbench.records.store import STDERR_LOG, STDOUT_LOG, strict_json
-from qbench.spec import network
+from qbench.spec import network, rules
 from qbench.spec.network import Link
 
 SCHEMA = "qbench.bench.comm/1"
@@ -65,14 +65,6 @@ WORKER_MODULE = "qbench.bench.comm_worker"
 DEFAULT_COMPRESSORS = ("none", "fp16", "qsgd:bits=4,bucket_size=512")
 BASELINE = ({"name": "allreduce"}, {"name": "none"})
 """fp32 allreduce: the reference of every speedup (added to the sweep when not requested)."""
-NO_MEAN = {  # scheme kind (qbench.catalog.schemes) -> why this bench cannot time it
-    "decentralized": "mixes models with its neighbours after the step and has no mean "
-    "gradient to time or check; see `qbench sweep` for it",
-    "asynchronous": "has no collective step (workers push and pull without a barrier); "
-    "see `qbench sweep` for it",
-    "ddp": "is a training loop whose buckets overlap backward, not one collective call; see "
-    "`qbench sweep` for it",
-}
 LAUNCH_TIMEOUT_S = 3600.0
 SYNC_MODES = ("barrier", "stream")
 """How timed calls start (``Settings.sync``)."""
@@ -193,11 +185,6 @@ def scheme_label(spec: dict[str, Any]) -> str:
     return catalog.scheme_label(spec["name"], _params(spec))
 
 
-def _no_mean(scheme: str) -> str | None:
-    why = NO_MEAN.get(catalog.SCHEMES[scheme].kind)
-    return f"{scheme} {why}" if why else None
-
-
 def plan(
     backend: str, schemes: Sequence[dict[str, Any]], compressors: Sequence[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], list[str]]:
@@ -207,9 +194,7 @@ def plan(
     for s in schemes:
         for c in compressors:
             what = f"{backend} {scheme_label(s)} {catalog.compressor_label(c)}"
-            why = _no_mean(s["name"]) or rules.incompatibility(
-                backend, s["name"], c, params=_params(s)
-            )
+            why = rules.incompatibility(backend, s["name"], c, params=_params(s), collective=True)
             if why:
                 notes.append(f"skipped {what}: {why}")
             else:
@@ -252,10 +237,10 @@ def measure(s: Settings, on_progress: Callable[[str], None] | None = None) -> Co
 def _check_machine(s: Settings) -> None:
     local.check_available(s.backends, max(s.world_sizes))
     if s.link.shaped:
-        from qbench.launch import netns, shaped
+        from qbench.launch import netns
 
         for b in s.backends:
-            if why := shaped.unsupported(b):
+            if why := rules.emulation_problem(b):
                 raise UserError(why)
         netns.check_available()
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -1,8 +1,9 @@
 """Every aggregation scheme once: parameters, label and capabilities (no torch).
 
 Which backends, compressors and world sizes a scheme accepts, each with its one-line reason, is
-in :mod:`qbench.catalog.rules`. The aggregators in ``qbench.aggregate`` take their validated
-parameters from here. To add a scheme: an entry here, its rules, and an aggregator module.
+in :mod:`qbench.spec.rules`. The aggregators in ``qbench.aggregate`` take their validated
+parameters from here. To add a scheme: an entry here, its rules there, and an aggregator
+module.
 """
 
 from __future__ import annotations

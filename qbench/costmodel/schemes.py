@@ -18,13 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qbench import catalog
-from qbench.catalog import rules
+from qbench.catalog import spelling
 from qbench.catalog.schemes import TORCH_HOOKS, integer_sum_bytes
 from qbench.errors import UserError
+from qbench.spec import rules
 
 PROJECTED = "lowprec-allreduce"
 """NCCL with native low-precision reduction: not measurable yet, so predictions are projected."""
-DDP = rules.DDP
+DDP = spelling.DDP
 """PyTorch DDP with torch's hooks (``TORCH_HOOKS``): buckets communicated during backward."""
 SCHEMES = (
     "allreduce",

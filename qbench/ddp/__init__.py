@@ -100,7 +100,7 @@ def _default_comm() -> Comm:
 
 
 def _check_exchange(exchange: str, spec: dict[str, Any], backend: str) -> None:
-    from qbench.catalog.rules import incompatibility  # the flat scheme's own rules
+    from qbench.spec.rules import incompatibility  # the flat scheme's own rules
 
     why = incompatibility(backend, exchange, spec)
     if why:

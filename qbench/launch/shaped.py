@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from qbench.errors import UserError
 from qbench.launch import local, netns, procs, rank_server
-from qbench.spec import network
+from qbench.spec import network, rules
 from qbench.spec.matrix import RunSpec
 
 if TYPE_CHECKING:
@@ -32,17 +32,6 @@ if TYPE_CHECKING:
 
 MASTER_PORT = 29500  # rank 0's own namespace: nothing else listens there
 POLL_S = 0.05
-BACKENDS = ("gloo", "mpi")
-
-
-def unsupported(backend: str) -> str | None:
-    """Why ``backend`` cannot run over emulated links, or None (for matrix exclusion)."""
-    if backend in BACKENDS:
-        return None
-    return (
-        f"network.bandwidth emulates links between CPU processes (gloo, mpi); backend {backend} "
-        "would talk GPU to GPU inside one host and bypass them; use gloo or remove `network:`"
-    )
 
 
 def describe(spec: RunSpec) -> dict[str, object]:
@@ -226,7 +215,7 @@ def shaped_jobs(
     agent; without, gloo's ranks themselves (a warm rank group, the flat star; with ``fork``
     forked by the rank server into their namespaces) and mpi by mpirun in the hub, which sees
     one host."""
-    why = unsupported(backend)
+    why = rules.emulation_problem(backend)
     if why:
         raise UserError(why)
     mpirun = local.find_mpirun() if backend == "mpi" else ""

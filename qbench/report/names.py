@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from qbench import catalog
-from qbench.catalog import rules
+from qbench.catalog import spelling
 from qbench.records.view import RunParts
 from qbench.spec.network import Link
 
@@ -117,7 +117,7 @@ def method(scheme_label: object, compressor_label: object) -> str:
     if spec.name in ("ddp", "fsdp"):  # "DDP bf16", "FSDP QSGD 4-bit, all-gather QSGD 8-bit"
         name = spec.display().split(",", 1)[0]
         return spec.display().replace(name, f"{name} {what}", 1) + suffix
-    if rules.overlap(spec.name, spec.params) == "backward":
+    if spelling.overlap(spec.name, spec.params) == "backward":
         rest = spec.display().split(" per DDP bucket", 1)[1]
         exchange = "" if spec.name == "reduce-broadcast" else f" ({spec.name})"
         return f"{what} per DDP bucket{exchange}{rest}{suffix}"

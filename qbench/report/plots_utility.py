@@ -26,7 +26,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from qbench import catalog
-from qbench.catalog import rules
+from qbench.catalog import spelling
 from qbench.report import names, plots, styles
 
 PANEL_KEYS = ["model", "backend", "world_size", "precision"]
@@ -63,18 +63,18 @@ def _is_ddp_fp32(scheme: object, compressor: object) -> bool:
     spec, comp = names.scheme_spec(scheme), names.compressor_spec(compressor)
     if spec is None or comp is None:
         return False
-    return (spec.name, spec.params, comp.name) == (rules.DDP, _ddp_defaults(), "none")
+    return (spec.name, spec.params, comp.name) == (spelling.DDP, _ddp_defaults(), "none")
 
 
 @cache
 def _ddp_defaults() -> dict[str, Any]:
-    return catalog.scheme({"name": rules.DDP}).params
+    return catalog.scheme({"name": spelling.DDP}).params
 
 
 def _per_bucket(scheme: object) -> bool:
     """Sent per DDP bucket during backward (a solid line), not after it (dashed)."""
     spec = names.scheme_spec(scheme)
-    return spec is not None and rules.overlap(spec.name, spec.params) == "backward"
+    return spec is not None and spelling.overlap(spec.name, spec.params) == "backward"
 
 
 def crossover(points: pd.DataFrame) -> float | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from qbench import catalog, comm
-from qbench.catalog import rules
+from qbench.catalog import spelling
 from qbench.records.schema import WORKER_FAILED as FAILED_TAG
 from qbench.records.schema import epochs_frame
 from qbench.records.store import (
@@ -158,11 +158,11 @@ def training_loop(spec: RunSpec, cm: comm.Comm, parts: Path) -> Training:
     """The loop the spec asks for: FSDP's, DDP's buckets during backward, or flat after it;
     the latter two with the model's work replayed for ``compute: replay`` (its timeline beside
     ``parts``)."""
-    if spec.scheme == rules.FSDP:
+    if spec.scheme == spelling.FSDP:
         from qbench.run.fsdp_loop import FSDPRun  # torch's FSDP machinery only where it runs
 
         return FSDPRun(spec, cm)
-    ddp = rules.overlap(spec.scheme, spec.scheme_params) == "backward"
+    ddp = spelling.overlap(spec.scheme, spec.scheme_params) == "backward"
     if spec.compute == REPLAY:
         from qbench.run import replay_loops
 

@@ -18,7 +18,7 @@ Beyond: Time-Warped Network Emulation", NSDI 2006; DieCast, NSDI 2008). Here:
   that follows. The bytes are a real run's because a payload's size follows from the
   tensors' sizes alone; a codec whose size follows the values (the catalog's
   ``sized_by_data``: adaptive's Huffman stream) would send the first batch's size every
-  iteration, so the planner refuses it under replay (``qbench.catalog.rules``).
+  iteration, so the planner refuses it under replay (``qbench.spec.rules``).
 
 What it cannot stand for: a model that learns (the parameters never change, so accuracy mode
 refuses replay), and the CPU the real codecs and collectives still use (at 16 ranks on 2 cores

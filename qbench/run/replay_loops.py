@@ -2,7 +2,7 @@
 loop and DDP's, with the model's work slept through and everything else as in the real loops
 (``qbench.run.flat_loop``, ``qbench.run.ddp_loop``), whose records they write. Every iteration
 hands the scheme the rank's first-batch gradient: the bytes are a real run's only for payloads
-whose size the shapes set, the only ones the planner lets replay (``qbench.catalog.rules``)."""
+whose size the shapes set, the only ones the planner lets replay (``qbench.spec.rules``)."""
 
 from __future__ import annotations
 

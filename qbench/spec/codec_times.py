@@ -8,6 +8,7 @@ Documents from before the roofline (no ``roofline`` block or row key) read the s
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -131,3 +132,10 @@ class CodecTimes:
             return None
         encode, decode = (self.seconds(label, op, numel) for op in OPS)
         return roofline.breakeven_of_times(numel, wire, encode, decode, overlap)
+
+
+@functools.lru_cache(maxsize=8)
+def read_once(path: str) -> CodecTimes:
+    """``CodecTimes.read`` of a scenario's ``codec_time`` file, once per process (the planner
+    asks for every run of the matrix)."""
+    return CodecTimes.read(path)

@@ -9,7 +9,6 @@ contract (the id hashes exactly what expansion resolves), so they change togethe
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import itertools
 import json
@@ -20,12 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from qbench import catalog
-from qbench.catalog import models as zoo
-from qbench.catalog import rules
-from qbench.catalog.datasets import TEXT_DATASETS, TEXT_VOCAB
-from qbench.catalog.schemes import TORCH_HOOKS
+from qbench.catalog import spelling
 from qbench.errors import UserError
-from qbench.spec import checks, codec_times, network
+from qbench.spec import checks, codec_times, network, rules
 from qbench.spec import workload as user
 from qbench.spec.network import Link, Topology
 from qbench.spec.scenario import REPLAY, ROUNDED_COMPUTE, Scenario
@@ -159,7 +155,7 @@ class RunSpec:
             "scheme": self.scheme_label,
             "mode": "overlap" if self.scheme_params.get("overlap", 1) > 1 else "breakdown",
             # communication during backward (DDP buckets) or after it (one flat gradient)
-            "overlap": rules.overlap(self.scheme, self.scheme_params),
+            "overlap": spelling.overlap(self.scheme, self.scheme_params),
             "compressor": c.label,
             "compressor_name": c.name,
             "bits": c.nominal_bits,
@@ -181,7 +177,11 @@ class RunSpec:
             "compute": self.compute,
             **({"dilation": self.dilation} if self.dilation != 1 else {}),
             # the device whose codec times the run replayed (qbench.run.replay_codec)
-            **({"codec_time": _codec_times(self.codec_time).device} if self.codec_time else {}),
+            **(
+                {"codec_time": codec_times.read_once(self.codec_time).device}
+                if self.codec_time
+                else {}
+            ),
             "norm": self.norm,
             "weight_bits": self.weight_bits,
             **({"rounding": self.rounding} if self.rounding != "per-rank" else {}),
@@ -249,7 +249,7 @@ class _Point:
     scheme_spec: dict[str, Any]
     """The scheme as the scenario wrote it."""
     scheme: str
-    """Resolved (``auto``) and canonical (``rules.canonical``)."""
+    """Resolved (``auto``) and canonical (``spelling.canonical``)."""
     scheme_params: dict[str, Any]
     seed: int
     repeat: int
@@ -265,7 +265,7 @@ def expand(sc: Scenario) -> Matrix:
     excluded: list[Excluded] = []
     seen: set[str] = set()
     for point in _points(sc, models_):
-        why = _why_not(sc, point)
+        why = _why_excluded(sc, point)
         if why:
             excluded.append(Excluded(_describe(point), why))
             continue
@@ -322,7 +322,7 @@ def _check(sc: Scenario) -> list[user.Model]:
             catalog.scheme(s)
             continue
         for comp in sc.compressor:  # auto: the parameters must suit what it resolves to
-            resolved = rules.resolve_auto(catalog.compressor(comp))
+            resolved = spelling.resolve_auto(catalog.compressor(comp))
             try:
                 catalog.scheme({**s, "name": resolved})
             except UserError as e:
@@ -347,8 +347,8 @@ def _points(sc: Scenario, model_entries: list[user.Model]) -> Iterator[_Point]:
         nodes = int(net.get("nodes", nodes))  # a cluster setting names its nodes
         seed, rep, skew, compute, weights = draw
         spec = catalog.compressor(comp)
-        name = rules.resolve_auto(spec) if scheme_spec["name"] == "auto" else scheme_spec["name"]
-        scheme, params = rules.canonical(name, _params(scheme_spec), spec.name)
+        name = spelling.resolve_auto(spec) if scheme_spec["name"] == "auto" else scheme_spec["name"]
+        scheme, params = spelling.canonical(name, _params(scheme_spec), spec.name)
         yield _Point(
             model, dict(written), mparams, factory, dataset, data, dict(net), ws, nodes, backend,
             dev, spec, scheme_spec, scheme, params, seed, rep, skew, compute,
@@ -356,121 +356,26 @@ def _points(sc: Scenario, model_entries: list[user.Model]) -> Iterator[_Point]:
         )  # fmt: skip
 
 
-def _why_not(sc: Scenario, p: _Point) -> str | None:
-    """The first reason the combination cannot run (the catalog's rules, then the hardware,
-    then the scenario's include / exclude), or None."""
-    combo = rules.Combo(
-        p.backend, p.scheme, p.scheme_params, p.compressor, world_size=p.world_size,
+def _why_excluded(sc: Scenario, p: _Point) -> str | None:
+    """The first reason the combination cannot run (``rules.why_not``), else why the
+    scenario's include / exclude drop it, or None."""
+    candidate = rules.Candidate(
+        backend=p.backend, scheme=p.scheme, params=p.scheme_params, compressor=p.compressor,
         overrides=tuple(catalog.compressor(c) for c in sc.layers.overrides.values()),
-        accuracy=bool(sc.epochs), momentum=user.optimizer(sc)[1], telemetry=sc.telemetry,
-        compute=p.compute, profile=sc.profile, optimizer=user.optimizer(sc)[3].get("name", ""),
+        world_size=p.world_size, nodes=p.nodes, network=p.network, launcher=sc.launcher,
+        device=p.device, gpus_per_node=sc.gpus_per_node, accuracy=bool(sc.epochs),
+        momentum=user.optimizer(sc)[1], optimizer=user.optimizer(sc)[3].get("name", ""),
+        telemetry=sc.telemetry, profile=sc.profile, compute=p.compute, dilation=sc.dilation,
+        codec_time=sc.codec_time, weight_bits=p.weight_bits, model=p.model,
+        model_params=p.model_params, factory=bool(p.workload), dataset=p.dataset, skew=p.skew,
     )  # fmt: skip
-    device, device_problem = _device_for(p.backend, p.device, _torch_ddp(p))
-    kind = device or natural_device(p.backend)
-    return (
-        rules.why_not(combo)
-        or _network_problem(p, sc.launcher)
-        or _dilation_problem(p, sc.dilation)
-        or _codec_time_problem(p, sc.codec_time)
-        or _fsdp_problem(p)
-        or _text_problem(p)
-        or device_problem
-        or _placement_problem(p.world_size, p.nodes, kind, sc.gpus_per_node, p.backend)
-        or _filtered(_filter_values(p, kind), sc.include, sc.exclude)
-    )
+    kind = _device(p) or rules.natural_device(p.backend)
+    return rules.why_not(candidate) or _filtered(_filter_values(p, kind), sc.include, sc.exclude)
 
 
-def _network_problem(p: _Point, launcher: str) -> str | None:
-    topo = network.topology(p.network, p.world_size, p.nodes)
-    emulated = network.emulates_hosts(p.network) and launcher == "local"
-    if p.backend == "nccl" and (topo.inter.shaped or topo.intra.shaped or emulated):
-        return (
-            "network emulates hosts and links between CPU processes (gloo, mpi); nccl would "
-            "talk GPU to GPU inside one host and bypass them; use gloo or remove `network:`"
-        )
-    return None
-
-
-def _dilation_problem(p: _Point, dilation: float) -> str | None:
-    """Time dilation needs every link shaped (a link at memory speed cannot slow down) and
-    codec work it can stretch (the flat loop's encode and decode phases)."""
-    if dilation == 1:
-        return None
-    topo = network.topology(p.network, p.world_size, p.nodes)
-    if (topo.nodes > 1 and not topo.inter.shaped) or (
-        topo.ranks_per_node > 1 and not topo.intra.shaped
-    ):
-        return (
-            f"dilation: {dilation:g} slows shaped links only, and this network has an unshaped "
-            "one; give every link a rate (`bandwidth:`, or `inter:` and `intra:` with `nodes:`)"
-        )
-    if rules.overlap(p.scheme, p.scheme_params) == "backward" and p.compressor.name != "none":
-        return (
-            f"dilation: {dilation:g} stretches the codecs' time in the flat loop only; DDP's "
-            "hooks and FSDP's collectives run theirs inside backward: use compressor none with "
-            "DDP or FSDP, or a flat scheme"
-        )
-    return None
-
-
-def _fsdp_problem(p: _Point) -> str | None:
-    if p.scheme == rules.FSDP and p.weight_bits:
-        return (
-            f"weights: {{bits: {p.weight_bits}}} rounds a replica's parameters after the step; "
-            "FSDP keeps shards, not replicas; drop `weights:` for fsdp"
-        )
-    return None
-
-
-def _text_problem(p: _Point) -> str | None:
-    """A text corpus feeds a model whose every position predicts the next byte, and such a
-    model reads nothing else (but its synthetic tokens)."""
-    per_token = not p.workload and zoo.entry(p.model).per_token
-    text = p.dataset in TEXT_DATASETS
-    if text and not per_token:
-        return (
-            f"dataset {p.dataset} is a text corpus read as bytes, each position predicting the "
-            f"next; model {p.model} does not; use model gpt"
-        )
-    if per_token and not text and p.dataset != "synthetic":
-        return f"model {p.model} reads token sequences; use dataset fortunes or synthetic"
-    if text and p.skew:
-        return f"skew {p.skew:g} partitions by label, and text has none; drop skew for {p.dataset}"
-    vocab = int(p.model_params.get("vocab", TEXT_VOCAB)) if per_token else TEXT_VOCAB
-    if text and vocab < TEXT_VOCAB:
-        return f"model {p.model} has vocab {vocab} < {TEXT_VOCAB} bytes; set vocab: {TEXT_VOCAB}"
-    return None
-
-
-def _codec_time_problem(p: _Point, path: str) -> str | None:
-    """Replayed codec time covers the flat loop's encode and decode calls of compressors the
-    file measured."""
-    if not path or p.compressor.name == "none":
-        return None
-    if rules.overlap(p.scheme, p.scheme_params) == "backward":
-        return (
-            "codec_time replays the flat loop's codec calls; DDP's hooks and FSDP's "
-            "collectives run theirs inside backward: use compressor none with DDP or FSDP, or "
-            "a flat scheme"
-        )
-    if not catalog.SCHEMES[p.scheme].codec_calls:
-        return (
-            f"codec_time replays compressors' encode and decode calls; {p.scheme} quantizes with "
-            "kernels of its own that `bench kernels` does not time: drop it or `codec_time:`"
-        )
-    times = _codec_times(path)
-    if not times.has(p.compressor.label):
-        return (
-            f"codec_time: {path} has no encode and decode rows of {p.compressor.label} (it has "
-            f"{', '.join(times.labels()) or 'none'}); measure them with `qbench bench kernels "
-            f"--compressor ...` on that device"
-        )
-    return None
-
-
-@functools.lru_cache(maxsize=8)
-def _codec_times(path: str) -> codec_times.CodecTimes:
-    return codec_times.CodecTimes.read(path)
+def _device(p: _Point) -> str:
+    """RunSpec.device: '' when it is the backend's own."""
+    return rules.device_for(p.backend, p.device, rules.torch_ddp(p.scheme, p.compressor.name))[0]
 
 
 def _filter_values(p: _Point, device: str) -> dict[str, tuple[Any, ...]]:
@@ -503,7 +408,7 @@ def _describe(p: _Point) -> str:
 
 
 def _run_spec(sc: Scenario, p: _Point) -> RunSpec:
-    device, _ = _device_for(p.backend, p.device, _torch_ddp(p))
+    device = _device(p)
     lr, momentum, weight_decay, optimizer = user.optimizer(sc)
     return RunSpec(
         scenario=sc.name, model=p.model, dataset=p.dataset, world_size=p.world_size,
@@ -529,52 +434,6 @@ def _rounding(sc: Scenario, p: _Point) -> str:
     run that draws nothing keeps the id it has without the key)."""
     rounds = p.compute in ROUNDED_COMPUTE or p.weight_bits
     return sc.rounding if rounds else "per-rank"
-
-
-def natural_device(backend: str) -> str:
-    return "cuda" if backend == "nccl" else "cpu"
-
-
-def _torch_ddp(p: _Point) -> bool:
-    """DDP with torch's own communication (its allreduce, which gloo runs on CUDA tensors)."""
-    return p.scheme == "ddp" and p.compressor.name in TORCH_HOOKS
-
-
-def _device_for(backend: str, device: str, torch_ddp: bool = False) -> tuple[str, str | None]:
-    """RunSpec.device ('' when it is the backend's own) and why the pair cannot run.
-    ``torch_ddp``: DDP with torch's own communication, whose allreduce gloo runs on CUDA
-    tensors (staged through the host), so gloo ranks may share a GPU there."""
-    kind = natural_device(backend) if device == "auto" else device
-    if backend == "nccl" and kind == "cpu":
-        return "", "nccl reduces GPU tensors only; use device cuda (or auto) or backend gloo"
-    if backend == "gloo" and kind == "cuda" and not torch_ddp:
-        return "", (
-            "gloo has no CUDA all-to-all for the compressed schemes; use nccl or mpi for "
-            "device cuda (gloo on CUDA runs only DDP with torch's hooks: none, fp16, bf16, "
-            "powersgd)"
-        )
-    return ("" if kind == natural_device(backend) else kind), None
-
-
-def _placement_problem(
-    ws: int, nodes: int, device: str, gpus_per_node: int | None, backend: str
-) -> str | None:
-    if ws % nodes:
-        return f"world_size {ws} does not split evenly over nodes {nodes}"
-    # gloo stages CUDA tensors through the host, so its ranks may share a GPU (LOCAL_RANK
-    # modulo the GPUs: qbench.run.training); NCCL refuses two ranks on one GPU
-    shares = backend == "gloo"
-    if (
-        device == "cuda"
-        and gpus_per_node is not None
-        and ws // nodes > gpus_per_node
-        and not shares
-    ):
-        return (
-            f"{ws // nodes} ranks per node but gpus_per_node is {gpus_per_node}; each CUDA rank "
-            "needs its own GPU"
-        )
-    return None
 
 
 def _filtered(
@@ -611,8 +470,9 @@ def _layers_for(comp: dict[str, Any], sc: Scenario) -> dict[str, Any]:
 
 
 def resolve_scheme(scheme: str, comp: dict[str, Any]) -> str:
-    """``auto`` resolved for ``comp`` (see ``catalog.rules.resolve_auto``)."""
-    return rules.resolve_auto(catalog.compressor(comp)) if scheme == "auto" else scheme
+    """``auto`` resolved for ``comp`` (see ``catalog.spelling.resolve_auto``)."""
+    return spelling.resolve_auto(catalog.compressor(comp)) if scheme == "auto" else scheme
 
 
 incompatibility = rules.incompatibility
+natural_device = rules.natural_device

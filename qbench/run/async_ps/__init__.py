@@ -33,7 +33,6 @@ metric.
 
 from __future__ import annotations
 
-from qbench.errors import UserError
 from qbench.run.async_ps.parts import SERVER, AsyncParams, AsyncParts, Batches, shard
 
 __all__ = ["SERVER", "AsyncParams", "AsyncParts", "Batches", "run", "shard"]
@@ -41,11 +40,6 @@ __all__ = ["SERVER", "AsyncParams", "AsyncParts", "Batches", "run", "shard"]
 
 def run(parts: AsyncParts) -> None:
     """Serve (rank 0) or work (the others) until the server has spent its budget of updates."""
-    if parts.spec.telemetry:
-        raise UserError(
-            "async-ps records no per-layer telemetry; remove `telemetry` from the scenario "
-            "for async-ps runs"
-        )
     if parts.comm.rank == SERVER:
         from qbench.run.async_ps.server import serve  # torch: loaded when a rank runs, not before
 

@@ -1,83 +1,23 @@
-"""Which combinations can run, each rule with the one-line reason the planner shows.
+"""What a method allows: its scheme, its compressors and the backend under them.
 
-A combination that cannot work is never dropped silently: ``matrix.expand`` lists it as excluded
-with the first reason found here (``qbench sweep --dry-run`` prints them). Rules are plain
-functions of a :class:`Combo`, in ``RULES`` order.
-
-Also here: the one spelling per DDP configuration (:func:`canonical`) and which runs
-communicate during backward (:func:`overlap`), see docs/ddp.md.
+Each rule is a function of a :class:`~qbench.spec.rules.candidate.Candidate` returning the
+one-line reason the planner shows, or None; ``RULES`` is their order (the first reason found is
+the one shown).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 from qbench import catalog
 from qbench.catalog.schemes import BACKWARD, CODEC_PARAMS, TORCH_HOOKS, torus_rows
+from qbench.catalog.spelling import DDP, FSDP, overlap
+from qbench.spec.rules.candidate import Candidate
 
-DDP = "ddp"
-FSDP = "fsdp"
-
-
-@dataclass(frozen=True)
-class Combo:
-    backend: str
-    scheme: str
-    """Canonical scheme name (``canonical`` applied)."""
-    params: dict[str, Any]
-    """The scheme's parameters as given (canonical)."""
-    compressor: catalog.CompressorSpec
-    world_size: int | None = None
-    overrides: tuple[catalog.CompressorSpec, ...] = ()
-    """Compressors of the layer policy's overrides (they run under the same scheme)."""
-    accuracy: bool = False
-    """Accuracy mode (``epochs:``): the run must train."""
-    momentum: float = 0.0
-    telemetry: bool = False
-    compute: str = "fp32"
-    profile: bool = False
-    """Profiler traces asked for (``profile: true``)."""
-    optimizer: str = ""
-    """The scenario's ``optimizer:`` by name; "" when it has none (SGD)."""
-    compressors: tuple[catalog.CompressorSpec, ...] = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "compressors", (self.compressor, *self.overrides))
+Rule = Callable[[Candidate], "str | None"]
 
 
-Rule = Callable[[Combo], "str | None"]
-
-
-def overlap(scheme: str, params: dict[str, Any]) -> str:
-    """``backward`` when gradients are communicated during backward (DDP's buckets, FSDP's
-    reduce-scatters), ``none`` when one flat gradient is aggregated after it (the run's
-    ``overlap`` label)."""
-    return BACKWARD.name if scheme in (DDP, FSDP) or params.get(BACKWARD.name) else "none"
-
-
-def canonical(scheme: str, params: dict[str, Any], compressor: str) -> tuple[str, dict[str, Any]]:
-    """One spelling per configuration: ``ddp`` with a qbench compressor is reduce-broadcast per
-    bucket; ``allreduce`` per bucket is ``ddp``; ``backward: false`` is the flat scheme."""
-    if scheme == DDP and compressor not in TORCH_HOOKS:
-        return "reduce-broadcast", {BACKWARD.name: True, **params}
-    if params.get(BACKWARD.name) is False:
-        params = {k: v for k, v in params.items() if k != BACKWARD.name}
-    if scheme == "allreduce" and params.get(BACKWARD.name):
-        return DDP, {k: v for k, v in params.items() if k != BACKWARD.name}
-    return scheme, params
-
-
-def resolve_auto(compressor: catalog.CompressorSpec) -> str:
-    """``scheme: auto``: allreduce for fp32, ddp for torch-only hooks, else reduce-broadcast."""
-    if compressor.name == "none":
-        return "allreduce"
-    return DDP if compressor.entry.hook_only else "reduce-broadcast"
-
-
-# -- the rules ----------------------------------------------------------------------------------
-def _fsdp(c: Combo) -> str | None:
+def _fsdp(c: Candidate) -> str | None:
     """FSDP2 shards on torch.distributed, one codec per block's flat shard, its own mixed
     precision; checked before the DDP rules, whose reasons would name DDP."""
     if c.scheme != FSDP:
@@ -102,7 +42,7 @@ def _fsdp(c: Combo) -> str | None:
     return None
 
 
-def _ddp_backend(c: Combo) -> str | None:
+def _ddp_backend(c: Candidate) -> str | None:
     if overlap(c.scheme, c.params) == BACKWARD.name and c.backend == "mpi":
         return (
             "DDP runs on torch.distributed process groups (gloo, nccl); torch's MPI backend is "
@@ -111,7 +51,7 @@ def _ddp_backend(c: Combo) -> str | None:
     return None
 
 
-def _ddp_hooks(c: Combo) -> str | None:
+def _ddp_hooks(c: Candidate) -> str | None:
     if c.scheme != DDP:
         return None
     if c.overrides:
@@ -124,7 +64,7 @@ def _ddp_hooks(c: Combo) -> str | None:
     return None
 
 
-def _ddp_loop(c: Combo) -> str | None:
+def _ddp_loop(c: Candidate) -> str | None:
     if overlap(c.scheme, c.params) != BACKWARD.name:
         return None
     if c.telemetry:
@@ -140,7 +80,7 @@ def _ddp_loop(c: Combo) -> str | None:
     return None
 
 
-def _hook_only(c: Combo) -> str | None:
+def _hook_only(c: Candidate) -> str | None:
     if c.scheme == DDP:
         return None
     for comp in c.compressors:
@@ -152,7 +92,7 @@ def _hook_only(c: Combo) -> str | None:
     return None
 
 
-def _summable(c: Combo) -> str | None:
+def _summable(c: Candidate) -> str | None:
     if c.scheme not in ("allreduce", DDP):
         return None
     for comp in c.compressors:
@@ -169,7 +109,7 @@ def _summable(c: Combo) -> str | None:
     return None
 
 
-def _integer_levels(c: Combo) -> str | None:
+def _integer_levels(c: Candidate) -> str | None:
     if c.scheme != "integer-allreduce":
         return None
     for comp in c.compressors:
@@ -187,7 +127,7 @@ def _integer_levels(c: Combo) -> str | None:
     return None
 
 
-def _own_error_feedback(c: Combo) -> str | None:
+def _own_error_feedback(c: Candidate) -> str | None:
     carried = {
         "gossip": "gossip algorithms carry their own error feedback (Choco's x_hat, "
         "DeepSqueeze's delta)",
@@ -199,7 +139,7 @@ def _own_error_feedback(c: Combo) -> str | None:
     return None
 
 
-def _topology(c: Combo) -> str | None:
+def _topology(c: Candidate) -> str | None:
     if c.scheme != "gossip" or c.world_size is None:
         return None
     if c.params.get("topology") == "torus" and torus_rows(c.world_size) < 2:
@@ -210,7 +150,7 @@ def _topology(c: Combo) -> str | None:
     return None
 
 
-def _qgm_momentum(c: Combo) -> str | None:
+def _qgm_momentum(c: Candidate) -> str | None:
     if c.scheme == "push-sum" and c.params.get("qgm") and c.momentum:
         return (
             "push-sum's qgm is the momentum (quasi-global); the optimizer's would compound "
@@ -219,7 +159,7 @@ def _qgm_momentum(c: Combo) -> str | None:
     return None
 
 
-def _async_ps(c: Combo) -> str | None:
+def _async_ps(c: Candidate) -> str | None:
     if c.scheme != "async-ps":
         return None
     if c.world_size is not None and c.world_size < 2:
@@ -232,6 +172,11 @@ def _async_ps(c: Combo) -> str | None:
             "async-ps receives from whichever worker sends first, which nccl cannot; "
             "use backend gloo or mpi"
         )
+    if c.telemetry:
+        return (
+            "async-ps records no per-layer telemetry; remove `telemetry` from the scenario "
+            "for async-ps runs"
+        )
     if c.optimizer:
         return (
             f"async-ps updates the model on its server by its own rule (SGD; Nesterov for "
@@ -240,7 +185,7 @@ def _async_ps(c: Combo) -> str | None:
     return None
 
 
-def _trains(c: Combo) -> str | None:
+def _trains(c: Candidate) -> str | None:
     if c.accuracy and not catalog.SCHEMES[c.scheme].reduces:
         return (
             f"{c.scheme} does not reduce the gradients (speed only, seed 002 section 4.4), so "
@@ -249,7 +194,7 @@ def _trains(c: Combo) -> str | None:
     return None
 
 
-def _profiled(c: Combo) -> str | None:
+def _profiled(c: Candidate) -> str | None:
     if c.profile and catalog.SCHEMES[c.scheme].kind == "asynchronous":
         return (
             "profile traces the lock-step loops (flat and DDP); async-ps runs an event loop of "
@@ -258,7 +203,7 @@ def _profiled(c: Combo) -> str | None:
     return None
 
 
-def _replayed(c: Combo) -> str | None:
+def _replayed(c: Candidate) -> str | None:
     """Replayed compute hands every iteration the rank's first-batch gradient: true to a real
     run's bytes only where the payload's size does not depend on the values, and only in the
     loops that replay (qbench.run.replay_loops)."""
@@ -282,27 +227,23 @@ def _replayed(c: Combo) -> str | None:
     return None
 
 
+NO_MEAN = {  # scheme kind (qbench.catalog.schemes) -> why one collective call cannot time it
+    "decentralized": "mixes models with its neighbours after the step and has no mean "
+    "gradient to time or check; see `qbench sweep` for it",
+    "asynchronous": "has no collective step (workers push and pull without a barrier); "
+    "see `qbench sweep` for it",
+    "ddp": "is a training loop whose buckets overlap backward, not one collective call; see "
+    "`qbench sweep` for it",
+}
+
+
+def _collective(c: Candidate) -> str | None:
+    """``bench comm`` times one aggregation call per size: schemes with no such call."""
+    why = NO_MEAN.get(catalog.SCHEMES[c.scheme].kind) if c.collective else None
+    return f"{c.scheme} {why}" if why else None
+
+
 RULES: tuple[Rule, ...] = (
-    _fsdp, _ddp_backend, _ddp_hooks, _hook_only, _topology, _own_error_feedback, _async_ps,
-    _summable, _integer_levels, _ddp_loop, _trains, _qgm_momentum, _profiled, _replayed,
+    _collective, _fsdp, _ddp_backend, _ddp_hooks, _hook_only, _topology, _own_error_feedback,
+    _async_ps, _summable, _integer_levels, _ddp_loop, _trains, _qgm_momentum, _profiled, _replayed,
 )  # fmt: skip
-
-
-def why_not(combo: Combo) -> str | None:
-    """The first rule the combination breaks, or None when it can run."""
-    return next((why for rule in RULES if (why := rule(combo))), None)
-
-
-def incompatibility(
-    backend: str,
-    scheme: str,
-    comp: Any,
-    *,
-    world_size: int | None = None,
-    params: dict[str, Any] | None = None,
-) -> str | None:
-    """Why one compressor cannot run under ``scheme`` on ``backend``, or None (for callers
-    outside the planner: bench, the DDP hooks, tests)."""
-    spec = catalog.compressor(comp)
-    combo = Combo(backend, scheme, params or {}, spec, world_size=world_size)
-    return why_not(combo)
