@@ -9,9 +9,10 @@ import pytest
 
 from qbench import catalog
 from qbench.catalog import CompressorSpec
+from qbench.catalog.traffic import int_sum_bytes
 from qbench.cli.cost_configs import scheme_option
 from qbench.costmodel import Scheme
-from qbench.costmodel.schemes import int_sum_bytes, nominal_bits_per_value
+from qbench.costmodel.schemes import nominal_bits_per_value
 from qbench.errors import UserError
 
 
@@ -50,7 +51,7 @@ def test_scheme_options_are_read_by_the_catalog(text: str) -> None:
 # --scheme spec: the whole error message (the catalog's, but for what the model cannot time)
 REJECTED = {
     "gossip": "the cost model has no scheme 'gossip'; valid: allreduce, reduce-broadcast, "
-    "allgather, integer-allreduce, simulated-lowprec, lowprec-allreduce, ddp, hierarchical",
+    "allgather, simulated-lowprec, integer-allreduce, hierarchical, lowprec-allreduce, ddp",
     "allreduce:zeta=1,alpha=2": "scheme allreduce: unknown parameter 'zeta'; valid: backward, "
     "bucket_cap_mb, gradient_as_bucket_view",
     "reduce-broadcast:overlap=x": "scheme reduce-broadcast: overlap must be an integer (a chunk "

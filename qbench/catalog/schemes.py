@@ -13,9 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from qbench.catalog import traffic
 from qbench.catalog.compressors import COMPRESSORS
 from qbench.catalog.params import Param, at_least, fraction, validate
 from qbench.catalog.registry import Registry
+from qbench.catalog.traffic import Declared
 
 Params = dict[str, Any]
 Check = Callable[[Params, Params], str | None]
@@ -50,6 +52,9 @@ class SchemeEntry:
     """Its loop can sleep through the model's work (``compute: replay``: the flat and DDP
     loops, ``qbench.run.replay_loops``); the asynchronous server's and FSDP's loops cannot."""
     cross_check: Check = lambda given, p: None
+    traffic: Declared | None = None
+    """What it sends and codes per aggregation (``qbench.catalog.traffic``), which the cost
+    model times; None: a scheme the cost model cannot time."""
     display: Callable[[Params], str] | None = None
     """Its name for people in figures, tables and pages ("Choco-SGD, ring"), from the
     validated parameters (a ``down`` compressor as its display name); None: the name."""
@@ -124,20 +129,6 @@ def _gamma_only_for(algorithm: str, other: str) -> Check:
     return check
 
 
-INTEGER_SUM_BYTES = {"mpi": (1, 2, 4), "gloo": (1, 4), "nccl": (1, 4)}
-"""Integer widths (bytes) each backend's allreduce sums: gloo has no int16 sum, MPI has."""
-
-
-def integer_sum_bytes(backend: str, world_size: int, top: int) -> int | None:
-    """The narrowest width the backend sums in which K values in [-top, top] cannot overflow
-    (integer-allreduce's integers); None when even 4 bytes overflow."""
-    bound = world_size * top
-    for width in INTEGER_SUM_BYTES.get(backend, INTEGER_SUM_BYTES["gloo"]):
-        if bound <= 2 ** (8 * width - 1) - 1:
-            return width
-    return None
-
-
 def qgm_beta(value: object) -> float:
     """push-sum's ``qgm``: false (off), true (beta 0.9, Lin et al. 2021) or beta in [0, 1)."""
     if isinstance(value, bool):
@@ -199,30 +190,33 @@ ALLREDUCE = SchemeEntry(
     "allreduce", "one sum allreduce (fp32, or fp16/bf16 casts), then / K", "002 (NCCL)",
     "qbench.aggregate.allreduce:AllReduce", params=(BACKWARD, *DDP_OPTIONS), per_bucket=True,
     cross_check=_ddp_options_need_backward, display=_flat("allreduce"),
+    traffic=traffic.allreduce,
 )  # fmt: skip
 REDUCE_BROADCAST = SchemeEntry(
     "reduce-broadcast", "owners reduce a range each, re-encode the mean and send it to all",
     "002 §2.4.1", "qbench.aggregate.reduce_broadcast:ReduceBroadcast",
     params=(OVERLAP, BACKWARD, *DDP_OPTIONS), per_bucket=True, pipelined=True,
     cross_check=_ddp_options_need_backward, display=_flat("reduce-broadcast"),
+    traffic=traffic.reduce_broadcast,
 )  # fmt: skip
 ALLGATHER = SchemeEntry(
     "allgather", "every rank sends its payload to all and decodes all K", "002 Alg. 1",
     "qbench.aggregate.allgather:AllGather", params=(BACKWARD, *DDP_OPTIONS), per_bucket=True,
     cross_check=_ddp_options_need_backward, display=_flat("allgather"),
+    traffic=traffic.allgather,
 )  # fmt: skip
 SIMULATED_LOWPREC = SchemeEntry(
     "simulated-lowprec", "SIMULATED: an fp32-typed allreduce as large as the payload; "
     "gradients are not reduced (speed only)", "002 §4.4",
     "qbench.aggregate.simulated_lowprec:SimulatedLowPrec", reduces=False,
-    display=lambda p: "simulated low precision",
+    display=lambda p: "simulated low precision", traffic=traffic.simulated_lowprec,
 )  # fmt: skip
 INTEGER_ALLREDUCE = SchemeEntry(
     "integer-allreduce", "shared bucket scales, qsgd levels summed as integers in one "
     "allreduce", "beyond the papers", "qbench.aggregate.integer_allreduce:IntegerAllReduce",
     params=(OVERLAP, BACKWARD, *DDP_OPTIONS), per_bucket=True, pipelined=True,
     codec_calls=False, cross_check=_ddp_options_need_backward,
-    display=_flat("integer allreduce"),
+    display=_flat("integer allreduce"), traffic=traffic.integer_allreduce,
 )  # fmt: skip
 PARAMETER_SERVER = SchemeEntry(
     "parameter-server", "rank 0 averages the encoded gradients and sends the mean back",
@@ -278,6 +272,7 @@ HIERARCHICAL = SchemeEntry(
     "compressor, share inside the node", "NCCL, CGX", "qbench.aggregate.hierarchical:Hierarchical",
     params=(INTRA, INTER, BACKWARD, *DDP_OPTIONS), per_bucket=True,
     cross_check=_ddp_options_need_backward, display=_hierarchical_name,
+    traffic=traffic.hierarchical,
 )  # fmt: skip
 DDP = SchemeEntry(
     "ddp", "PyTorch DistributedDataParallel: buckets allreduced during backward, torch's own "

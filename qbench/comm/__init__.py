@@ -1,6 +1,6 @@
 """Collectives behind one small interface (gloo, nccl, mpi4py), bytes counted.
 
-Importing the package imports no torch: the byte counts (``qbench.comm.formulas``) are read by
+Importing the package imports no torch: the byte counts (``qbench.catalog.collectives``) are read by
 torch-free code such as the cost model; ``Comm`` (``qbench.comm.base``) loads on first use.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from qbench.catalog.collectives import allreduce_bus_bytes, busbw_factor
 from qbench.comm.env import INIT_METHOD_ENV, MPI_RANK_VARS
-from qbench.comm.formulas import allreduce_bus_bytes, busbw_factor
 
 if TYPE_CHECKING:
     from qbench.comm.base import Comm

@@ -8,8 +8,9 @@ command line is ``qbench cost fit | predict | crossover | validate`` (``qbench.c
 docs/costmodel.md gives the overview. Each module's docstring carries its formulas:
 
 * ``schemes``: the schemes and compressor labels the model knows;
-* ``formulas``: message steps, wire bytes and alpha-beta times per collective and scheme
-  (``comm_plan``), emulated links' tbf credit, other link rates, codec units;
+* ``formulas``: alpha-beta times per collective, emulated links' tbf credit, other link rates,
+  and each scheme's traffic as the catalog declares it (``qbench.catalog.traffic``:
+  ``comm_plan``, codec units);
 * ``lsq``: the weighted non-negative least squares of the fits;
 * ``model``: the fitted parameters (``CostModel``, saved as JSON);
 * ``inputs``: reading bench JSON and results directories (``run_table``);
@@ -24,6 +25,7 @@ docs/costmodel.md gives the overview. Each module's docstring carries its formul
 
 from __future__ import annotations
 
+from qbench.catalog.traffic import int_sum_bytes
 from qbench.costmodel.config import Config, Prediction
 from qbench.costmodel.crossover import Crossover, crossover
 from qbench.costmodel.fit import fit, fit_collectives
@@ -76,7 +78,6 @@ from qbench.costmodel.schemes import (
     SCHEMES,
     Scheme,
     incompatibility,
-    int_sum_bytes,
     nominal_bits_per_value,
 )
 from qbench.costmodel.validate import (

@@ -1,4 +1,8 @@
-"""Message steps, wire bytes and alpha-beta times of the collectives, per scheme.
+"""Alpha-beta times of the collectives, and each scheme's declared traffic as the model reads it.
+
+What a scheme sends and codes is declared once, in ``qbench.catalog.traffic`` (the schemes'
+``traffic``; the model's own projected allreduce here, ``OWN``): this module only reads it
+(:func:`traffic`, :func:`comm_plan`, :func:`coding`), with no branch on a scheme's name.
 
 **Collectives** (per rank, K ranks, a buffer of S bytes, alpha = seconds per message step,
 beta = seconds per byte on one rank's link; byte counts as in ``qbench.comm.formulas``):
@@ -28,24 +32,29 @@ messages, as one continuous call. A key without a fit falls back to a related on
 bw_new``, alpha is kept; the fit on the nearest rate (in log scale) is used. Unshaped (loopback)
 fits have no rate and predict unshaped links only.
 
-**Codec units** (``codec_units``): the elements one rank encodes / decodes in one aggregation of
-n values, so that codec fits scale with K: reduce-broadcast encodes n (1 + 1/K) values (K ranges
-and the owner's re-encode) and decodes 2 n (owner mean and gather); allgather decodes K n; the
-others n each.
+**Codec units** (``codec_units``, the traffic's ``Coding.units``): the elements one rank
+encodes / decodes in one aggregation of n values, so that codec fits scale with K:
+reduce-broadcast encodes n (1 + 1/K) values (K ranges and the owner's re-encode) and decodes
+2 n (owner mean and gather); allgather decodes K n; the others n each.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from qbench.catalog import CompressorSpec
-from qbench.comm.formulas import busbw_factor, ring_allreduce_bytes
-from qbench.costmodel.schemes import PROJECTED, SCHEMES, Scheme, full_precision, int_sum_bytes
+from qbench.catalog.collectives import collective_msgs, collective_wire, ring_allreduce_bytes
+from qbench.catalog.traffic import Coding, Exchange, Phase, Traffic
+from qbench.costmodel.schemes import NONE, SCHEMES, Scheme, declared
 from qbench.errors import UserError
 from qbench.spec import network as network_mod
 from qbench.spec.network import Link
+
+__all__ = [
+    "FALLBACK", "CommItem", "allreduce_wire", "burst_s", "codec_units", "coding",
+    "collective_msgs", "collective_time", "collective_wire", "comm_plan", "comm_time",
+    "payload_bits", "scale_beta", "traffic",
+]  # fmt: skip
 
 FALLBACK = {
     "allreduce-fp16": "allreduce",
@@ -57,29 +66,14 @@ FALLBACK = {
 }
 """Collective key -> the key whose parameters stand in when it has no fit."""
 
+CommItem = Phase
+"""One comm phase: the collective key, message steps per rank, and the wire bytes per rank of
+each collective call in it (``qbench.catalog.traffic.Phase``)."""
+
 
 def allreduce_wire(nbytes: float, k: int) -> float:
     """Per-rank bytes of a ring allreduce of ``nbytes`` (``Comm.bytes_sent``'s count, unrounded)."""
     return ring_allreduce_bytes(nbytes, k)
-
-
-def collective_msgs(kind: str, k: int) -> int:
-    """Message steps per rank (each pays alpha) of one collective over K ranks."""
-    steps = {"allreduce": 2 * (k - 1), "alltoallv": k - 1, "allgatherv": k - 1}
-    steps["exchange"] = steps["alltoallv"] + steps["allgatherv"]
-    return steps[kind]
-
-
-def collective_wire(kind: str, k: int, nbytes: float) -> float:
-    """Per-rank wire bytes: ``nbytes`` is the allreduced buffer, the alltoallv send buffer or
-    exchange payload (all ranges), or the allgatherv contribution of one rank."""
-    factor = {
-        "allreduce": busbw_factor("allreduce", k),
-        "alltoallv": busbw_factor("alltoall", k),
-        "exchange": busbw_factor("alltoall", k) + busbw_factor("allgather", k),
-        "allgatherv": float(k - 1),  # the own buffer once per peer (qbench.comm.formulas)
-    }
-    return factor[kind] * nbytes
 
 
 def collective_time(alpha: float, beta: float, kind: str, k: int, nbytes: float) -> float:
@@ -106,28 +100,21 @@ def comm_time(
     return msgs * alpha + sum(max(0.0, w * beta - credit) for w in calls)
 
 
-def codec_units(scheme: str, k: int, n: float, op: str) -> float:
-    """Elements one rank encodes / decodes in one aggregation of n values (the x of the codec
-    fits, so that they scale with K)."""
-    if scheme == "reduce-broadcast":  # K ranges + the owner's re-encode; owner mean + gather
-        return n * (1 + 1 / k) if op == "encode" else 2 * n
-    if scheme == "allgather":
-        return n if op == "encode" else k * n
-    return n
-
-
-@dataclass(frozen=True)
-class CommItem:
-    """One comm phase: the collective key, message steps per rank, and the wire bytes per rank of
-    each collective call in it (each call may start on a full tbf bucket)."""
-
-    collective: str
-    msgs: float
-    calls: tuple[float, ...]
-
-    @property
-    def wire(self) -> float:
-        return float(sum(self.calls))
+def traffic(
+    scheme: Scheme, compressor: CompressorSpec, k: int, n: float, bits_per_value: float,
+    backend: str, nodes: int = 0,
+) -> Traffic:  # fmt: skip
+    """What the scheme sends and codes aggregating n values over K ranks (``nodes``: N nodes of
+    K / N ranks; 0: one rank per node), as the catalog declares it."""
+    of = declared(scheme.name)
+    if of is None:
+        raise UserError(
+            f"the cost model has no scheme {scheme.name!r}; valid: {', '.join(SCHEMES)}"
+        )
+    return of(Exchange(
+        ranks=k, values=n, compressor=compressor, bits_per_value=bits_per_value,
+        backend=backend, overlap=scheme.overlap, nodes=nodes, params=scheme.params,
+    ))  # fmt: skip
 
 
 def comm_plan(
@@ -138,47 +125,33 @@ def comm_plan(
     bits_per_value: float,
     backend: str,
 ) -> CommItem:
-    """The comm phase of aggregating n values (payload = n * bits_per_value / 8 bytes).
+    """The comm phase of a flat scheme aggregating n values (payload = n * bits_per_value / 8
+    bytes). Pipelined schemes keep C chunks in flight, one continuous stream: one call for the
+    credit."""
+    phases = traffic(scheme, compressor, k, n, bits_per_value, backend).phases
+    if len(phases) != 1 or phases[0].level != "any":
+        raise UserError(f"scheme {scheme.name} runs in levels; time it on a topology")
+    return phases[0]
 
-    Pipelined schemes keep C chunks in flight, one continuous stream: one call for the credit.
-    """
-    payload = n * bits_per_value / 8
-    c = scheme.overlap
-    ring = collective_msgs("allreduce", k)
-    if scheme.name == "allreduce":
-        key = "allreduce" if full_precision(compressor) else f"allreduce-{compressor.label}"
-        return CommItem(key, ring, (allreduce_wire(payload, k),))
-    if scheme.name in ("simulated-lowprec", PROJECTED):
-        nbytes = 4 * math.ceil(payload / 4) if scheme.name == "simulated-lowprec" else payload
-        return CommItem("allreduce", ring, (allreduce_wire(nbytes, k),))
-    if scheme.name == "reduce-broadcast":
-        half = collective_wire("alltoallv", k, payload)  # = the allgatherv's (K-1) P / K
-        if c > 1:
-            return CommItem("exchange+overlap", c * collective_msgs("exchange", k), (2 * half,))
-        return CommItem("exchange", collective_msgs("exchange", k), (half, half))
-    if scheme.name == "allgather":
-        wire = collective_wire("allgatherv", k, payload)
-        return CommItem("allgather", collective_msgs("allgatherv", k), (wire,))
-    if scheme.name == "integer-allreduce":
-        if full_precision(compressor):  # full-precision groups take a plain allreduce
-            return CommItem("allreduce", ring, (allreduce_wire(4 * n, k),))
-        why = compressor.entry.integer_levels(compressor.params)
-        if why is not None:
-            raise UserError(f"integer-allreduce cannot sum {compressor.label}: {why}")
-        top, bucket = compressor.entry.integer_grid(compressor.params)
-        ints = allreduce_wire(n * int_sum_bytes(backend, k, top), k)
-        scales = allreduce_wire(4 * math.ceil(n / bucket), k)
-        if c > 1:
-            return CommItem("allreduce-int+overlap", (1 + c) * ring, (scales, ints))
-        return CommItem("allreduce-int", 2 * ring, (scales, ints))
-    raise UserError(f"the cost model has no scheme {scheme.name!r}; valid: {', '.join(SCHEMES)}")
+
+def coding(scheme: Scheme, k: int, n: float, op: str, nodes: int = 0) -> Coding:
+    """One rank's encode or decode of n values over K ranks; a scheme without declared traffic
+    (DDP's loop) codes each value once."""
+    if declared(scheme.name) is None:
+        return Coding(scheme.name, k, n, n)
+    return traffic(scheme, NONE, k, n, 32.0, "gloo", nodes).coding(op)
+
+
+def codec_units(scheme: str, k: int, n: float, op: str) -> float:
+    """Elements one rank encodes / decodes in one aggregation of n values (the x of the codec
+    fits, so that they scale with K)."""
+    return coding(Scheme(scheme), k, n, op).units
 
 
 def payload_bits(
     scheme: Scheme, compressor: CompressorSpec, bits_per_value: float, backend: str, k: int
 ) -> float:
     """Bits per value of a rank's own payload (``payload_bytes`` in records)."""
-    if scheme.name == "integer-allreduce" and not full_precision(compressor):
-        top, block = compressor.entry.integer_grid(compressor.params)
-        return 8 * int_sum_bytes(backend, k, top) + 32 / block
-    return bits_per_value
+    if declared(scheme.name) is None:
+        return bits_per_value
+    return traffic(scheme, compressor, k, 1.0, bits_per_value, backend).payload_bits

@@ -3,7 +3,8 @@ fit that times a comm phase on a link.
 
 Each op is linear in the elements it touches, ``t = c0 + c1 * units``, fitted per (backend,
 scheme, compressor, op) from the encode / decode phases of ``bench comm`` rows (and of sweep
-runs), with ``units`` from ``codec_units`` so that they scale with K. Without such a fit the
+runs), with ``units`` from the scheme's declared coding (``qbench.catalog.traffic``) so that they
+scale with K. Without such a fit the
 phase is composed from ``bench kernels`` fits per compressor (seconds vs elements; ``copy`` for
 the elementwise divide / zeroing passes).
 
@@ -16,10 +17,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from qbench import catalog
+from qbench.catalog.traffic import Coding
 from qbench.costmodel.config import Config
-from qbench.costmodel.formulas import FALLBACK, codec_units
+from qbench.costmodel.formulas import FALLBACK, coding
 from qbench.costmodel.model import CodecFit, CollectiveFit, CostModel
-from qbench.costmodel.schemes import FP32, PROJECTED, Scheme, nominal_bits_per_value
+from qbench.costmodel.schemes import FP32, Scheme, nominal_bits_per_value
 from qbench.errors import UserError
 from qbench.spec.network import Link
 
@@ -33,58 +36,56 @@ def _kernel(model: CostModel, compressor: str, op: str, device: str) -> CodecFit
 
 def codec_time(
     model: CostModel, backend: str, scheme: Scheme, compressor: str, k: int, n: float, op: str,
-    device: str = "cpu",
+    device: str = "cpu", nodes: int = 0,
 ) -> tuple[float, list[str]]:  # fmt: skip
-    """Seconds of a scheme's encode or decode phase for n values over K ranks."""
+    """Seconds of a scheme's encode or decode phase for n values over K ranks (``nodes``: N
+    nodes of K / N ranks, for a scheme whose traffic runs per level)."""
     if n <= 0:
         return 0.0, []
-    # The projection encodes and decodes n values once, as simulated-lowprec does.
-    name = "simulated-lowprec" if scheme.name == PROJECTED else scheme.name
+    return coded_time(model, backend, coding(scheme, k, n, op, nodes), compressor, op, device)
+
+
+def coded_time(
+    model: CostModel, backend: str, c: Coding, compressor: str, op: str, device: str = "cpu"
+) -> tuple[float, list[str]]:
+    """Seconds of one rank's coding ``c`` (``qbench.catalog.traffic``): the codec fits of the
+    scheme that times it, else composed from kernel timings."""
+    if c.values <= 0:
+        return 0.0, []
+    name = c.scheme
     fits = [p for p in model.phases if (p.scheme, p.compressor, p.op) == (name, compressor, op)]
     same = [p for p in fits if p.backend == backend]
     if same or fits:
         p = (same or fits)[0]
         notes = [] if same else [f"{op} of {name} {compressor} taken from {p.backend}"]
-        return p.time(codec_units(name, k, n, op)), notes
+        return p.time(c.units), notes
     if _kernel(model, compressor, op, device) is not None or compressor == FP32:
-        return _codec_from_kernels(model, scheme, compressor, k, n, op, device)
+        return _codec_from_kernels(model, c, compressor, op, device)
     # Last resort: the per-element cost another scheme measured for this compressor.
     other = [p for p in model.phases if (p.compressor, p.op) == (compressor, op)]
-    if other and name in ("simulated-lowprec", "allgather"):
+    if other and c.per_element:
         p = sorted(other, key=lambda p: (p.backend != backend, p.scheme))[0]
-        units = codec_units(name, k, n, op)
-        return p.time(units), [f"{op} of {name} {compressor} per element from {p.scheme}"]
-    return _codec_from_kernels(model, scheme, compressor, k, n, op, device)
+        return p.time(c.units), [f"{op} of {name} {compressor} per element from {p.scheme}"]
+    return _codec_from_kernels(model, c, compressor, op, device)
 
 
 def _codec_from_kernels(
-    model: CostModel, scheme: Scheme, compressor: str, k: int, n: float, op: str, device: str
+    model: CostModel, c: Coding, compressor: str, op: str, device: str
 ) -> tuple[float, list[str]]:
     kern = _kernel(model, compressor, op, device)
     copy = _kernel(model, "", "copy", device)
-    notes = [f"{op} of {scheme.name} {compressor} composed from kernel timings"]
+    notes = [f"{op} of {c.scheme} {compressor} composed from kernel timings"]
     if kern is None:
         if compressor == FP32:
-            return 0.0, [f"{op} of fp32 {scheme.name}: no timings, taken as 0"]
+            return 0.0, [f"{op} of fp32 {c.scheme}: no timings, taken as 0"]
         raise UserError(
             f"no {op} timings for {compressor}: fit with `--kernels FILE.json` from `qbench "
-            f"bench kernels --compressor ...` or with bench comm rows of {scheme.name} {compressor}"
+            f"bench kernels --compressor ...` or with bench comm rows of {c.scheme} {compressor}"
         )
-    pass_s = copy.time(n) if copy is not None else 0.0  # one elementwise pass (divide, zero)
-    name = scheme.name
-    if scheme.name == "integer-allreduce":
-        notes.append("integer-allreduce codec approximated by the qsgd kernels")
-    if op == "encode":
-        if name == "reduce-broadcast":
-            return kern.time((k + 1) * n / k, calls=k + 1), notes
-        return kern.time(n), notes
-    if name == "reduce-broadcast":
-        return kern.time(2 * n, calls=2 * k) + pass_s, notes
-    if name == "allgather":
-        return kern.time(k * n, calls=k) + pass_s, notes
-    if name == "allreduce":
-        return kern.time(n) + pass_s, notes
-    return kern.time(n), notes
+    pass_s = copy.time(c.values) if copy is not None else 0.0  # one elementwise pass
+    if not catalog.SCHEMES[c.scheme].codec_calls:
+        notes.append(f"{c.scheme} codec approximated by the {compressor} kernels")
+    return kern.time(c.units, calls=c.calls) + c.passes * pass_s, notes
 
 
 def collective_fit(

@@ -179,11 +179,12 @@ def run_host_cores(r: Any) -> int | None:
 def level_link(cfg: Config) -> Link | None:
     """The one link a run's comm phase crossed, which its fit point belongs to: its link
     without a topology; with one, the intra link on one node, the inter link with one rank per
-    node; None when it crossed both (those runs are predicted, not fitted) or is hierarchical."""
+    node; None when it crossed both (those runs are predicted, not fitted) or its scheme runs per
+    level (hierarchical)."""
     topo = cfg.topology
     if topo is None:
-        return None if cfg.scheme.name == "hierarchical" else cfg.network
-    if cfg.scheme.name == "hierarchical" or (topo.nodes > 1 and topo.ranks_per_node > 1):
+        return None if cfg.scheme.levelled else cfg.network
+    if cfg.scheme.levelled or (topo.nodes > 1 and topo.ranks_per_node > 1):
         return None
     return topo.intra if topo.nodes == 1 else topo.inter
 
@@ -273,7 +274,7 @@ def run_points(
             continue
         k, n = cfg.world_size, (cfg.numel or 0) - cfg.fp32_numel
         src, nbytes = str(r.source), 4 * (cfg.numel or 0)
-        if scheme.name == "hierarchical":  # timed from the flat fits (qbench.costmodel.levels)
+        if scheme.levelled:  # timed from the one-level fits (qbench.costmodel.levels)
             continue
         for op in ("encode", "decode"):
             phases.append(PhasePoint(

@@ -32,7 +32,7 @@ import pandas as pd
 from qbench.catalog import CompressorSpec
 from qbench.costmodel import levels
 from qbench.costmodel.config import Config, Prediction
-from qbench.costmodel.formulas import comm_plan
+from qbench.costmodel.formulas import traffic
 from qbench.costmodel.model import CostModel, compute_fits, imbalance_key, solo_key
 from qbench.costmodel.overlap import predict_backward
 from qbench.costmodel.phases import codec_time, collective_fit, wire_bits
@@ -144,17 +144,19 @@ def predict(model: CostModel, cfg: Config) -> Prediction:
 def _comm(
     model: CostModel, cfg: Config, scheme: Scheme, comp: CompressorSpec, n: float, bits: float
 ) -> tuple[float, float, list[str]]:
-    """(seconds, wire bytes, notes) of the comm phase: on one link as before, or on the
-    configuration's two levels (``qbench.costmodel.levels``)."""
-    if scheme.name == "hierarchical":
-        got = levels.hierarchical_comm(model, cfg, scheme, n, bits)
-    elif cfg.topology is not None:
-        got = levels.flat_comm(model, cfg, scheme, comp, n, bits)
-    else:
-        item = comm_plan(scheme, comp, cfg.world_size, n, bits, cfg.backend)
-        coll, notes = collective_fit(model, cfg.backend, cfg.network, item.collective)
-        return coll.time(item.msgs, item.calls, cfg.network, cfg.tbf_burst), item.wire, notes
-    return got.seconds, got.wire, list(got.notes)
+    """(seconds, wire bytes, notes) of the comm phase of the scheme's declared traffic: on one
+    link, or on the configuration's two levels (``qbench.costmodel.levels``)."""
+    topo = levels.topology(cfg)
+    plan = traffic(scheme, comp, cfg.world_size, n, bits, cfg.backend, topo.nodes)
+    if plan.levelled or cfg.topology is not None:
+        got = levels.comm(model, cfg, plan)
+        return got.seconds, got.wire, list(got.notes)
+    seconds, notes = 0.0, list[str]()
+    for phase in plan.phases:
+        coll, why = collective_fit(model, cfg.backend, cfg.network, phase.collective)
+        seconds += coll.time(phase.msgs, phase.calls, cfg.network, cfg.tbf_burst)
+        notes += why
+    return seconds, plan.wire, notes
 
 
 def _extrapolated(model: CostModel, cfg: Config) -> list[str]:
@@ -173,9 +175,8 @@ def _extrapolated(model: CostModel, cfg: Config) -> list[str]:
 def _codec(
     model: CostModel, cfg: Config, scheme: Scheme, comp: str, n: float, op: str
 ) -> tuple[float, list[str]]:
-    if scheme.name == "hierarchical":
-        return levels.hierarchical_codec(model, cfg, scheme, comp, n, op)
-    return codec_time(model, cfg.backend, scheme, comp, cfg.world_size, n, op, cfg.device)
+    nodes = levels.topology(cfg).nodes
+    return codec_time(model, cfg.backend, scheme, comp, cfg.world_size, n, op, cfg.device, nodes)
 
 
 def _lag(model: CostModel, backend: str, scheme: Scheme, k: int) -> tuple[float, list[str]]:

@@ -18,30 +18,48 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qbench import catalog
-from qbench.catalog import spelling
-from qbench.catalog.schemes import TORCH_HOOKS, integer_sum_bytes
+from qbench.catalog import spelling, traffic
+from qbench.catalog.schemes import TORCH_HOOKS
 from qbench.errors import UserError
 from qbench.spec import rules
 
 PROJECTED = "lowprec-allreduce"
 """NCCL with native low-precision reduction: not measurable yet, so predictions are projected."""
+PROJECTED_FROM = catalog.SCHEMES["allreduce"].name
+"""The measured scheme the projection stands for: where it cannot carry a compressor, the
+reason names the projection that could."""
 DDP = spelling.DDP
 """PyTorch DDP with torch's hooks (``TORCH_HOOKS``): buckets communicated during backward."""
+OWN: dict[str, traffic.Declared] = {
+    PROJECTED: lambda x: traffic.simulated_lowprec(x, padded=False),
+}
+"""The model's own schemes and their traffic: the projection is simulated-lowprec's allreduce
+without its padding to whole floats, timed by simulated-lowprec's codec fits."""
+
+
+def declared(name: str) -> traffic.Declared | None:
+    """The traffic the scheme declares (``qbench.catalog.traffic``); None for DDP's loop (timed
+    bucket by bucket, ``qbench.costmodel.overlap``) and schemes the model cannot time."""
+    entry = catalog.SCHEMES.get(name)
+    return OWN.get(name) or (entry.traffic if entry is not None else None)
+
+
+def _levelled(name: str) -> bool:
+    """Whether the scheme's traffic names its levels (inside a node, between nodes): such a
+    scheme is timed from the one-level fits, never fitted itself (qbench.costmodel.levels)."""
+    of = declared(name)
+    return of is not None and traffic.names_levels(of, catalog.compressor("none"))
+
+
 SCHEMES = (
-    "allreduce",
-    "reduce-broadcast",
-    "allgather",
-    "integer-allreduce",
-    "simulated-lowprec",
-    PROJECTED,
-    DDP,
-    "hierarchical",
-)
+    *(name for name, e in catalog.SCHEMES.items() if e.traffic is not None), PROJECTED, DDP,
+)  # fmt: skip
+"""The schemes the model times: those whose traffic the catalog declares, its own projection,
+and DDP's loop."""
 BACKWARD_SCHEMES = tuple(
-    n
-    for n in SCHEMES
-    if n in catalog.SCHEMES and catalog.SCHEMES[n].per_bucket and n != "hierarchical"
-)
+    n for n in SCHEMES if n in catalog.SCHEMES and catalog.SCHEMES[n].per_bucket
+    and not _levelled(n)
+)  # fmt: skip
 """Flat schemes the model knows that can also run per DDP bucket during backward
 (``backward: true``; a plug-in's are not modelled)."""
 BACKWARD, FLAT = "backward", "none"
@@ -73,18 +91,18 @@ class Scheme:
         """The catalog's validated scheme (a run's recorded spec, ``qbench.records.view``) as
         the model sees it; UserError for a scheme the model has no formulas for."""
         name, p = spec.name, spec.params
-        if name not in SCHEMES:
+        if name != DDP and declared(name) is None:
             raise UserError(f"the cost model has no scheme {name!r}; valid: {', '.join(SCHEMES)}")
         backward = bool(p.get("backward")) or name == DDP
         overlap = int(p.get("overlap", 1))
         if backward and overlap > 1:
             raise UserError(f"scheme {name}: the cost model has no per-bucket pipeline")
-        if backward and name == "hierarchical":
-            raise UserError("scheme hierarchical: the cost model has no per-bucket hierarchical")
+        if backward and _levelled(name):
+            raise UserError(f"scheme {name}: the cost model has no per-bucket {name}")
         given = spec.given.get("bucket_cap_mb")  # the label names the cap only when given
         cap = None if given is None else float(given)
-        levels = {k: str(p[k]) for k in ("intra", "inter") if name == "hierarchical"}
-        name = DDP if backward and name == "allreduce" else name
+        levels = {k: str(p[k]) for k in ("intra", "inter") if k in p}
+        name = spelling.canonical(name, {"backward": backward}, NONE.name)[0]
         return cls(name, overlap, backward, cap, **levels)
 
     @property
@@ -104,9 +122,19 @@ class Scheme:
             return BACKWARD
         if self.name == PROJECTED:
             return "projected"
-        if self.name == "simulated-lowprec":
+        if self.name in catalog.SCHEMES and not catalog.SCHEMES[self.name].reduces:
             return "simulated"
         return "overlap" if self.overlap > 1 else "breakdown"
+
+    @property
+    def params(self) -> dict[str, str]:
+        """What the traffic reads besides the pipeline depth: the levels' exchanges."""
+        return {"intra": self.intra, "inter": self.inter}
+
+    @property
+    def levelled(self) -> bool:
+        """Its traffic runs per level, so the model times it from one-level fits only."""
+        return _levelled(self.name)
 
     @property
     def exchange(self) -> Scheme:
@@ -163,20 +191,10 @@ def nominal_bits_per_value(compressor: catalog.CompressorSpec) -> float | None:
 def incompatibility(scheme: Scheme, compressor: catalog.CompressorSpec) -> str | None:
     """Why the scheme cannot carry this compressor (None when it can): the catalog's rules,
     plus the projected NCCL native low-precision allreduce, which only the cost model knows."""
-    if scheme.name == PROJECTED:
+    if scheme.name in OWN:
         return None
     params = {"backward": True} if scheme.backward and scheme.name != DDP else {}
     why = rules.incompatibility("gloo", scheme.name, compressor.given, params=params)
-    if why and scheme.name == "allreduce":
+    if why and scheme.name == PROJECTED_FROM:
         why += f"; `{PROJECTED}` projects a native low-precision allreduce"
     return why
-
-
-def int_sum_bytes(backend: str, k: int, top: int) -> int:
-    """Width of integer-allreduce's integers: the narrowest the backend sums without overflow
-    for K ranks at integer ``top`` (the catalog's ``integer_grid``;
-    qbench.catalog.schemes.integer_sum_bytes)."""
-    width = integer_sum_bytes(backend, k, top)
-    if width is None:
-        raise UserError(f"integer-allreduce: {k} ranks x integers up to {top} overflow int32")
-    return width

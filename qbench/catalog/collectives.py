@@ -1,7 +1,8 @@
-"""Byte counts and bus-bandwidth factors of the collectives, without torch.
+"""Byte counts, message steps and bus-bandwidth factors of the collectives, without torch.
 
-The communicators (``qbench.comm.base``), the collective bench and the cost model all count
-with these, so they cannot drift apart; importing this module imports nothing heavy.
+The communicators (``qbench.comm.base``), the schemes' declared traffic
+(``qbench.catalog.traffic``), the collective bench and the cost model all count with these, so
+they cannot drift apart; importing this module imports nothing heavy.
 
 Per rank, K ranks, S bytes (nccl-tests ``doc/PERFORMANCE.md``):
 
@@ -48,3 +49,23 @@ def busbw_factor(collective: str, world_size: int) -> float:
         "broadcast": 1.0,
     }
     return factors[collective]
+
+
+def collective_msgs(kind: str, k: int) -> int:
+    """Message steps per rank (each pays alpha) of one collective over K ranks: ``allreduce``
+    (a ring), ``alltoallv`` and ``allgatherv`` (direct), ``exchange`` (both of the latter)."""
+    steps = {"allreduce": 2 * (k - 1), "alltoallv": k - 1, "allgatherv": k - 1}
+    steps["exchange"] = steps["alltoallv"] + steps["allgatherv"]
+    return steps[kind]
+
+
+def collective_wire(kind: str, k: int, nbytes: float) -> float:
+    """Per-rank wire bytes: ``nbytes`` is the allreduced buffer, the alltoallv send buffer or
+    exchange payload (all ranges), or the allgatherv contribution of one rank."""
+    factor = {
+        "allreduce": busbw_factor("allreduce", k),
+        "alltoallv": busbw_factor("alltoall", k),
+        "exchange": busbw_factor("alltoall", k) + busbw_factor("allgather", k),
+        "allgatherv": float(k - 1),  # the own buffer once per peer
+    }
+    return factor[kind] * nbytes
