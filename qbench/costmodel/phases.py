@@ -3,10 +3,10 @@ fit that times a comm phase on a link.
 
 Each op is linear in the elements it touches, ``t = c0 + c1 * units``, fitted per (backend,
 scheme, compressor, op) from the encode / decode phases of ``bench comm`` rows (and of sweep
-runs), with ``units`` from the scheme's declared coding (``qbench.catalog.traffic``) so that they
-scale with K. Without such a fit the
-phase is composed from ``bench kernels`` fits per compressor (seconds vs elements; ``copy`` for
-the elementwise divide / zeroing passes).
+runs), with ``units`` from the scheme's declared coding (``qbench.catalog.traffic``) so that
+they scale with K. Without such a fit the phase is composed from ``bench kernels`` fits per
+compressor: the coding's kernel calls on its units, plus its elementwise passes (divide,
+zeroing) timed by ``copy``.
 
 A collective key is timed by its fit on the link, else by the fit at the nearest link rate (log
 scale; beta scaled, ``qbench.costmodel.formulas``), else by its fallback's (``FALLBACK``).
