@@ -1,5 +1,5 @@
 """One run on a connected rank, start to end: join the communicator, build the training loop the
-spec asks for (``qbench.run.flat_loop`` or ``qbench.run.ddp_loop``), warm up, measure, write this
+spec names (``qbench.spec.loop``: flat, DDP, FSDP or async-ps), warm up, measure, write this
 rank's parts (also the rows done so far when it fails) and tag a failure with the line the sweep
 driver quotes. The process entry point around it is ``qbench.run.worker``; a warm rank group's
 runs in turn are ``qbench.run.group``.
@@ -15,8 +15,7 @@ from pathlib import Path
 
 import torch
 
-from qbench import catalog, comm
-from qbench.catalog import spelling
+from qbench import comm
 from qbench.records.schema import WORKER_FAILED as FAILED_TAG
 from qbench.records.schema import epochs_frame
 from qbench.records.store import (
@@ -33,7 +32,6 @@ from qbench.run import async_ps, interference, memory, profile, workload
 from qbench.run.flat_loop import Run, async_parts
 from qbench.run.training import Training, device_for
 from qbench.spec.matrix import RunSpec
-from qbench.spec.scenario import REPLAY
 from qbench.timing import PhaseTimer
 
 
@@ -112,7 +110,7 @@ def run_config(
     try:
         peak = memory.Peak(parts, cm.rank, device_for(spec.device_kind))  # before the model
         watch = interference.Watch(parts, cm.rank, together=cm.barrier)
-        if catalog.SCHEMES[spec.scheme].kind == "asynchronous":  # server + workers (seed 003)
+        if spec.loop.loop == "async-ps":  # server + workers (seed 003)
             run = Training(spec, cm, shard=async_ps.shard(cm.rank, cm.world_size))
             watch.start()  # its loop is its own: the whole serving time, warm-up included
             async_ps.run(async_parts(run))
@@ -155,23 +153,21 @@ def run_config(
 
 
 def training_loop(spec: RunSpec, cm: comm.Comm, parts: Path) -> Training:
-    """The loop the spec asks for: FSDP's, DDP's buckets during backward, or flat after it;
-    the latter two with the model's work replayed for ``compute: replay`` (its timeline beside
-    ``parts``)."""
-    if spec.scheme == spelling.FSDP:
+    """The lock-step loop ``spec.loop`` names (``qbench.spec.loop``): FSDP's, DDP's buckets
+    during backward, or flat after it; the latter two with the model's work replayed for
+    ``compute: replay`` (its timeline beside ``parts``)."""
+    choice = spec.loop
+    if choice.loop == "fsdp":
         from qbench.run.fsdp_loop import FSDPRun  # torch's FSDP machinery only where it runs
 
         return FSDPRun(spec, cm)
-    ddp = spelling.overlap(spec.scheme, spec.scheme_params) == "backward"
-    if spec.compute == REPLAY:
+    if choice.replayed:
         from qbench.run import replay_loops
 
-        return (
-            replay_loops.ReplayDDPRun(spec, cm, parts)
-            if ddp
-            else replay_loops.ReplayRun(spec, cm, parts)
-        )
-    if ddp:
+        if choice.loop == "ddp":
+            return replay_loops.ReplayDDPRun(spec, cm, parts)
+        return replay_loops.ReplayRun(spec, cm, parts)
+    if choice.loop == "ddp":
         from qbench.run.ddp_loop import DDPRun  # torch's DDP machinery only where it runs
 
         return DDPRun(spec, cm)

@@ -23,6 +23,7 @@ from qbench.catalog import spelling
 from qbench.errors import UserError
 from qbench.spec import checks, codec_times, network, rules
 from qbench.spec import workload as user
+from qbench.spec.loop import LoopChoice, loop_for
 from qbench.spec.network import Link, Topology
 from qbench.spec.scenario import REPLAY, ROUNDED_COMPUTE, Scenario
 
@@ -137,6 +138,11 @@ class RunSpec:
     @property
     def compressor_label(self) -> str:
         return catalog.compressor_label(self.compressor)
+
+    @property
+    def loop(self) -> LoopChoice:
+        """The training loop that runs it (``qbench.spec.loop``: the one place it is chosen)."""
+        return loop_for(self.scheme, self.scheme_params, self.compute)
 
     @property
     def device_kind(self) -> str:
