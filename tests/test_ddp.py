@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import qbench.ddp
-from qbench.catalog import spelling
+from qbench.catalog.schemes import spelling
 from qbench.ddp.scheme_hook import segments
 from qbench.ddp.timeline import BucketTimeline, overlap_fraction, union_length
 from qbench.errors import UserError

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from qbench import catalog
-from qbench.catalog import spelling
+from qbench.catalog.schemes import spelling
 from qbench.errors import UserError
 from qbench.spec import rules
 from tests import cli

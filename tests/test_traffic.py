@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from qbench import catalog
-from qbench.catalog import traffic
-from qbench.catalog.collectives import ring_allreduce_bytes
+from qbench.catalog.schemes import traffic
+from qbench.catalog.schemes.collectives import ring_allreduce_bytes
 from qbench.costmodel import Config, Scheme, predict
 from qbench.costmodel.model import CollectiveFit, CostModel
 from qbench.spec.network import Link

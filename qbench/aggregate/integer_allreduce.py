@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from qbench.aggregate.base import Aggregator, split_ranges
-from qbench.catalog.traffic import integer_sum_bytes
+from qbench.catalog.schemes.traffic import integer_sum_bytes
 from qbench.comm import Comm
 from qbench.comm.base import Pending
 from qbench.compress import Compressor, Key, integer_sum
@@ -55,7 +55,7 @@ _DTYPES = {1: torch.int8, 2: torch.int16, 4: torch.int32}
 
 def sum_dtype(world_size: int, top: int, backend: str) -> torch.dtype:
     """Narrowest integer dtype the backend sums in which K values in [-top, top] cannot overflow
-    (widths per backend: qbench.catalog.traffic.INTEGER_SUM_BYTES)."""
+    (widths per backend: qbench.catalog.schemes.traffic.INTEGER_SUM_BYTES)."""
     width = integer_sum_bytes(backend, world_size, top)
     if width is None:
         raise ValueError(

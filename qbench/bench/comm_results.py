@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from qbench.catalog.collectives import busbw_factor
+from qbench.catalog.schemes.collectives import busbw_factor
 
 _PHASES = ("encode", "comm", "decode")
 

@@ -1,10 +1,11 @@
 """What qbench knows: compressors, schemes, models (no torch).
 
-Each compressor and scheme has one entry (``compressors.py``, ``schemes.py``): parameters
-(typed, documented, validated), label, wire bytes, capabilities; one spelling per DDP
-configuration in ``spelling.py``. Which combinations can run is ``qbench.spec.rules``, each
-rule with its reason. The planner (scenario, matrix), the aggregators, the codecs, ``bench``,
-the cost model and the reports read these; none re-derives them.
+Each compressor and scheme has one entry (``compressors.py``, ``schemes/``): parameters
+(typed, documented, validated), label, wire bytes, capabilities, each scheme's traffic
+(``schemes/traffic.py``); one spelling per DDP configuration (``schemes/spelling.py``).
+Which combinations can run is ``qbench.spec.rules``, each rule with its reason. The planner
+(scenario, matrix), the aggregators, the codecs, ``bench``, the cost model and the reports
+read these; none re-derives them.
 
     spec = catalog.compressor({"name": "qsgd", "bits": 4})   # or "qsgd:bits=4", or "qsgd"
     spec.label, spec.params, spec.wire_bytes(1000), spec.entry.unbiased(spec.params)

@@ -1,14 +1,15 @@
 """Collectives behind one small interface (gloo, nccl, mpi4py), bytes counted.
 
-Importing the package imports no torch: the byte counts (``qbench.catalog.collectives``) are read by
-torch-free code such as the cost model; ``Comm`` (``qbench.comm.base``) loads on first use.
+Importing the package imports no torch: the byte counts
+(``qbench.catalog.schemes.collectives``) are read by torch-free code such as the cost model;
+``Comm`` (``qbench.comm.base``) loads on first use.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from qbench.catalog.collectives import allreduce_bus_bytes, busbw_factor
+from qbench.catalog.schemes.collectives import allreduce_bus_bytes, busbw_factor
 from qbench.comm.env import INIT_METHOD_ENV, MPI_RANK_VARS
 
 if TYPE_CHECKING:

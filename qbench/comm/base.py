@@ -7,7 +7,7 @@
 * allreduce of S bytes: 2 (K-1) / K * S, the per-rank traffic of a ring allreduce, which is the
   nccl-tests "bus bandwidth" convention (busbw = algbw * 2 (K-1) / K, see nccl-tests
   doc/PERFORMANCE.md). The library may pick another algorithm; this is the comparable count
-  (``qbench.catalog.collectives``, torch-free, holds these counts and factors);
+  (``qbench.catalog.schemes.collectives``, torch-free, holds these counts and factors);
 * send (point to point): the tensor's bytes; recv counts nothing (the sender did).
 
 A sub-communicator (:meth:`Comm.split`, :meth:`Comm.node_comms`) counts its own bytes, and each
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from qbench.catalog.collectives import allreduce_bus_bytes, busbw_factor
+from qbench.catalog.schemes.collectives import allreduce_bus_bytes, busbw_factor
 
 __all__ = ["Comm", "Pending", "allreduce_bus_bytes", "busbw_factor"]
 

@@ -9,7 +9,7 @@ docs/costmodel.md gives the overview. Each module's docstring carries its formul
 
 * ``schemes``: the schemes and compressor labels the model knows;
 * ``formulas``: alpha-beta times per collective, emulated links' tbf credit, other link rates,
-  and each scheme's traffic as the catalog declares it (``qbench.catalog.traffic``:
+  and each scheme's traffic as the catalog declares it (``qbench.catalog.schemes.traffic``:
   ``comm_plan``, codec units);
 * ``lsq``: the weighted non-negative least squares of the fits;
 * ``model``: the fitted parameters (``CostModel``, saved as JSON);
@@ -25,7 +25,7 @@ docs/costmodel.md gives the overview. Each module's docstring carries its formul
 
 from __future__ import annotations
 
-from qbench.catalog.traffic import int_sum_bytes
+from qbench.catalog.schemes.traffic import int_sum_bytes
 from qbench.costmodel.config import Config, Prediction
 from qbench.costmodel.crossover import Crossover, crossover
 from qbench.costmodel.fit import fit, fit_collectives

@@ -1,6 +1,6 @@
 """Alpha-beta times of the collectives, and each scheme's declared traffic as the model reads it.
 
-What a scheme sends and codes is declared once, in ``qbench.catalog.traffic`` (the schemes'
+What a scheme sends and codes is declared once, in ``qbench.catalog.schemes.traffic`` (the schemes'
 ``traffic``; the model's own projected allreduce here, ``OWN``): this module only reads it
 (:func:`traffic`, :func:`comm_plan`, :func:`coding`), with no branch on a scheme's name.
 
@@ -43,8 +43,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from qbench.catalog import CompressorSpec
-from qbench.catalog.collectives import collective_msgs, collective_wire, ring_allreduce_bytes
-from qbench.catalog.traffic import Coding, Exchange, Phase, Traffic
+from qbench.catalog.schemes.collectives import (
+    collective_msgs,
+    collective_wire,
+    ring_allreduce_bytes,
+)
+from qbench.catalog.schemes.traffic import Coding, Exchange, Phase, Traffic
 from qbench.costmodel.schemes import NONE, SCHEMES, Scheme, declared
 from qbench.errors import UserError
 from qbench.spec import network as network_mod
@@ -68,7 +72,7 @@ FALLBACK = {
 
 CommItem = Phase
 """One comm phase: the collective key, message steps per rank, and the wire bytes per rank of
-each collective call in it (``qbench.catalog.traffic.Phase``)."""
+each collective call in it (``qbench.catalog.schemes.traffic.Phase``)."""
 
 
 def allreduce_wire(nbytes: float, k: int) -> float:

@@ -3,7 +3,7 @@
 fits on its own link (``phases.collective_fit``: the intra level is what 1-node runs measured,
 the inter level what runs of one rank per node measured).
 
-Each scheme's phases are its declared traffic (``qbench.catalog.traffic``); a phase either
+Each scheme's phases are its declared traffic (``qbench.catalog.schemes.traffic``); a phase either
 names its level or runs on the run's links.
 
 **Phases on the run's links across nodes** (K = N G ranks, consecutive ranks on a node), where
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qbench.catalog.traffic import DIRECT, INTER, INTRA, Phase, Traffic
+from qbench.catalog.schemes.traffic import DIRECT, INTER, INTRA, Phase, Traffic
 from qbench.costmodel.config import Config
 from qbench.costmodel.model import CostModel
 from qbench.costmodel.phases import collective_fit

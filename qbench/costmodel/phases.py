@@ -3,7 +3,7 @@ fit that times a comm phase on a link.
 
 Each op is linear in the elements it touches, ``t = c0 + c1 * units``, fitted per (backend,
 scheme, compressor, op) from the encode / decode phases of ``bench comm`` rows (and of sweep
-runs), with ``units`` from the scheme's declared coding (``qbench.catalog.traffic``) so that
+runs), with ``units`` from the scheme's declared coding (``qbench.catalog.schemes.traffic``) so that
 they scale with K. Without such a fit the phase is composed from ``bench kernels`` fits per
 compressor: the coding's kernel calls on its units, plus its elementwise passes (divide,
 zeroing) timed by ``copy``.
@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 
 from qbench import catalog
-from qbench.catalog.traffic import Coding
+from qbench.catalog.schemes.traffic import Coding
 from qbench.costmodel.config import Config
 from qbench.costmodel.formulas import FALLBACK, coding
 from qbench.costmodel.model import CodecFit, CollectiveFit, CostModel
@@ -48,8 +48,8 @@ def codec_time(
 def coded_time(
     model: CostModel, backend: str, c: Coding, compressor: str, op: str, device: str = "cpu"
 ) -> tuple[float, list[str]]:
-    """Seconds of one rank's coding ``c`` (``qbench.catalog.traffic``): the codec fits of the
-    scheme that times it, else composed from kernel timings."""
+    """Seconds of one rank's coding ``c`` (``qbench.catalog.schemes.traffic``): the codec fits
+    of the scheme that times it, else composed from kernel timings."""
     if c.values <= 0:
         return 0.0, []
     name = c.scheme

@@ -18,8 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qbench import catalog
-from qbench.catalog import spelling, traffic
-from qbench.catalog.schemes import TORCH_HOOKS
+from qbench.catalog.schemes import TORCH_HOOKS, spelling, traffic
 from qbench.errors import UserError
 from qbench.spec import rules
 
@@ -38,8 +37,9 @@ without its padding to whole floats, timed by simulated-lowprec's codec fits."""
 
 
 def declared(name: str) -> traffic.Declared | None:
-    """The traffic the scheme declares (``qbench.catalog.traffic``); None for DDP's loop (timed
-    bucket by bucket, ``qbench.costmodel.overlap``) and schemes the model cannot time."""
+    """The traffic the scheme declares (``qbench.catalog.schemes.traffic``); None for DDP's
+    loop (timed bucket by bucket, ``qbench.costmodel.overlap``) and schemes the model cannot
+    time."""
     entry = catalog.SCHEMES.get(name)
     return OWN.get(name) or (entry.traffic if entry is not None else None)
 

@@ -8,7 +8,7 @@ compressed runs are measured the same way:
 
 * :class:`TimedAllGather` / :class:`TimedReduceScatter`: torch's own collectives in FSDP's
   dtypes (fp32, or the 16-bit ``reduce_dtype`` of the 16-bit baselines), asynchronous where
-  FSDP asks for it, bytes counted with ``qbench.catalog.collectives``;
+  FSDP asks for it, bytes counted with ``qbench.catalog.schemes.collectives``;
 * :class:`CompressedReduceScatter` (ZeRO++'s qgZ, torchft's pattern): each rank encodes the K
   shards of its block gradient (shard j for rank j; error feedback per shard), one all-to-all,
   and each rank decodes the K payloads of its shard and sums them in fp32;
@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
-from qbench.catalog.collectives import all_gather_bytes, reduce_scatter_bytes
+from qbench.catalog.schemes.collectives import all_gather_bytes, reduce_scatter_bytes
 from qbench.comm.base import Comm
 from qbench.compress.base import Compressor, all_finite, nonfinite_kind
 from qbench.ddp.timeline import union_length

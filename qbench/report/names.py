@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from qbench import catalog
-from qbench.catalog import spelling
+from qbench.catalog.schemes import spelling
 from qbench.records.view import RunParts
 from qbench.spec.network import Link
 

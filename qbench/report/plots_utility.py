@@ -26,7 +26,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from qbench import catalog
-from qbench.catalog import spelling
+from qbench.catalog.schemes import spelling
 from qbench.report import names, plots, styles
 
 PANEL_KEYS = ["model", "backend", "world_size", "precision"]

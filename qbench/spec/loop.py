@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from qbench import catalog
-from qbench.catalog import spelling
+from qbench.catalog.schemes import spelling
 from qbench.spec.scenario import REPLAY
 
 Loop = Literal["async-ps", "fsdp", "ddp", "flat"]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from qbench import catalog
-from qbench.catalog import spelling
+from qbench.catalog.schemes import spelling
 from qbench.errors import UserError
 from qbench.spec import checks, codec_times, network, rules
 from qbench.spec import workload as user

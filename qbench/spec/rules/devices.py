@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from qbench.catalog.schemes import TORCH_HOOKS
-from qbench.catalog.spelling import DDP
+from qbench.catalog.schemes.spelling import DDP
 from qbench.spec.rules.candidate import Candidate
 from qbench.spec.rules.methods import Rule
 

@@ -3,7 +3,7 @@ slows shaped links only)."""
 
 from __future__ import annotations
 
-from qbench.catalog.spelling import overlap
+from qbench.catalog.schemes.spelling import overlap
 from qbench.spec import network
 from qbench.spec.rules.candidate import Candidate
 from qbench.spec.rules.methods import Rule

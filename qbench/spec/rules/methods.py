@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from qbench import catalog
 from qbench.catalog.schemes import BACKWARD, CODEC_PARAMS, TORCH_HOOKS, torus_rows
-from qbench.catalog.spelling import DDP, FSDP, overlap
+from qbench.catalog.schemes.spelling import DDP, FSDP, overlap
 from qbench.spec.rules.candidate import Candidate
 
 Rule = Callable[[Candidate], "str | None"]

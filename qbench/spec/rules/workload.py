@@ -6,7 +6,7 @@ from __future__ import annotations
 from qbench import catalog
 from qbench.catalog import models as zoo
 from qbench.catalog.datasets import TEXT_DATASETS, TEXT_VOCAB
-from qbench.catalog.spelling import FSDP, overlap
+from qbench.catalog.schemes.spelling import FSDP, overlap
 from qbench.spec import codec_times
 from qbench.spec.rules.candidate import Candidate
 from qbench.spec.rules.methods import Rule

@@ -1,8 +1,8 @@
 """Byte counts, message steps and bus-bandwidth factors of the collectives, without torch.
 
 The communicators (``qbench.comm.base``), the schemes' declared traffic
-(``qbench.catalog.traffic``), the collective bench and the cost model all count with these, so
-they cannot drift apart; importing this module imports nothing heavy.
+(``qbench.catalog.schemes.traffic``), the collective bench and the cost model all count with
+these, so they cannot drift apart; importing this module imports nothing heavy.
 
 Per rank, K ranks, S bytes (nccl-tests ``doc/PERFORMANCE.md``):
 

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from qbench.catalog import traffic
 from qbench.catalog.compressors import COMPRESSORS
 from qbench.catalog.params import Param, at_least, fraction, validate
 from qbench.catalog.registry import Registry
-from qbench.catalog.traffic import Declared
+from qbench.catalog.schemes import traffic
+from qbench.catalog.schemes.traffic import Declared
 
 Params = dict[str, Any]
 Check = Callable[[Params, Params], str | None]
@@ -53,7 +53,7 @@ class SchemeEntry:
     loops, ``qbench.run.replay_loops``); the asynchronous server's and FSDP's loops cannot."""
     cross_check: Check = lambda given, p: None
     traffic: Declared | None = None
-    """What it sends and codes per aggregation (``qbench.catalog.traffic``), which the cost
+    """What it sends and codes per aggregation (``qbench.catalog.schemes.traffic``), which the cost
     model times; None: a scheme the cost model cannot time."""
     display: Callable[[Params], str] | None = None
     """Its name for people in figures, tables and pages ("Choco-SGD, ring"), from the

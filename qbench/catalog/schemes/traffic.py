@@ -19,7 +19,7 @@ no traffic is one the cost model cannot time. Per rank, K ranks, payload P = n x
   ranks; between nodes (N > 1) reduce-broadcast lanes of 1/G each (``reduce-scatter``) or one
   among node leaders, or an allgather among leaders; its codec is that exchange's among N.
 
-Byte counts and message steps are :mod:`qbench.catalog.collectives`'.
+Byte counts and message steps are :mod:`qbench.catalog.schemes.collectives`'.
 """
 
 from __future__ import annotations
@@ -29,8 +29,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from qbench.catalog.collectives import collective_msgs, collective_wire, ring_allreduce_bytes
 from qbench.catalog.compressors import CompressorEntry
+from qbench.catalog.schemes.collectives import (
+    collective_msgs,
+    collective_wire,
+    ring_allreduce_bytes,
+)
 from qbench.errors import UserError
 
 RING, DIRECT = "ring", "direct"
