@@ -18,7 +18,8 @@ import torch
 
 from qbench import aggregate
 from qbench.aggregate.integer_allreduce import sum_dtype
-from qbench.comm import Comm, allreduce_bus_bytes
+from qbench.comm import allreduce_bus_bytes
+from qbench.comm.base import Comm
 from qbench.compress import Key, from_spec
 from qbench.compress import blockscale as bs
 from qbench.compress._buckets import buckets

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from qbench.comm import Comm
+from qbench.comm.base import Comm
 
 T = TypeVar("T")
 

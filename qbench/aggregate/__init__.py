@@ -18,7 +18,7 @@ from qbench.aggregate.reduce_broadcast import ReduceBroadcast
 from qbench.aggregate.simulated_lowprec import SimulatedLowPrec
 from qbench.catalog import importpath
 from qbench.catalog.schemes import BACKWARD, DDP_OPTIONS
-from qbench.comm import Comm
+from qbench.comm.base import Comm
 from qbench.compress import Compressor
 from qbench.errors import UserError
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from qbench.aggregate.base import Aggregator
-from qbench.comm import Comm
+from qbench.comm.base import Comm
 from qbench.compress import Compressor
 from qbench.timing import PhaseTimer
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from qbench.aggregate.base import Aggregator
-from qbench.comm import Comm
+from qbench.comm.base import Comm
 from qbench.compress import Compressor
 from qbench.compress.fp16 import BFloat16, Half
 from qbench.compress.none import NoCompression

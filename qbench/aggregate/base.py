@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import torch
 
-from qbench.comm import Comm
+from qbench.comm.base import Comm
 from qbench.compress import Compressor
 from qbench.timing import PhaseTimer
 

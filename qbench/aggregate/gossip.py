@@ -38,7 +38,7 @@ import torch
 
 from qbench.aggregate import topology as graphs
 from qbench.aggregate.base import Aggregator
-from qbench.comm import Comm
+from qbench.comm.base import Comm
 from qbench.compress import Compressor, Payload
 from qbench.timing import PhaseTimer
 

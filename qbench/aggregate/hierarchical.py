@@ -33,7 +33,7 @@ import torch
 from qbench.aggregate.allgather import AllGather
 from qbench.aggregate.base import Aggregator
 from qbench.aggregate.reduce_broadcast import ReduceBroadcast
-from qbench.comm import Comm
+from qbench.comm.base import Comm
 from qbench.comm.env import ranks_per_node
 from qbench.compress import Compressor, from_spec
 from qbench.timing import PhaseTimer

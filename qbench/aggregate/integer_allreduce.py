@@ -42,8 +42,7 @@ import torch
 
 from qbench.aggregate.base import Aggregator, split_ranges
 from qbench.catalog.schemes.traffic import integer_sum_bytes
-from qbench.comm import Comm
-from qbench.comm.base import Pending
+from qbench.comm.base import Comm, Pending
 from qbench.compress import Compressor, Key, integer_sum
 from qbench.compress.none import NoCompression
 from qbench.timing import PhaseTimer

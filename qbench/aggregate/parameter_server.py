@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from qbench.aggregate.base import Aggregator
-from qbench.comm import Comm
+from qbench.comm.base import Comm
 from qbench.compress import Compressor, from_spec
 from qbench.timing import PhaseTimer
 

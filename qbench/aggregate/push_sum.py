@@ -47,7 +47,7 @@ import torch
 from qbench.aggregate import directed
 from qbench.aggregate.base import Aggregator
 from qbench.catalog.schemes import qgm_beta
-from qbench.comm import Comm
+from qbench.comm.base import Comm
 from qbench.compress import Compressor, Payload
 from qbench.timing import PhaseTimer
 

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from qbench.aggregate.base import Aggregator
-from qbench.comm import Comm
-from qbench.comm.base import Pending
+from qbench.comm.base import Comm, Pending
 from qbench.compress import Compressor
 from qbench.timing import PhaseTimer
 

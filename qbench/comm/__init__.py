@@ -2,12 +2,12 @@
 
 Importing the package imports no torch: the byte counts
 (``qbench.catalog.schemes.collectives``) are read by torch-free code such as the cost model;
-``Comm`` (``qbench.comm.base``) loads on first use.
+``Comm`` is ``qbench.comm.base``'s, imported from there by the code that holds one (torch).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from qbench.catalog.schemes.collectives import allreduce_bus_bytes, busbw_factor
 from qbench.comm.env import INIT_METHOD_ENV, MPI_RANK_VARS
@@ -15,22 +15,7 @@ from qbench.comm.env import INIT_METHOD_ENV, MPI_RANK_VARS
 if TYPE_CHECKING:
     from qbench.comm.base import Comm
 
-__all__ = [
-    "INIT_METHOD_ENV",
-    "MPI_RANK_VARS",
-    "Comm",
-    "allreduce_bus_bytes",
-    "busbw_factor",
-    "connect",
-]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "Comm":
-        from qbench.comm.base import Comm
-
-        return Comm
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["INIT_METHOD_ENV", "MPI_RANK_VARS", "allreduce_bus_bytes", "busbw_factor", "connect"]
 
 
 def connect(backend: str, timeout_s: float = 600.0) -> Comm:

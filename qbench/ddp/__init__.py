@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from torch import nn
 
-    from qbench.comm import Comm
+    from qbench.comm.base import Comm
 
 __all__ = ["comm_hook", "register"]
 

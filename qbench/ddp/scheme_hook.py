@@ -56,7 +56,7 @@ import torch
 import torch.distributed as dist
 
 from qbench import aggregate
-from qbench.comm import Comm
+from qbench.comm.base import Comm
 from qbench.compress import from_spec
 from qbench.ddp.timeline import BucketTimeline
 from qbench.timing import PhaseTimer

@@ -34,7 +34,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-from qbench.comm import Comm, allreduce_bus_bytes
+from qbench.comm import allreduce_bus_bytes
+from qbench.comm.base import Comm
 from qbench.ddp.timeline import BucketTimeline
 
 TorchHook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]

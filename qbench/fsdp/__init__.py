@@ -28,7 +28,7 @@ from qbench.errors import UserError
 if TYPE_CHECKING:
     from torch import nn
 
-    from qbench.comm import Comm
+    from qbench.comm.base import Comm
     from qbench.fsdp.collectives import CommLog
 
 __all__ = ["register"]

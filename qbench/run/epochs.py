@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from qbench.catalog.datasets import TEXT_DATASETS
-from qbench.comm import Comm
+from qbench.comm.base import Comm
 from qbench.data import partition, real
 
 EVAL_BATCH = 1024

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 import torch
 
-from qbench.comm import Comm
+from qbench.comm.base import Comm
 from qbench.compress.base import all_finite, nonfinite_kind
 from qbench.run.precision import LossScaler
 from qbench.spec.scenario import NONFINITE

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from qbench.comm import Comm
+from qbench.comm.base import Comm
 from qbench.run import nonfinite, precision
 from qbench.run.async_ps.parts import SERVER, AsyncParts
 from qbench.run.async_ps.protocol import (

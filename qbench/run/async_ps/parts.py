@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from qbench.comm import Comm
+    from qbench.comm.base import Comm
     from qbench.compress import Compressor
     from qbench.run.epochs import EpochData
     from qbench.run.nonfinite import Guard

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from qbench.comm import Comm
+from qbench.comm.base import Comm
 from qbench.compress import Compressor, WireField, from_spec
 from qbench.compress.topk import TopK
 from qbench.run.async_ps.parts import AsyncParts

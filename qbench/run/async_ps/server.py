@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from qbench import models
-from qbench.comm import Comm
+from qbench.comm.base import Comm
 from qbench.data import partition
 from qbench.run import epochs, precision
 from qbench.run.async_ps.parts import SERVER, AsyncParts
