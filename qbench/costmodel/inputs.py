@@ -17,7 +17,7 @@ import pandas as pd
 from qbench import catalog
 from qbench.costmodel.schemes import Scheme, nominal_bits_per_value
 from qbench.errors import UserError
-from qbench.records.store import ResultStore
+from qbench.records.store import MACHINE_JSON, ResultStore
 from qbench.records.view import RunSpecs, run_specs
 from qbench.spec import codec_times, network
 from qbench.spec.network import Link
@@ -171,7 +171,7 @@ def _emulated(run_dir: Path) -> bool:
     """Whether the run's nodes were network namespaces of one host (its machine.json says how
     the network was made), not hosts of their own."""
     try:
-        doc = json.loads((run_dir / "machine.json").read_text())
+        doc = json.loads((run_dir / MACHINE_JSON).read_text())
     except (OSError, ValueError):
         return False
     net = doc.get("network") if isinstance(doc, dict) else None
