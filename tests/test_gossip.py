@@ -15,7 +15,8 @@ import torch
 from qbench import aggregate
 from qbench.aggregate import topology
 from qbench.aggregate.gossip import consensus_distance
-from qbench.comm.base import Comm, allreduce_bus_bytes
+from qbench.comm import allreduce_bus_bytes
+from qbench.comm.base import Comm
 from qbench.compress import from_spec
 from qbench.errors import UserError
 from qbench.spec.rules import incompatibility

@@ -48,7 +48,7 @@ from qbench.catalog.schemes.collectives import (
     collective_wire,
     ring_allreduce_bytes,
 )
-from qbench.catalog.schemes.traffic import Coding, Exchange, Phase, Traffic
+from qbench.catalog.schemes.traffic import ANY, Coding, Exchange, Phase, Traffic
 from qbench.costmodel.schemes import NONE, SCHEMES, Scheme, declared
 from qbench.errors import UserError
 from qbench.spec import network as network_mod
@@ -133,7 +133,7 @@ def comm_plan(
     bytes). Pipelined schemes keep C chunks in flight, one continuous stream: one call for the
     credit."""
     phases = traffic(scheme, compressor, k, n, bits_per_value, backend).phases
-    if len(phases) != 1 or phases[0].level != "any":
+    if len(phases) != 1 or phases[0].level != ANY:
         raise UserError(f"scheme {scheme.name} runs in levels; time it on a topology")
     return phases[0]
 
