@@ -34,6 +34,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from qbench.errors import UserError
 from qbench.launch import procs
@@ -280,27 +281,51 @@ def cleanup_stale(prefix: str = "qb") -> list[str]:
 
 
 def teardown(net: ShapedNetwork, pauses: tuple[float, ...] = (0.2, 1.0, 4.0)) -> None:
-    """Delete every namespace of ``net`` that exists; warn (never raise) about any left.
+    """Delete every namespace of ``net``; warn (never raise) about any still listed after.
 
-    A delete that fails is tried again after each pause: CI once saw all three namespaces of a
-    finished mpirun cluster launch survive a single attempt on a loaded machine (its message
-    was not kept), which left them to the next call's stale sweep.
+    CI twice saw all three namespaces of a finished mpirun cluster launch survive teardown on a
+    loaded machine, with no message kept. So the first round deletes every name without asking
+    the listing first (a listing that missed them left them undeleted and unreported), gone
+    means no longer listed (not a delete that exited 0), and what stays listed is deleted
+    again after each pause. The warning says what the last delete said and what runs inside.
     """
+    why: dict[str, str] = {}
     left = list(net.namespaces)
-    errors: dict[str, Exception] = {}
-    for pause in (0.0, *pauses):
+    for pause in (*pauses, None):
+        for ns in left:
+            why[ns] = _delete(ns)
+        left = _present(left)
+        if not left or pause is None:
+            break
         time.sleep(pause)
-        errors = {}
-        for ns in _present(left):
-            try:
-                delete_namespace(ns)
-            except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
-                errors[ns] = err
-        if not errors:
-            return
-        left = list(errors)
-    for ns, why in errors.items():
-        print(f"qbench: could not delete network namespace {ns}: {why}", file=sys.stderr)
+    for ns in left:
+        print(f"qbench: could not delete network namespace {ns}: {why[ns]}{_inside(ns)}",
+              file=sys.stderr)  # fmt: skip
+
+
+def _delete(ns: str) -> str:
+    """Delete ``ns``; what went wrong, as the warning would say it."""
+    try:
+        delete_namespace(ns)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
+        return str(err)
+    return "still listed after `ip netns delete` exited 0"
+
+
+def _inside(ns: str) -> str:
+    """``; pids inside: ...`` naming what still runs in ``ns``; empty when none or unknown."""
+    try:
+        pids = run(netns_pids(ns)).split()
+    except (RuntimeError, OSError, subprocess.TimeoutExpired):
+        return ""
+    return f"; pids inside: {' '.join(_named(int(p)) for p in pids)}" if pids else ""
+
+
+def _named(pid: int) -> str:
+    try:
+        return f"{pid} ({Path(f'/proc/{pid}/comm').read_text().strip()})"
+    except OSError:
+        return str(pid)
 
 
 def _present(names: list[str]) -> list[str]:
