@@ -34,7 +34,7 @@ from qbench.bench import numerics
 from qbench.bench import numerics_orders as orders
 from qbench.compress import blockscale as bs
 from qbench.compress import minifloat as mf
-from qbench.compress import native
+from qbench.compress.kernels import native
 from qbench.compress.lowfloat import MX
 from qbench.report import numerics as report_numerics
 from qbench.run.gradients import ModelGradients

@@ -23,7 +23,7 @@ def _sync_for(device: torch.device) -> Callable[[], None]:
 
 
 class Pacing:
-    """Shared by replayed codec calls (``qbench.run.replay_codec``) and the timer: the seconds
+    """Shared by replayed codec calls (``qbench.run.replay.codec``) and the timer: the seconds
     of the current phase that such calls already gave their dilated length (the timer stretches
     only the rest), and the calls whose real work outlasted their replayed time."""
 

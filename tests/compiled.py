@@ -3,8 +3,8 @@
 qbench falls back to torch when its kernels cannot be built; its tests must not. The kernel
 tests skip only where the compiler they need is not installed, saying so and how to get one.
 Where it is installed, kernels that do not compile or load, or that fail the load-time check
-of the C random hash against ``qbench.compress.rng``, fail every such test with the compiler's
-or the check's message. The rule itself is qbench's (``native.build_error``,
+of the C random hash against ``qbench.compress.kernels.rng``, fail every such test with the
+compiler's or the check's message. The rule itself is qbench's (``native.build_error``,
 ``cuda.emulator_build_error``); ``tests/test_broken_kernels.py`` plants broken sources and
 requires these tests to fail.
 
@@ -19,7 +19,7 @@ from typing import NoReturn
 import pytest
 
 from qbench.catalog import toolchain
-from qbench.compress import cuda, native
+from qbench.compress.kernels import cuda, native
 
 
 def require_c_kernels() -> None:

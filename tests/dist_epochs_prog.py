@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from qbench import comm
-from qbench.run import epochs
+from qbench.run.loops import epochs
 
 
 def main() -> None:

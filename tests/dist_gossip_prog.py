@@ -20,7 +20,7 @@ import torch
 
 from qbench import aggregate, comm
 from qbench.compress import from_spec
-from qbench.run.flat_loop import Run
+from qbench.run.loops.flat import Run
 from qbench.timing import PhaseTimer
 
 NUMEL = 1_003

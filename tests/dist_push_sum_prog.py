@@ -23,7 +23,7 @@ from qbench import aggregate, comm
 from qbench.aggregate.directed import Mixing
 from qbench.aggregate.push_sum import PushSum
 from qbench.compress import from_spec
-from qbench.run.flat_loop import Run
+from qbench.run.loops.flat import Run
 from qbench.timing import PhaseTimer
 
 NUMEL = 1_003

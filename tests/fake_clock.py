@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-MODULES = ("qbench.timing", "qbench.run.replay", "qbench.run.replay_codec",
-           "qbench.run.replay_loops")  # fmt: skip
+MODULES = ("qbench.timing", "qbench.run.replay", "qbench.run.replay.codec",
+           "qbench.run.replay.loops")  # fmt: skip
 """The modules whose ``time`` the clock stands in for: every sleep and clock read of the
 timer, the replayed compute and the replayed codec calls."""
 

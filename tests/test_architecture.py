@@ -8,6 +8,8 @@
   through others (function-level imports too).
 * docs/architecture.md's import table lists what each package imports.
 * No module is over 400 lines without saying why at its top ("Why one module:").
+* No folder holds more than 15 modules (``__init__.py`` counted): a crowded one gets
+  sub-packages named after their concept, not file-name prefixes.
 * README's layout section is the one ``layout()`` generates from the packages' docstrings.
 """
 
@@ -213,6 +215,18 @@ def test_long_modules_say_why(path: Path) -> None:
         assert any("Why one module:" in line for line in lines[:30]), (
             f"{path.relative_to(ROOT)} has {len(lines)} lines: split it or say why at its top"
         )
+
+
+MAX_MODULES = 15
+
+
+def test_no_folder_holds_more_than_15_modules() -> None:
+    crowded = {
+        str(d.relative_to(ROOT)): n
+        for d in [PKG, *(p for p in PKG.rglob("*") if p.is_dir())]
+        if "__pycache__" not in d.parts and (n := len(list(d.glob("*.py")))) > MAX_MODULES
+    }
+    assert crowded == {}, "split these into sub-packages named after their concepts"
 
 
 def layout() -> str:

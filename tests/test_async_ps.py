@@ -34,8 +34,8 @@ from qbench.run.async_ps.protocol import (
     encode_model,
     may_hand_out,
 )
-from qbench.run.flat_loop import async_parts
-from qbench.run.training import Training
+from qbench.run.loops.flat import async_parts
+from qbench.run.loops.training import Training
 from qbench.spec import scenario
 from qbench.spec.matrix import expand
 from tests import cli
@@ -523,7 +523,7 @@ def _loaded(imports: str, prefixes: tuple[str, ...]) -> list[str]:
 def test_the_package_stands_alone_and_its_metric_needs_no_torch() -> None:
     """The server and workers read a rank through AsyncParts, never through the training loops
     or the worker; reports read the metric, so it and the package load no torch."""
-    loops = ("qbench.run.worker", "qbench.run.lifecycle", "qbench.run.flat_loop")
+    loops = ("qbench.run.worker", "qbench.run.lifecycle", "qbench.run.loops.flat")
     assert _loaded("qbench.run.async_ps.server, qbench.run.async_ps.client", loops) == []
     assert _loaded("qbench.run.async_ps.metrics", ("torch",)) == []
 

@@ -17,7 +17,7 @@ from qbench.bench import numerics, numerics_gradients
 from qbench.cli import cli
 from qbench.errors import UserError
 from qbench.report import numerics as report_numerics
-from qbench.report import plots_numerics
+from qbench.report.plots import numerics as plots_numerics
 from qbench.run.gradients import ModelGradients
 from tests.cli import qbench
 

@@ -16,7 +16,7 @@ from qbench import compress
 from qbench.aggregate.base import split_ranges
 from qbench.bench import numerics_orders as orders
 from qbench.compress import Key, integer_sum
-from qbench.compress.draws import uniform
+from qbench.compress.kernels.draws import uniform
 
 STOCHASTIC = "qsgd:bits=4,bucket_size=4"  # stochastic: the draws' keys change the bits
 
@@ -217,7 +217,7 @@ def test_the_fitting_mx_scale_saturates_nothing_and_differs_by_one_doubling() ->
 
     from qbench.compress import blockscale as bs
     from qbench.compress import minifloat as mf
-    from qbench.compress import native
+    from qbench.compress.kernels import native
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "mx_ring_saturation.py"
     spec = importlib.util.spec_from_file_location("mx_ring_saturation", path)

@@ -24,8 +24,9 @@ import pytest
 from qbench import catalog
 from qbench.records.store import INDEX_MD, ResultStore
 from qbench.records.view import RunParts
-from qbench.report import names, plots_study, speedups, stats
+from qbench.report import names, speedups, stats
 from qbench.report import tables as report
+from qbench.report.plots import study as plots_study
 from tests.test_report import add_run, labels, rows_for
 from tests.test_speedups_reference import DDP, FLAT, QSGD, _add, _col, _run
 

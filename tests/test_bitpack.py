@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qbench.compress.bitpack import pack, packed_nbytes, unpack
+from qbench.compress.kernels.bitpack import pack, packed_nbytes, unpack
 
 WIDTHS = range(1, 9)
 LENGTHS = (0, 1, 7, 8, 9, 1023, 4097)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from qbench.compress import COMPRESSORS, Compressor, Payload, build, from_spec
-from qbench.compress.bitpack import unpack
+from qbench.compress.kernels.bitpack import unpack
 from qbench.compress.none import NoCompression
 from qbench.compress.onebit import OneBit
 from qbench.compress.qsgd import QSGD

@@ -11,9 +11,9 @@ import torch
 
 from qbench.compress import Compressor, Payload, build, huffman
 from qbench.compress.adaptive import Adaptive
-from qbench.compress.bitpack import unpack
 from qbench.compress.fixedpoint import FixedPoint
 from qbench.compress.fp16 import BFloat16, Half
+from qbench.compress.kernels.bitpack import unpack
 from qbench.compress.topk import TopK
 from qbench.errors import UserError
 

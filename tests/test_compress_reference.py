@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from qbench.compress import build, draws, fixedpoint, qsgd, rng
+from qbench.compress import build, fixedpoint, qsgd
 from qbench.compress.base import Key
+from qbench.compress.kernels import draws, rng
 
 
 def _lowbias32(x: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ import torch
 from qbench.catalog import datasets as facts
 from qbench.data import real
 from qbench.errors import UserError
-from qbench.run import epochs
+from qbench.run.loops import epochs
 from qbench.spec import scenario
 from qbench.spec.matrix import expand
 from tests import cli

@@ -16,9 +16,9 @@ from qbench.cli.cost import cost as cost_cli
 from qbench.costmodel import Config, CostModel
 from qbench.costmodel.config import Prediction
 from qbench.costmodel.fit import fit_collectives
+from qbench.costmodel.fit.points import CommPoint, level_link
 from qbench.costmodel.formulas import comm_plan
 from qbench.costmodel.model import CodecFit, CollectiveFit
-from qbench.costmodel.points import CommPoint, level_link
 from qbench.costmodel.predict import predict
 from qbench.costmodel.schemes import NONE, Scheme
 from qbench.errors import UserError

@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 import pytest
 import torch
 
-from qbench.compress import cuda, from_spec, native
+from qbench.compress import from_spec
+from qbench.compress.kernels import cuda, native
 from qbench.compress.onebit import OneBit
 from qbench.compress.qsgd import QSGD
 

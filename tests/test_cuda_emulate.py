@@ -2,7 +2,8 @@
 
 Every launch goes the way it goes on a GPU: compressor -> native.kernels_for -> cuda.CUDA (its
 launch configuration and argument conversion) -> cuda._launch, which hands CPU tensors to the
-emulator under QBENCH_CUDA=emulate (qbench/compress/cuda_emulate.py, docs/cuda-emulation.md).
+emulator under QBENCH_CUDA=emulate (qbench/compress/kernels/cuda_emulate.py,
+docs/cuda-emulation.md).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from qbench.compress import cuda, cuda_emulate, integer_sum, native
+from qbench.compress import integer_sum
 from qbench.compress.base import Key
+from qbench.compress.kernels import cuda, cuda_emulate, native
 from qbench.compress.lowfloat import NVFP4
 from qbench.compress.onebit import OneBit
 from qbench.compress.qsgd import QSGD

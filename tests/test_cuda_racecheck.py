@@ -2,8 +2,8 @@
 
 tests/cuda/racy.cu holds small kernels, each with one classic GPU bug (and correct ones to
 compare with); each test runs one through the emulator as QBENCH_CUDA=racecheck runs a launch
-of qbench.compress.cuda, and requires the bug to be named. Both context switches are tested: the
-x86-64 one and the portable ucontext one (-DEMU_UCONTEXT) that other machines use.
+of qbench.compress.kernels.cuda, and requires the bug to be named. Both context switches are tested:
+the x86-64 one and the portable ucontext one (-DEMU_UCONTEXT) that other machines use.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from qbench.compress import cuda_emulate, cuda_racecheck
+from qbench.compress.kernels import cuda_emulate, cuda_racecheck
 from tests import compiled
 
 RACY = Path(__file__).parent / "cuda" / "racy.cu"

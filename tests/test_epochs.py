@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from qbench.errors import UserError
-from qbench.run import epochs
+from qbench.run.loops import epochs
 from qbench.spec import scenario
 from qbench.spec.matrix import expand
 from tests import cli

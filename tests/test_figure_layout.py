@@ -25,7 +25,10 @@ from matplotlib.transforms import Bbox
 
 from qbench import catalog
 from qbench.records.view import RunSpecs
-from qbench.report import names, plots, plots_accuracy, plots_study, plots_utility, stats
+from qbench.report import names, plots, stats
+from qbench.report.plots import accuracy as plots_accuracy
+from qbench.report.plots import study as plots_study
+from qbench.report.plots import utility as plots_utility
 from qbench.spec.network import Link
 from tests import test_report, test_report_study, test_utility
 

@@ -24,7 +24,10 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from qbench.report import plots, plots_accuracy, plots_study, plots_utility, stats
+from qbench.report import plots, stats
+from qbench.report.plots import accuracy as plots_accuracy
+from qbench.report.plots import study as plots_study
+from qbench.report.plots import utility as plots_utility
 from tests import shipped_results
 
 SCENARIOS = [*shipped_results.SHIPPED, shipped_results.DEFAULT]

@@ -12,7 +12,8 @@ import torch
 
 from qbench.aggregate.integer_allreduce import IntegerAllReduce, sum_dtype
 from qbench.comm.base import Pending
-from qbench.compress import from_spec, native
+from qbench.compress import from_spec
+from qbench.compress.kernels import native
 from qbench.timing import PhaseTimer
 from tests.threadcomm import ThreadComm, run_ranks
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from qbench.compress import integer_sum as ia
-from qbench.compress import native
-from qbench.compress._buckets import buckets
 from qbench.compress.base import Key
-from qbench.compress.rng import uniform_reference
+from qbench.compress.kernels import native
+from qbench.compress.kernels.buckets import buckets
+from qbench.compress.kernels.rng import uniform_reference
 from tests import compiled
 
 
@@ -111,8 +111,8 @@ def test_the_units_kernels_refuse_bad_arguments_naming_the_call(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A non-zero return of qb_lf_units_* is an error naming the C function and its code."""
-    from qbench.compress import native_units as nu
-    from qbench.compress.kernel_abi import UnitsView
+    from qbench.compress.kernels import native_units as nu
+    from qbench.compress.kernels.abi import UnitsView
 
     lib = native.int_kernels()
     no_block = UnitsView("mx", "e4m3", 0, False)

@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from qbench.compress import cuda_emulate, from_spec, native, native_units
+from qbench.compress import from_spec
 from qbench.compress import integer_sum as ia
 from qbench.compress.base import Key
-from qbench.compress.rng import uniform_reference
+from qbench.compress.kernels import cuda_emulate, native, native_units
+from qbench.compress.kernels.rng import uniform_reference
 from tests import compiled
 
 KEY = Key(seed=4, step=1, rank=2)

@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from qbench import aggregate
-from qbench.compress import cuda, cuda_emulate, from_spec, integer_sum, native
+from qbench.compress import from_spec, integer_sum
 from qbench.compress.base import Key
+from qbench.compress.kernels import cuda, cuda_emulate, native
 from qbench.timing import PhaseTimer
 from tests import compiled
 from tests.test_cuda import needs_gpu

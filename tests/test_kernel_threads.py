@@ -1,5 +1,5 @@
-"""The C kernels cut over threads (qbench.compress.native: ``threads()``, ``SPLIT_MIN``) give the
-bytes of the one-thread call at any thread count; a decode into a preallocated buffer
+"""The C kernels cut over threads (qbench.compress.kernels.native: ``threads()``, ``SPLIT_MIN``)
+give the bytes of the one-thread call at any thread count; a decode into a preallocated buffer
 (``accumulate=False``) gives the bytes of a plain decode.
 
 ``SPLIT_MIN`` is lowered so that a few thousand values make several ranges per thread: sizes
@@ -19,7 +19,7 @@ import torch
 
 from qbench import compress
 from qbench.catalog import specs
-from qbench.compress import native
+from qbench.compress.kernels import native
 from qbench.compress.onebit import OneBit
 from qbench.compress.qsgd import QSGD
 from tests import compiled

@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 import torch
 
-from qbench.compress import cuda, cuda_emulate, from_spec, native
+from qbench.compress import from_spec
 from qbench.compress import minifloat as mf
 from qbench.compress.base import Payload
+from qbench.compress.kernels import cuda, cuda_emulate, native
 from qbench.compress.lowfloat import ScaledFloat
 from tests import compiled
 

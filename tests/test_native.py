@@ -10,8 +10,9 @@ from typing import Any, TypeVar
 import pytest
 import torch
 
-from qbench.compress import kernel_abi, native
-from qbench.compress._buckets import tree_sum
+from qbench.compress.kernels import abi as kernel_abi
+from qbench.compress.kernels import native
+from qbench.compress.kernels.buckets import tree_sum
 from qbench.compress.onebit import OneBit
 from qbench.compress.qsgd import QSGD
 from tests import compiled

@@ -15,8 +15,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from qbench.compress import kernel_abi, native, rng
 from qbench.compress.base import Key
+from qbench.compress.kernels import abi as kernel_abi
+from qbench.compress.kernels import native, rng
 from qbench.compress.onebit import OneBit
 from qbench.compress.qsgd import QSGD
 from tests import compiled

@@ -35,10 +35,10 @@ ALLOWED = {
     ("costmodel/inputs.py", "bench_scheme"): "bench JSON reader",
     ("costmodel/inputs.py", "bench_compressor"): "bench JSON reader",
     # page text: section anchors and inline code, no labels
-    ("report/page_render.py", "slug"): "page text",
-    ("report/page_render.py", "_inline"): "page text",
+    ("report/page/render.py", "slug"): "page text",
+    ("report/page/render.py", "_inline"): "page text",
     # strips the marker stats._display_compressor appends, not a part of a recorded label
-    ("report/plots_study.py", "_bounds"): "the report's own ' (simulated)' suffix",
+    ("report/plots/study.py", "_bounds"): "the report's own ' (simulated)' suffix",
 }
 
 
@@ -87,7 +87,7 @@ def _all_callers() -> set[tuple[str, str]]:
     return {
         (str(p.relative_to(PKG)), fn)
         for stage in ("report", "costmodel")
-        for p in sorted((PKG / stage).glob("*.py"))
+        for p in sorted((PKG / stage).rglob("*.py"))
         for fn in _callers(p)
     }
 

@@ -27,9 +27,9 @@ import torch
 from qbench.errors import UserError
 from qbench.report import stats
 from qbench.run import nonfinite
-from qbench.run.flat_loop import Run
+from qbench.run.loops.flat import Run
+from qbench.run.loops.training import Training
 from qbench.run.precision import LossScaler
-from qbench.run.training import Training
 from qbench.spec import scenario
 from qbench.spec.matrix import RunSpec, expand
 from qbench.timing import PhaseTimer
@@ -183,7 +183,7 @@ def test_skip_with_no_nonfinite_gradient_changes_nothing() -> None:
 # -- DDP: the bucket is checked inside the hook, before the hook it wraps sees it --------------
 @pytest.mark.parametrize("comp", ["none", "{name: qsgd, bits: 4}"], ids=["torch-hook", "qsgd"])
 def test_ddp_fails_or_skips_a_nonfinite_bucket(comp: str, process_group: Any) -> None:
-    from qbench.run.ddp_loop import DDPRun
+    from qbench.run.loops.ddp import DDPRun
 
     run = DDPRun(_spec(scheme="ddp", comp=comp), process_group)
     _poison(run, "2.weight", INF, rank=0, at={1})
@@ -228,7 +228,7 @@ def test_the_ddp_hook_hands_on_zeros_for_a_nonfinite_bucket_and_names_its_tensor
     """One bucket of two tensors, the second holding a NaN: the wrapped hook gets zeros in
     the bucket's place, the state names that tensor once; a finite bucket goes on unchanged."""
     from qbench.ddp.finite import FiniteHookState, finite_hook
-    from qbench.run.replay_loops import GradBucket
+    from qbench.run.replay.loops import GradBucket
 
     params = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))]
     seen: list[tuple[Any, torch.Tensor]] = []
@@ -323,7 +323,7 @@ def test_the_plain_reduce_scatter_never_sends_a_nonfinite_block(
 # -- async-ps: a worker drops its push; the server applies no update for it ---------------------
 def test_an_async_worker_drops_a_nonfinite_gradient_and_the_run_goes_on() -> None:
     from qbench.run import async_ps
-    from qbench.run.flat_loop import async_parts
+    from qbench.run.loops.flat import async_parts
     from tests.test_async_ps import Threads
     from tests.test_async_ps import _spec as async_spec
 

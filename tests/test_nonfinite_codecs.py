@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from qbench.compress import build, native
+from qbench.compress import build
+from qbench.compress.kernels import native
 from tests import compiled
 
 NAN, INF = float("nan"), float("inf")

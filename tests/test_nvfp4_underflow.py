@@ -18,8 +18,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from qbench.compress import Key, cuda_emulate, from_spec, integer_sum, native
+from qbench.compress import Key, from_spec, integer_sum
 from qbench.compress import blockscale as bs
+from qbench.compress.kernels import cuda_emulate, native
 from qbench.compress.lowfloat import ScaledFloat
 from tests import compiled
 

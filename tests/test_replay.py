@@ -15,7 +15,7 @@ import torch
 
 from qbench.errors import UserError
 from qbench.run import replay
-from qbench.run.replay_loops import GradBucket, ReplayDDPRun, ReplayRun
+from qbench.run.replay.loops import GradBucket, ReplayDDPRun, ReplayRun
 from qbench.spec import scenario
 from qbench.spec.matrix import expand
 from qbench.timing import PhaseTimer
@@ -57,7 +57,7 @@ def test_a_replayed_run_says_so_in_its_id() -> None:
 def test_replayed_ddp_buckets_are_the_ones_ddp_forms(tmp_path: Path, process_group: Any) -> None:
     """Small buckets (0.05 MB) so that mlp has two: the real DDP's after its rebuild
     (iteration 1 on) and the replay's, from the timeline's ready order, hold the same tensors."""
-    from qbench.run.ddp_loop import DDPRun
+    from qbench.run.loops.ddp import DDPRun
 
     scheme = "{name: ddp, bucket_cap_mb: 0.05}"
     real = DDPRun(_spec(scheme, compute="fp32"), process_group)
@@ -90,7 +90,7 @@ def test_replayed_ddp_buckets_are_the_ones_ddp_forms(tmp_path: Path, process_gro
 def test_replayed_ddp_sends_what_the_real_loop_sends(
     scheme: str, comp: str, tmp_path: Path, process_group: Any
 ) -> None:
-    from qbench.run.ddp_loop import DDPRun
+    from qbench.run.loops.ddp import DDPRun
 
     real = _iterate(DDPRun(_spec(scheme, comp, compute="fp32"), process_group))
     run = ReplayDDPRun(_spec(scheme, comp), process_group, _parts(tmp_path))

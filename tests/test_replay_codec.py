@@ -1,4 +1,4 @@
-"""Replayed codec time (``codec_time:``, qbench.run.replay_codec): each encode and decode of the
+"""Replayed codec time (``codec_time:``, qbench.run.replay.codec): each encode and decode of the
 flat loop lasts what a ``bench kernels --json`` file says its device took, times the dilation,
 while the payloads stay the real codec's; the runs, tables and figures say whose times they are."""
 
@@ -15,8 +15,8 @@ import torch
 from qbench.compress import from_spec
 from qbench.errors import UserError
 from qbench.report import names
-from qbench.run.replay_codec import ReplayedCodec
-from qbench.run.replay_loops import ReplayRun
+from qbench.run.replay.codec import ReplayedCodec
+from qbench.run.replay.loops import ReplayRun
 from qbench.spec import scenario
 from qbench.spec.codec_times import SCHEMA, CodecTimes
 from qbench.spec.matrix import expand

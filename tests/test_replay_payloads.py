@@ -14,8 +14,8 @@ import pytest
 
 from qbench import catalog
 from qbench.catalog.compressors import COMPRESSORS
-from qbench.run.flat_loop import Run
-from qbench.run.replay_loops import ReplayRun
+from qbench.run.loops.flat import Run
+from qbench.run.replay.loops import ReplayRun
 from qbench.spec import scenario
 from qbench.spec.matrix import expand
 from qbench.timing import PhaseTimer

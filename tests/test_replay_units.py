@@ -20,10 +20,11 @@ import torch
 from torch import nn
 
 from qbench.errors import UserError
-from qbench.run import replay, replay_loops
+from qbench.run import replay
 from qbench.run.nonfinite import NonFiniteGradient
-from qbench.run.replay_codec import ReplayedCodec
-from qbench.run.replay_loops import GradBucket, ReplayDDPRun, ReplayRun
+from qbench.run.replay import loops as replay_loops
+from qbench.run.replay.codec import ReplayedCodec
+from qbench.run.replay.loops import GradBucket, ReplayDDPRun, ReplayRun
 from qbench.spec import scenario
 from qbench.spec.matrix import expand
 from qbench.timing import Pacing, PhaseTimer

@@ -33,8 +33,8 @@ import pytest
 
 from qbench.records.schema import RunRecord, iterations_frame
 from qbench.records.store import INDEX_MD, ResultStore
-from qbench.report import page_breakeven
 from qbench.report import tables as report
+from qbench.report.page import breakeven as page_breakeven
 from qbench.spec import roofline
 from qbench.spec.codec_times import SCHEMA, CodecTimes
 from tests.cli import qbench

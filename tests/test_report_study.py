@@ -13,8 +13,9 @@ import pytest
 from qbench.records.schema import epochs_frame
 from qbench.records.store import EPOCHS, ResultStore, atomic_write_parquet
 from qbench.report import page as report_page
-from qbench.report import plots_study, stats
+from qbench.report import stats
 from qbench.report import tables as report
+from qbench.report.plots import study as plots_study
 from tests.test_report import add_run, labels, rows_for, sps
 
 GFLOPS = 0.01  # forward GFLOPs per sample of both fixture models
@@ -279,7 +280,7 @@ def test_shared_rounding_runs_compare_with_their_real_fp32_baseline(tmp_path: Pa
 def test_accuracy_figure_keeps_precisions_apart(tmp_path: Path) -> None:
     """Runs that differ by compute precision are separate lines (with the precision in the
     label), never one mean over both."""
-    from qbench.report import plots_accuracy
+    from qbench.report.plots import accuracy as plots_accuracy
 
     store = ResultStore(tmp_path)
     for compute, top1 in (("fp32", [0.5, 0.9]), ("int8", [0.3, 0.6])):

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from qbench.run import precision, rounding, training
+from qbench.run import precision, rounding
+from qbench.run.loops import training
 from qbench.spec import matrix, scenario
 
 INT8 = "name: t\nmodel: mlp\nworld_size: 2\ncompute: int8\n"

@@ -22,8 +22,8 @@ from qbench.comm import allreduce_bus_bytes
 from qbench.comm.base import Comm
 from qbench.compress import Key, from_spec
 from qbench.compress import blockscale as bs
-from qbench.compress._buckets import buckets
-from qbench.compress.draws import uniform
+from qbench.compress.kernels.buckets import buckets
+from qbench.compress.kernels.draws import uniform
 from qbench.compress.lowfloat import ScaledFloat
 from qbench.errors import UserError
 from qbench.spec.rules import incompatibility

@@ -41,7 +41,7 @@ def _literal_scheme_branches(path: Path) -> list[str]:
 
 def test_the_cost_model_branches_on_no_schemes_name() -> None:
     """Before: 16 such branches (formulas, phases, predict, points, schemes)."""
-    found = [f for p in sorted(COSTMODEL.glob("*.py")) for f in _literal_scheme_branches(p)]
+    found = [f for p in sorted(COSTMODEL.rglob("*.py")) for f in _literal_scheme_branches(p)]
     assert found == []
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from qbench import catalog
 from qbench.records.view import RunSpecs
-from qbench.report import names, plots_utility
+from qbench.report import names
+from qbench.report.plots import utility as plots_utility
 from qbench.spec import network
 
 # samples/s per (network, scheme, compressor): DDP fp32 is 100 everywhere; QSGD flat is 50 on

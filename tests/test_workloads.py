@@ -22,7 +22,8 @@ from torch import nn
 
 from qbench.data import factory
 from qbench.errors import UserError
-from qbench.run import epochs, workload
+from qbench.run import workload
+from qbench.run.loops import epochs
 from qbench.spec import matrix, scenario
 from tests import cli
 from tests.cli import qbench

@@ -8,8 +8,8 @@ Per step, for QSGD with L = 2^(bits-1) - 1 and the compressor's ``bits`` and ``b
 1. every rank computes the max |x| of each bucket of its gradient (encode) and the ranks agree on
    the per-bucket scale s = max over ranks with one small float32 MAX allreduce (comm);
 2. each value becomes a signed integer q in [-L, L] by unbiased stochastic rounding of x L / s,
-   drawn from qbench.compress.rng keyed by (seed, step, rank, stream 0) and the global element
-   index, as qsgd does (encode);
+   drawn from qbench.compress.kernels.rng keyed by (seed, step, rank, stream 0) and the global
+   element index, as qsgd does (encode);
 3. ONE allreduce sums the integers (comm) on the narrowest integer dtype that cannot overflow:
    |sum| <= K L (see ``sum_dtype``);
 4. value = s * (sum / (K L)) (decode): E[value] = mean of x over ranks, and K ranks at +-s give

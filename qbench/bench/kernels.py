@@ -115,7 +115,7 @@ class KernelResult:
     repeats: int
     sizes: tuple[int, ...]
     backend: str = "auto"
-    """Compressor code path requested (``qbench.compress.native``): auto, torch or native."""
+    """Code path requested (``qbench.compress.kernels.native``): auto, torch or native."""
     max_time: float = DEFAULT_MAX_TIME
     """Seconds of timed repeats per compressor and size (rows may hold fewer than repeats)."""
     overlap: float = roofline.DEFAULT_OVERLAP
@@ -162,17 +162,17 @@ def resolve(specs: Sequence[str] | None) -> tuple[list[compress.Compressor], lis
 
 
 def _native() -> ModuleType | None:
-    """``qbench.compress.native`` (compiled kernels and the backend switch) when the tree has it."""
+    """``qbench.compress.kernels.native`` (compiled kernels, backend switch) if the tree has it."""
     try:
-        return importlib.import_module("qbench.compress.native")
+        return importlib.import_module("qbench.compress.kernels.native")
     except ModuleNotFoundError:
         return None
 
 
 def implementation(comp: compress.Compressor, t: torch.Tensor) -> str:
     """The code path ``comp`` takes for tensors like ``t``: ``native-cpu`` / ``native-cuda`` when
-    its module dispatches through ``qbench.compress.native`` and a compiled path is selected,
-    else ``torch``."""
+    its module dispatches through ``qbench.compress.kernels.native`` and a compiled path is
+    selected, else ``torch``."""
     native = _native()
     uses_native = vars(sys.modules[type(comp).__module__]).get("native") is native
     if native is None or not uses_native:
@@ -190,7 +190,7 @@ def _backend(name: str) -> AbstractContextManager[object]:
     if native is not None:
         return cast(AbstractContextManager[object], native.backend(name))
     if name != "auto":
-        raise UserError(f"backend {name!r} needs qbench.compress.native, absent here; use auto")
+        raise UserError(f"backend {name!r} needs qbench.compress.kernels.native; use auto")
     return nullcontext()
 
 
@@ -332,7 +332,7 @@ def measure(
     max_time: seconds of timed repeats per compressor and size; slower ones stop early (with at
         least one sample each; a row's ``samples`` says how many).
     threads: torch intra-op threads while measuring (1 = one CPU rank); restored afterwards.
-    backend: compressor code path, see ``qbench.compress.native`` (auto = compiled if built).
+    backend: compressor code path (``qbench.compress.kernels.native``; auto = compiled if built).
     overlap: fraction f of codec time hidden, 0 <= f < 1, for ``breakeven_overlap_gbit``.
     """
     _check(sizes, repeats, threads, max_time)

@@ -19,7 +19,7 @@ REAL_DATASETS: tuple[str, ...] = (
 )
 TEXT_DATASETS: tuple[str, ...] = ("fortunes",)
 """Text corpora: read as a stream of bytes (tokens 0-255) that a language model whose every
-position predicts the next token is trained on (``qbench.run.epochs`` cuts the windows)."""
+position predicts the next token is trained on (``qbench.run.loops.epochs`` cuts the windows)."""
 TEXT_VOCAB = 256
 DATASETS: tuple[str, ...] = ("synthetic", *REAL_DATASETS)
 

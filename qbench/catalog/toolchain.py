@@ -1,9 +1,9 @@
 """What the compiled kernels need from this machine (no torch): the C compilers tried, in
-order, and which compressors and schemes call the kernels. ``qbench.compress.native`` builds
+order, and which compressors and schemes call the kernels. ``qbench.compress.kernels.native`` builds
 with the compiler found here; the sweep's pre-flight (``qbench.launch.preflight``) checks for
 it before any run starts, since a run without one silently measures the slower torch codecs.
-The CUDA emulator (``qbench.compress.cuda_emulate``) builds kernels/*.cu with the C++ compiler
-found here.
+The CUDA emulator (``qbench.compress.kernels.cuda_emulate``) builds kernels/*.cu with the C++
+compiler found here.
 """
 
 from __future__ import annotations

@@ -244,7 +244,7 @@ def numerics(
     from qbench.bench.render import err, out
     from qbench.records.store import atomic_write_json
     from qbench.report import numerics as report_numerics
-    from qbench.report import plots_numerics
+    from qbench.report.plots import numerics as plots_numerics
 
     s = bench_numerics.settings(
         specs=specs, ranks=ranks, orders=orders, repeats=repeats, numel=numel,

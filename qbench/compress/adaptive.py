@@ -42,7 +42,7 @@ import torch
 
 from qbench.compress import huffman
 from qbench.compress.base import Compressor, Key, Payload, require_finite
-from qbench.compress.draws import uniform
+from qbench.compress.kernels.draws import uniform
 
 _BLOCK = 512  # values per Huffman block: 512 numpy steps to decode; 16 bits of length each
 _MIN_SAMPLE = 64

@@ -4,7 +4,7 @@ A compressor turns a flat float32 gradient into a :class:`Payload` of real buffe
 ``Payload.nbytes`` is the sum of the sizes of the buffers that are sent: never a formula.
 
 Stochastic rounding draws come from a counter-based hash keyed by
-(seed, step, rank, stream, element index), see ``qbench.compress.rng``, so that an encode is
+(seed, step, rank, stream, element index), see ``qbench.compress.kernels.rng``, so that an encode is
 reproducible and independent of how the vector is split into ranges.
 
 Per-tensor compressors (catalog granularity ``tensor``: top-k and adaptive with ``scope:

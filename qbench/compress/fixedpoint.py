@@ -24,9 +24,9 @@ from typing import ClassVar, Literal
 
 import torch
 
-from qbench.compress import bitpack
 from qbench.compress.base import Compressor, Key, Payload, require_finite
-from qbench.compress.draws import uniform
+from qbench.compress.kernels import bitpack
+from qbench.compress.kernels.draws import uniform
 
 
 class FixedPoint(Compressor):

@@ -29,14 +29,14 @@ from typing import Any
 import torch
 
 from qbench.compress import blockscale as bs
-from qbench.compress import native
-from qbench.compress._buckets import buckets as _buckets
 from qbench.compress.base import Compressor, Key
-from qbench.compress.draws import uniform
-from qbench.compress.kernel_abi import UnitsView
+from qbench.compress.kernels import native
+from qbench.compress.kernels.abi import UnitsView
+from qbench.compress.kernels.buckets import buckets as _buckets
+from qbench.compress.kernels.draws import uniform
+from qbench.compress.kernels.rng import MASK32, key_hash
 from qbench.compress.lowfloat import ScaledFloat
 from qbench.compress.qsgd import QSGD
-from qbench.compress.rng import MASK32, key_hash
 
 
 class IntegerSum:

@@ -4,8 +4,8 @@ the OCP Microscaling formats MXFP8 / MXFP6 / MXFP4, and NVFP4 (beyond the seeds)
 The arithmetic is ``qbench.compress.blockscale`` on the element formats of
 ``qbench.compress.minifloat``; this module makes them codecs: error feedback (optional, off by
 default: the formats are usually sent as they are), stochastic rounding drawn from
-``qbench.compress.rng`` keyed like every other codec (element index, so a range encodes as the
-whole does), and the wire: the element codes bit-packed (8, 6 or 4 bits, ``bitpack``), then
+``qbench.compress.kernels.rng`` keyed like every other codec (element index, so a range encodes as
+the whole does), and the wire: the element codes bit-packed (8, 6 or 4 bits, ``bitpack``), then
 the block scales (float32 for FP8, one E8M0 or E4M3 byte per block for MX and NVFP4), then
 NVFP4's float32 tensor scale. Wire layouts: ``qbench.catalog.compressors`` (``_fp8_wire``...).
 """
@@ -16,21 +16,21 @@ from typing import ClassVar, Literal
 
 import torch
 
-from qbench.compress import bitpack, native
 from qbench.compress import blockscale as bs
 from qbench.compress import minifloat as mf
 from qbench.compress.base import Compressor, Key, Payload, require_finite
-from qbench.compress.draws import uniform
-from qbench.compress.rng import key_hash
+from qbench.compress.kernels import bitpack, native
+from qbench.compress.kernels.draws import uniform
+from qbench.compress.kernels.rng import key_hash
 
 
 class ScaledFloat(Compressor):
     """The pipeline the three formats share; subclasses say how they scale (``scaling``).
 
     ``_encode_torch`` and ``_decode`` are the reference. CPU and CUDA tensors go through
-    compiled kernels when they can be built (``qbench.compress.native``: kernels/cpu/qbench_cpu.c,
-    kernels/lowfloat.cu, both on kernels/lowfloat_math.h), with byte-identical codes, scales,
-    residuals (updated in place when contiguous) and decoded values;
+    compiled kernels when they can be built (``qbench.compress.kernels.native``:
+    kernels/cpu/qbench_cpu.c, kernels/lowfloat.cu, both on kernels/lowfloat_math.h), with
+    byte-identical codes, scales, residuals (updated in place when contiguous) and decoded values;
     ``native.set_backend("torch")`` forces the reference."""
 
     rounding: Literal["nearest", "stochastic"]

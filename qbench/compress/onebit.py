@@ -9,7 +9,7 @@ exactly ceil(n/8) bytes) then "means" (float32, 2 per bucket, interleaved:
 [avg+_0, avg-_0, avg+_1, avg-_1, ...]). Deterministic: no random draws.
 
 The functions below are the reference; CPU and CUDA tensors go through compiled kernels when
-they can be built (``qbench.compress.native``), with byte-identical payloads and residuals:
+they can be built (``qbench.compress.kernels.native``), with byte-identical payloads and residuals:
 bucket sums use the fixed order of ``_buckets.tree_sum``. The compiled paths update a
 contiguous residual in place. ``native.set_backend("torch")`` forces the reference.
 """
@@ -20,9 +20,9 @@ from typing import ClassVar
 
 import torch
 
-from qbench.compress import bitpack, native
-from qbench.compress._buckets import buckets, num_buckets, tree_sum
 from qbench.compress.base import Compressor, Key, Payload
+from qbench.compress.kernels import bitpack, native
+from qbench.compress.kernels.buckets import buckets, num_buckets, tree_sum
 
 
 class OneBit(Compressor):

@@ -20,8 +20,8 @@ little-endian bytes) then "scales" (float32, one per bucket). The last bucket is
 memory only; padding is never sent.
 
 The functions below are the reference. CPU and CUDA tensors go through compiled kernels when
-they can be built (``qbench.compress.native``: C loops, CuPy), with byte-identical payloads; the
-reference is written so that this is possible: true divisions, and the l2 norm summed in the
+they can be built (``qbench.compress.kernels.native``: C loops, CuPy), with byte-identical payloads;
+the reference is written so that this is possible: true divisions, and the l2 norm summed in the
 fixed order of ``_buckets.tree_sum``. ``native.set_backend("torch")`` forces the reference.
 """
 
@@ -31,12 +31,12 @@ from typing import ClassVar, Literal
 
 import torch
 
-from qbench.compress import bitpack, native
-from qbench.compress._buckets import buckets as _buckets
-from qbench.compress._buckets import tree_sum
 from qbench.compress.base import Compressor, Key, Payload
-from qbench.compress.draws import uniform
-from qbench.compress.rng import key_hash
+from qbench.compress.kernels import bitpack, native
+from qbench.compress.kernels.buckets import buckets as _buckets
+from qbench.compress.kernels.buckets import tree_sum
+from qbench.compress.kernels.draws import uniform
+from qbench.compress.kernels.rng import key_hash
 
 
 class QSGD(Compressor):

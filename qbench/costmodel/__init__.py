@@ -29,6 +29,7 @@ from qbench.catalog.schemes.traffic import int_sum_bytes
 from qbench.costmodel.config import Config, Prediction
 from qbench.costmodel.crossover import Crossover, crossover
 from qbench.costmodel.fit import fit, fit_collectives
+from qbench.costmodel.fit.lsq import WEIGHT_POWER, Quality, fit_collective, fit_linear, nnls
 from qbench.costmodel.formulas import (
     FALLBACK,
     CommItem,
@@ -55,7 +56,6 @@ from qbench.costmodel.inputs import (
     run_key,
     run_table,
 )
-from qbench.costmodel.lsq import WEIGHT_POWER, Quality, fit_collective, fit_linear, nnls
 from qbench.costmodel.model import (
     SCHEMA,
     BucketProfile,

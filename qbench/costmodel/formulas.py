@@ -17,7 +17,7 @@ beta = seconds per byte on one rank's link; byte counts as in ``qbench.comm.form
 traffic (``qbench.spec.network.tbf_burst_bytes``), so a call that starts on a full bucket gets up to
 that much transfer time free. On shaped links each collective call is therefore charged
 ``max(0, wire_call * beta - credit)``, the credit (0 <= credit <= the burst time) being fitted
-with alpha and beta (``qbench.costmodel.lsq``); unshaped links have none. Predictions for real
+with alpha and beta (``qbench.costmodel.fit.lsq``); unshaped links have none. Predictions for real
 links drop it (``Config.tbf_burst = False``).
 
 **Collective keys** (``comm_plan``): ``allreduce`` (fp32 allreduce, simulated-lowprec),

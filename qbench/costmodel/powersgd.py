@@ -20,9 +20,9 @@ import numpy as np
 import pandas as pd
 
 from qbench.costmodel import overlap
+from qbench.costmodel.fit.points import run_config
 from qbench.costmodel.inputs import compressor_name
 from qbench.costmodel.model import BucketProfile, CostModel
-from qbench.costmodel.points import run_config
 from qbench.costmodel.schemes import POWERSGD
 from qbench.errors import UserError
 

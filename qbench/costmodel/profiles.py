@@ -22,9 +22,9 @@ import numpy as np
 import pandas as pd
 
 from qbench.catalog.schemes import DEFAULT_BUCKET_CAP_MB
+from qbench.costmodel.fit.points import run_host_cores
 from qbench.costmodel.inputs import compressor_name, run_scheme, scheme_name
 from qbench.costmodel.model import BucketProfile
-from qbench.costmodel.points import run_host_cores
 from qbench.costmodel.schemes import DDP, FP32, POWERSGD, Scheme
 from qbench.records.store import ResultStore
 

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from qbench.costmodel.config import Config, Prediction
+from qbench.costmodel.fit.points import run_config
 from qbench.costmodel.inputs import (
     bench_compressor,
     bench_key,
@@ -32,7 +33,6 @@ from qbench.costmodel.inputs import (
     run_table,
 )
 from qbench.costmodel.model import CostModel
-from qbench.costmodel.points import run_config
 from qbench.costmodel.predict import predict
 from qbench.errors import UserError
 

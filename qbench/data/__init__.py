@@ -47,7 +47,7 @@ def make(
     name: str, model: ModelInfo, batch_size: int, *, seed: int, rank: int, device: torch.device
 ) -> BatchSource:
     if name != "synthetic":
-        raise choice_error("dataset", name, ["synthetic"])  # real ones: qbench.run.epochs
+        raise choice_error("dataset", name, ["synthetic"])  # real ones: qbench.run.loops.epochs
     return _synthetic(model, batch_size, seed=seed, rank=rank, device=device)
 
 

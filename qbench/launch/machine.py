@@ -225,7 +225,7 @@ def _slurm_status() -> str:
 
 
 def _native_status() -> str:
-    from qbench.compress import native
+    from qbench.compress.kernels import native
 
     if native.available():
         return "available (fused C loops, built for this CPU)"
@@ -236,7 +236,7 @@ def _native_status() -> str:
 
 
 def _cupy_status() -> str:
-    from qbench.compress import cuda
+    from qbench.compress.kernels import cuda
 
     return "available" if cuda.available() else f"unavailable: {cuda.why_unavailable()}"
 

@@ -56,10 +56,10 @@ ITERATION_COLUMNS: dict[str, str] = {
     # (qbench.aggregate.hierarchical); NaN for schemes that do not split it
     "bytes_intra": "float64",
     "bytes_inter": "float64",
-    # `codec_time:` (qbench.run.replay_codec): codec calls this iteration whose real time
+    # `codec_time:` (qbench.run.replay.codec): codec calls this iteration whose real time
     # exceeded the replayed one (the run then stands for a slower device); NaN without it
     "codec_overrun": "float64",
-    # FSDP runs (qbench.run.fsdp_loop): the parameter all-gathers' and the gradient
+    # FSDP runs (qbench.run.loops.fsdp): the parameter all-gathers' and the gradient
     # reduce-scatters' seconds in flight and bytes sent, apart; NaN for other schemes
     "t_allgather_total": "float64",
     "t_reduce_scatter_total": "float64",

@@ -17,7 +17,7 @@ import yaml
 
 from qbench.records import store as paths
 from qbench.records.store import ResultStore
-from qbench.report.page_render import ProvenanceSection
+from qbench.report.page.render import ProvenanceSection
 
 _VERSION_ORDER = ("python", "torch", "numpy", "pandas", "nccl", "mpi4py", "mpi", "cupy")
 

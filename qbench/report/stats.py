@@ -345,7 +345,7 @@ def _skipped_steps(iterations: pd.DataFrame, is_async: pd.Series) -> pd.Series:
 
 def _codec_overrun_share(iterations: pd.DataFrame) -> pd.Series:
     """Per run with replayed codec time, the share of its measured rank-iterations in which a
-    real codec call took longer than the replayed time (qbench.run.replay_codec)."""
+    real codec call took longer than the replayed time (qbench.run.replay.codec)."""
     rows = iterations.loc[~iterations["warmup"].astype(bool), ["run_id", "codec_overrun"]]
     rows = rows.dropna(subset=["codec_overrun"])
     return (rows["codec_overrun"] > 0).groupby(rows["run_id"]).mean()

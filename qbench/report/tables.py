@@ -27,21 +27,14 @@ from qbench.records.store import (
     ResultStore,
     atomic_write_bytes,
 )
-from qbench.report import (
-    accuracy,
-    disturbed,
-    intervals,
-    names,
-    page_baselines,
-    page_cells,
-    plots,
-    plots_accuracy,
-    plots_study,
-    plots_utility,
-    stats,
-)
+from qbench.report import accuracy, disturbed, intervals, names, plots, stats
 from qbench.report import page as report_page
-from qbench.report import page_breakeven as breakeven
+from qbench.report.page import baselines as page_baselines
+from qbench.report.page import breakeven
+from qbench.report.page import cells as page_cells
+from qbench.report.plots import accuracy as plots_accuracy
+from qbench.report.plots import study as plots_study
+from qbench.report.plots import utility as plots_utility
 
 FORMATS = ("table", "csv", "md", "json")
 _LABEL_COLUMNS = ("model", "dataset", "backend", "scheme", "network")

@@ -29,8 +29,8 @@ from qbench.records.store import (
     trace_path,
 )
 from qbench.run import async_ps, interference, memory, profile, workload
-from qbench.run.flat_loop import Run, async_parts
-from qbench.run.training import Training, device_for
+from qbench.run.loops.flat import Run, async_parts
+from qbench.run.loops.training import Training, device_for
 from qbench.spec.matrix import RunSpec
 from qbench.timing import PhaseTimer
 
@@ -158,17 +158,17 @@ def training_loop(spec: RunSpec, cm: comm.Comm, parts: Path) -> Training:
     ``compute: replay`` (its timeline beside ``parts``)."""
     choice = spec.loop
     if choice.loop == "fsdp":
-        from qbench.run.fsdp_loop import FSDPRun  # torch's FSDP machinery only where it runs
+        from qbench.run.loops.fsdp import FSDPRun  # torch's FSDP machinery only where it runs
 
         return FSDPRun(spec, cm)
     if choice.replayed:
-        from qbench.run import replay_loops
+        from qbench.run.replay import loops as replay_loops
 
         if choice.loop == "ddp":
             return replay_loops.ReplayDDPRun(spec, cm, parts)
         return replay_loops.ReplayRun(spec, cm, parts)
     if choice.loop == "ddp":
-        from qbench.run.ddp_loop import DDPRun  # torch's DDP machinery only where it runs
+        from qbench.run.loops.ddp import DDPRun  # torch's DDP machinery only where it runs
 
         return DDPRun(spec, cm)
     return Run(spec, cm)

@@ -47,7 +47,7 @@ from typing import Any
 # and torch._dynamo, which torch imports when the first optimizer is made (2.5-2.8 s of a rank's
 # first run on a 2-core machine, measured with PYTHONPROFILEIMPORTTIME).
 PRELOAD = ("qbench.run.worker", "qbench.models", "qbench.compress", "qbench.aggregate",
-           "qbench.run.ddp_loop", "pyarrow.parquet", "torch._dynamo")  # fmt: skip
+           "qbench.run.loops.ddp", "pyarrow.parquet", "torch._dynamo")  # fmt: skip
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15  # <linux/prctl.h>
 _CLONE_NEWNET = 0x40000000  # <sched.h>

@@ -1,9 +1,9 @@
 """Keyed uniforms for the stochastic rounding of low-precision compute and weights
 (qbench.run.precision: ``compute: int8 / int8-asym`` and ``weights: {bits: N}``).
 
-Every draw is the compressors' counter-based hash (:mod:`qbench.compress.rng`) of (seed, step,
-rank, stream, element index): no generator state, so a run is reproducible and each rank's draws
-are its own. Until issue 31 this rounding drew from torch's global generator, which every rank
+Every draw is the compressors' counter-based hash (:mod:`qbench.compress.kernels.rng`) of (seed,
+step, rank, stream, element index): no generator state, so a run is reproducible and each rank's
+draws are its own. Until issue 31 this rounding drew from torch's global generator, which every rank
 seeds with the run's seed, so all ranks drew the same numbers and their rounding errors were
 correlated. Where a rank's draws come from (``rounding:``, a scenario key):
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from qbench.compress.base import Key
-from qbench.compress.draws import uniform
+from qbench.compress.kernels.draws import uniform
 
 SHARED_RANK = 0
 """The rank every rank keys its draws with under ``rounding: shared``."""

@@ -1,7 +1,7 @@
 """Per-rank entry point: ``python -m qbench.run.worker RUN_DIR/spec.json`` (torchrun, mpirun,
 srun or the driver's own rank groups), or ``... OUT/.groups/<launch>/plan.json`` for a warm rank
 group (``qbench.run.group``). The process only: one run's lifecycle is ``qbench.run.lifecycle``,
-the training loops ``qbench.run.flat_loop`` and ``qbench.run.ddp_loop``.
+the training loops ``qbench.run.loops.flat`` and ``qbench.run.loops.ddp``.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from qbench import data, models
 from qbench.catalog import importpath
 from qbench.data import factory, partition, real
 from qbench.errors import UserError
-from qbench.run import epochs
+from qbench.run.loops import epochs
 from qbench.spec.matrix import RunSpec
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -106,7 +106,7 @@ def epoch_data(
     spec: RunSpec, info: models.ModelInfo, *, world_size: int, rank: int, device: torch.device
 ) -> epochs.EpochData:
     """This rank's partition of the factory's training split and strided share of its test
-    split (empty without one), shaped for the model, as ``qbench.run.epochs.prepare`` does for
+    split (empty without one), shaped for the model, as ``qbench.run.loops.epochs.prepare`` does for
     the built-in datasets."""
     splits = factory.load(spec.data)
     train = splits.train

@@ -1,7 +1,7 @@
 """A ``qbench bench kernels --json`` document read without torch: its rows (the cost model
 fits them, ``qbench.costmodel``) and each compressor's encode and decode time at any size, as
-measured on the document's device (replayed codec time, ``qbench.run.replay_codec``), and the
-break-even link rate those times give (the report page, ``qbench.report.page_breakeven``).
+measured on the document's device (replayed codec time, ``qbench.run.replay.codec``), and the
+break-even link rate those times give (the report page, ``qbench.report.page.breakeven``).
 Documents from before the roofline (no ``roofline`` block or row key) read the same.
 """
 

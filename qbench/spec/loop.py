@@ -3,12 +3,12 @@
 ``qbench.run.lifecycle`` builds what :func:`loop_for` names and asks nothing else of the spec:
 
 * ``async-ps``: the asynchronous parameter server's event loop (seed 003, ``qbench.run.async_ps``);
-* ``fsdp``: FSDP2's loop, its collectives inside backward (``qbench.run.fsdp_loop``);
-* ``ddp``: DDP's buckets communicated during backward (``qbench.run.ddp_loop``);
-* ``flat``: one flat gradient aggregated after backward (``qbench.run.flat_loop``).
+* ``fsdp``: FSDP2's loop, its collectives inside backward (``qbench.run.loops.fsdp``);
+* ``ddp``: DDP's buckets communicated during backward (``qbench.run.loops.ddp``);
+* ``flat``: one flat gradient aggregated after backward (``qbench.run.loops.flat``).
 
 ``replayed``: the model's work is replayed from a measured timeline (``compute: replay``,
-``qbench.run.replay_loops``); the planner refuses it for loops that cannot replay
+``qbench.run.replay.loops``); the planner refuses it for loops that cannot replay
 (``qbench.spec.rules``).
 """
 

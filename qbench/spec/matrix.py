@@ -182,7 +182,7 @@ class RunSpec:
             "target_accuracy": self.target_accuracy,
             "compute": self.compute,
             **({"dilation": self.dilation} if self.dilation != 1 else {}),
-            # the device whose codec times the run replayed (qbench.run.replay_codec)
+            # the device whose codec times the run replayed (qbench.run.replay.codec)
             **(
                 {"codec_time": codec_times.read_once(self.codec_time).device}
                 if self.codec_time

@@ -31,7 +31,7 @@ class SchemeEntry:
     seed: str
     aggregator: str
     """``module:Class`` of the aggregator (``qbench.aggregate``); "" for the schemes that are a
-    training loop of their own: ddp (``qbench.run.ddp_loop``), fsdp (``qbench.run.fsdp_loop``)
+    training loop of their own: ddp (``qbench.run.loops.ddp``), fsdp (``qbench.run.loops.fsdp``)
     and the asynchronous ones
     (``qbench.run.async_ps``)."""
     params: tuple[Param, ...] = ()
@@ -50,7 +50,7 @@ class SchemeEntry:
     kernels of its own."""
     replays: bool = True
     """Its loop can sleep through the model's work (``compute: replay``: the flat and DDP
-    loops, ``qbench.run.replay_loops``); the asynchronous server's and FSDP's loops cannot."""
+    loops, ``qbench.run.replay.loops``); the asynchronous server's and FSDP's loops cannot."""
     cross_check: Check = lambda given, p: None
     traffic: Declared | None = None
     """What it sends and codes per aggregation (``qbench.catalog.schemes.traffic``), which the cost

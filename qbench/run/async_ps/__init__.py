@@ -24,7 +24,7 @@ through the server so far (up and down, headers included): seed 003's "bits tran
 the training loss first falls below a threshold" (:mod:`qbench.run.async_ps.metrics`).
 
 The package reads a rank's set-up through :class:`AsyncParts` only, which
-``qbench.run.flat_loop.async_parts`` builds; it never imports the training loops. Modules:
+``qbench.run.loops.flat.async_parts`` builds; it never imports the training loops. Modules:
 ``protocol`` (messages, the staleness rule, the gradient codec), ``server`` (rank 0),
 ``client`` (a worker rank: the others), ``parts`` (what they read of a rank), ``metrics`` (pure
 pandas over the rows). Importing the package or ``metrics`` loads no torch: reports read the

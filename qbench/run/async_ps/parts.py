@@ -1,5 +1,5 @@
 """What the async parameter server's ranks read of a rank's set-up (:class:`AsyncParts`, built
-by ``qbench.run.flat_loop.async_parts``), the scheme's parameters and which rank serves. Apart
+by ``qbench.run.loops.flat.async_parts``), the scheme's parameters and which rank serves. Apart
 from the package's ``__init__`` so that the server, the client and the protocol import it without
 importing the package that starts them. Loads no torch.
 """
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from qbench.comm.base import Comm
     from qbench.compress import Compressor
-    from qbench.run.epochs import EpochData
+    from qbench.run.loops.epochs import EpochData
     from qbench.run.nonfinite import Guard
     from qbench.run.precision import LossScaler
     from qbench.spec.matrix import RunSpec
@@ -42,8 +42,8 @@ class Batches(Protocol):
 
 @dataclass(frozen=True, kw_only=True)
 class AsyncParts:
-    """What the server and the workers use of a rank's set-up (``qbench.run.flat_loop.async_parts``
-    builds it from the shared :class:`~qbench.run.training.Training`). Nothing is copied: the
+    """What the server and the workers use of a rank's set-up (``qbench.run.loops.flat.async_parts``
+    builds it from the shared :class:`~qbench.run.loops.training.Training`). Nothing is copied: the
     package trains the model in place and appends to the caller's row lists."""
 
     spec: RunSpec

@@ -14,7 +14,7 @@ import torch
 from qbench import models
 from qbench.comm.base import Comm
 from qbench.data import partition
-from qbench.run import epochs, precision
+from qbench.run import precision
 from qbench.run.async_ps.parts import SERVER, AsyncParts
 from qbench.run.async_ps.protocol import (
     HEADER,
@@ -27,7 +27,8 @@ from qbench.run.async_ps.protocol import (
     send_message,
 )
 from qbench.run.async_ps.protocol import update_budget as _budget
-from qbench.run.training import weight_draws
+from qbench.run.loops import epochs
+from qbench.run.loops.training import weight_draws
 from qbench.timing import PhaseTimer
 
 

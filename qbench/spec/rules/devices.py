@@ -46,7 +46,7 @@ def _placement(c: Candidate) -> str | None:
     placed = device_for(c.backend, c.device, torch_ddp(c.scheme, c.compressor.name))[0]
     kind = placed or natural_device(c.backend)
     # gloo stages CUDA tensors through the host, so its ranks may share a GPU (LOCAL_RANK
-    # modulo the GPUs: qbench.run.training); NCCL refuses two ranks on one GPU
+    # modulo the GPUs: qbench.run.loops.training); NCCL refuses two ranks on one GPU
     per_node, gpus = ws // nodes, c.gpus_per_node
     if kind == "cuda" and gpus is not None and per_node > gpus and c.backend != "gloo":
         return (

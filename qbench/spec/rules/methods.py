@@ -206,7 +206,7 @@ def _profiled(c: Candidate) -> str | None:
 def _replayed(c: Candidate) -> str | None:
     """Replayed compute hands every iteration the rank's first-batch gradient: true to a real
     run's bytes only where the payload's size does not depend on the values, and only in the
-    loops that replay (qbench.run.replay_loops)."""
+    loops that replay (qbench.run.replay.loops)."""
     if c.compute != "replay":
         return None
     if not catalog.SCHEMES[c.scheme].replays:

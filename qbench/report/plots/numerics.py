@@ -17,7 +17,8 @@ from matplotlib.ticker import NullLocator
 
 from qbench.errors import UserError
 from qbench.records.store import atomic_write_bytes
-from qbench.report import numerics, plots, styles
+from qbench.report import numerics, plots
+from qbench.report.plots import styles
 
 FORMATS = ("png", "pdf")
 COLUMNS = 3

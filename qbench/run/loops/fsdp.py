@@ -33,7 +33,7 @@ from qbench import catalog, comm, fsdp
 from qbench.catalog.schemes import FSDP_TORCH
 from qbench.ddp.timeline import overlap_fraction
 from qbench.run import nonfinite, profile, workload
-from qbench.run.training import Training
+from qbench.run.loops.training import Training
 from qbench.spec.matrix import RunSpec
 from qbench.timing import PhaseTimer
 

@@ -36,7 +36,7 @@ from qbench.ddp.timeline import overlap_fraction
 from qbench.ddp.torch_hooks import TorchHookState, make_state, torch_hook
 from qbench.records.schema import buckets_frame
 from qbench.run import nonfinite, precision, profile
-from qbench.run.training import Training
+from qbench.run.loops.training import Training
 from qbench.spec.matrix import RunSpec
 from qbench.timing import PhaseTimer
 

@@ -143,7 +143,7 @@ def kernel_dir() -> Path:
     """Where the kernel sources are: $QBENCH_KERNELS, the source tree, or the installed copy."""
     candidates = [Path(p) for p in [os.environ.get(ENV_KERNELS)] if p]
     candidates += [
-        Path(__file__).resolve().parents[2] / "kernels",  # source tree / editable install
+        Path(__file__).resolve().parents[3] / "kernels",  # source tree / editable install
         Path(sys.prefix) / "share" / "qbench" / "kernels",  # setup.cfg data_files
     ]
     for d in candidates:

@@ -21,7 +21,8 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import NullLocator
 
 from qbench.records.store import atomic_write_bytes
-from qbench.report import names, styles
+from qbench.report import names
+from qbench.report.plots import styles
 
 DPI = 150
 # stacking order bottom-up: communication first, as in the seed paper's breakdown figures

@@ -3,10 +3,11 @@
 Sources are compiled with NVRTC on first use (``cupy.RawModule``), per device. Tensors cross
 over through DLPack (no copy) and kernels run on torch's current stream of the tensor's device,
 so they are ordered with the surrounding torch work without synchronising. Selected by
-``qbench.compress.native.kernels_for`` for CUDA tensors; ``available()`` is False, with
+``qbench.compress.kernels.native.kernels_for`` for CUDA tensors; ``available()`` is False, with
 ``why_unavailable()`` saying why, when CuPy is missing (``pip install 'qbench[cuda12]'`` or
 ``'qbench[cuda13]'``), no GPU is visible or the sources do not compile. Under
-``QBENCH_CUDA=emulate`` CPU tensors take this path too, run by ``qbench.compress.cuda_emulate``.
+``QBENCH_CUDA=emulate`` CPU tensors take this path too, run by
+``qbench.compress.kernels.cuda_emulate``.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ import numpy as np
 import torch
 
 from qbench.catalog.compressors import ELEMENTS, packed_nbytes
-from qbench.compress import cuda_emulate
-from qbench.compress._buckets import levels_nbytes, num_buckets, tree_width
-from qbench.compress.kernel_abi import (
+from qbench.compress.kernels import cuda_emulate
+from qbench.compress.kernels.abi import (
     LAYOUTS,
     LOWFLOAT_ELEMENTS,
     LOWFLOAT_KINDS,
@@ -30,6 +30,7 @@ from qbench.compress.kernel_abi import (
     UnitsView,
     kernel_dir,
 )
+from qbench.compress.kernels.buckets import levels_nbytes, num_buckets, tree_width
 
 _SOURCES = {
     "qsgd.cu": ("qb_qsgd_encode_fused", "qb_qsgd_scales", "qb_qsgd_quantize", "qb_qsgd_decode"),
@@ -100,7 +101,8 @@ def _launch(
     """Run one kernel on torch's current stream; tensors in args cross via DLPack.
 
     CPU tensors come here only under QBENCH_CUDA=emulate / racecheck: the same launch then runs
-    in the emulator (qbench.compress.cuda_emulate), which reads the arguments as the driver would.
+    in the emulator (qbench.compress.kernels.cuda_emulate), which reads the arguments as the
+    driver would.
     """
     grid = max(1, min(blocks, _MAX_BLOCKS))
     if device.type == "cpu":

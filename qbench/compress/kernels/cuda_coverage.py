@@ -1,8 +1,9 @@
-"""Line coverage of the CUDA kernels run by the emulator (python -m qbench.compress.cuda_coverage).
+"""Line coverage of the CUDA kernels run by the emulator
+(python -m qbench.compress.kernels.cuda_coverage).
 
 Builds the emulated kernels with gcov counters (-O0 --coverage) in a fresh directory, runs every
-kernel of qbench.compress.cuda through the compressors as QBENCH_CUDA=emulate does (both norms
-and layouts, fused and two-kernel QSGD, 16-bit codes, strided bucket trees, 1-bit with and
+kernel of qbench.compress.kernels.cuda through the compressors as QBENCH_CUDA=emulate does (both
+norms and layouts, fused and two-kernel QSGD, 16-bit codes, strided bucket trees, 1-bit with and
 without error feedback, every FP8 / MX / NVFP4 element format, decodes with and without
 accumulate, the integer view's ends at every integer width), then reads the counters back with
 gcov. Counted: every line of kernels/*.cu, and the lines of the shared headers that the
@@ -26,8 +27,10 @@ from pathlib import Path
 
 import torch
 
-from qbench.compress import cuda, cuda_emulate, from_spec, integer_sum, kernel_abi, native
+from qbench.compress import from_spec, integer_sum
 from qbench.compress.base import Key
+from qbench.compress.kernels import abi as kernel_abi
+from qbench.compress.kernels import cuda, cuda_emulate, native
 from qbench.compress.lowfloat import FP8, MX, NVFP4
 from qbench.compress.onebit import OneBit
 from qbench.compress.qsgd import QSGD
@@ -184,7 +187,7 @@ def _report(data: dict[str, object]) -> Report:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m qbench.compress.cuda_coverage", description=__doc__.splitlines()[0]
+        prog="python -m qbench.compress.kernels.cuda_coverage", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--out", type=Path, help="keep gcov's annotated sources (*.gcov) here")
     args = parser.parse_args(argv)

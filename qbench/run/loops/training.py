@@ -4,8 +4,8 @@
 data stream, the optimizer and the loss from a :class:`~qbench.spec.matrix.RunSpec`, and does the
 work outside the timed iteration: the learning-rate schedule and, in accuracy mode, the
 evaluation at the end of each epoch. Subclasses run the iteration itself: flat aggregation
-after backward (``qbench.run.flat_loop.Run``) or DDP's buckets during backward
-(``qbench.run.ddp_loop.DDPRun``).
+after backward (``qbench.run.loops.flat.Run``) or DDP's buckets during backward
+(``qbench.run.loops.ddp.DDPRun``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from torch import nn
 
 from qbench import catalog, comm, data, models
 from qbench.records.schema import iterations_frame
-from qbench.run import epochs, evonorm, precision, workload
+from qbench.run import evonorm, precision, workload
+from qbench.run.loops import epochs
 from qbench.run.rounding import Draws
 from qbench.spec import layers
 from qbench.spec.matrix import RunSpec
@@ -59,7 +60,7 @@ def device_for(kind: str) -> torch.device:
 
 class Training:
     pacing: Pacing | None = None
-    """Replayed codec calls' share of the timer's phases (qbench.run.replay_codec); None here."""
+    """Replayed codec calls' share of the timer's phases (qbench.run.replay.codec); None here."""
 
     def __init__(self, spec: RunSpec, cm: comm.Comm, shard: tuple[int, int] | None = None) -> None:
         """``shard``: (index, count) of this rank's training partition; default (rank, world

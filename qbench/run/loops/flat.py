@@ -1,6 +1,6 @@
 """The flat training loop (``Run``): the model's parameters and gradients live in one flat
 buffer each; after backward, each layer group's compressor and the scheme's aggregator exchange
-slices of it. DDP's loop (buckets during backward) is ``qbench.run.ddp_loop``; a rank's lifecycle
+slices of it. DDP's loop (buckets during backward) is ``qbench.run.loops.ddp``; a rank's lifecycle
 around either is ``qbench.run.lifecycle``.
 """
 
@@ -14,8 +14,8 @@ from torch import nn
 from qbench import aggregate, catalog, comm
 from qbench.compress import Compressor, from_spec
 from qbench.run import async_ps, nonfinite, precision, profile
+from qbench.run.loops.training import Training
 from qbench.run.telemetry import Telemetry
-from qbench.run.training import Training
 from qbench.spec.matrix import RunSpec
 from qbench.timing import PhaseTimer
 

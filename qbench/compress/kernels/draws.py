@@ -1,16 +1,16 @@
 """The random draws a compressor uses, by the fastest path that gives the same bits: the C fill
-(``qbench.compress.native``, checked bit for bit against ``rng.uniform_reference`` when it loads)
-on CPU tensors, else the torch definition in ``qbench.compress.rng``. Apart from rng so that the
-definition imports no kernel path (native checks its C twin against it).
+(``qbench.compress.kernels.native``, checked bit for bit against ``rng.uniform_reference`` when it
+loads) on CPU tensors, else the torch definition in ``qbench.compress.kernels.rng``. Apart from rng
+so that the definition imports no kernel path (native checks its C twin against it).
 """
 
 from __future__ import annotations
 
 import torch
 
-from qbench.compress import native
 from qbench.compress.base import Key
-from qbench.compress.rng import MASK32, key_hash, uniform_reference
+from qbench.compress.kernels import native
+from qbench.compress.kernels.rng import MASK32, key_hash, uniform_reference
 
 
 def uniform(key: Key, offset: int, numel: int, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -10,7 +10,7 @@ Rates, the baseline and the line styles come from the specs the runs recorded
 (``qbench.report.names``: links, schemes, compressors by label), never from the labels.
 
 ``matplotlib.figure.Figure`` only, style from ``qbench.report.plots``, each method's colour and
-marker from ``qbench.report.styles`` (dashed: sent after backward, not per DDP bucket).
+marker from ``qbench.report.plots.styles`` (dashed: sent after backward, not per DDP bucket).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from matplotlib.figure import Figure
 
 from qbench import catalog
 from qbench.catalog.schemes import spelling
-from qbench.report import names, plots, styles
+from qbench.report import names, plots
+from qbench.report.plots import styles
 
 PANEL_KEYS = ["model", "backend", "world_size", "precision"]
 METHOD = ["scheme", "compressor"]

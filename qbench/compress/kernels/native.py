@@ -5,7 +5,7 @@ Paths, chosen per tensor by :func:`kernels_for`:
 - CPU tensor: ``kernels/cpu/qbench_cpu.c``, built on first use with the system C compiler
   (``$CC``, else ``cc`` / ``gcc`` / ``clang``) into a cache directory keyed by a hash of the
   sources, the compiler, its flags and the CPU (``-march=native``), then loaded with ctypes;
-- CUDA tensor: ``kernels/*.cu`` through CuPy, see ``qbench.compress.cuda``; CPU tensors too
+- CUDA tensor: ``kernels/*.cu`` through CuPy, see ``qbench.compress.kernels.cuda``; CPU tensors too
   when ``QBENCH_CUDA=emulate`` (or ``racecheck``) asks for the CUDA kernels on CPU threads;
 - otherwise, or when the backend is ``torch``: the torch reference in each compressor module.
 
@@ -47,10 +47,9 @@ import torch
 
 from qbench.catalog import toolchain
 from qbench.catalog.compressors import ELEMENTS, packed_nbytes
-from qbench.compress import native_units, rng
-from qbench.compress._buckets import levels_nbytes, num_buckets
 from qbench.compress.base import Key
-from qbench.compress.kernel_abi import (
+from qbench.compress.kernels import native_units, rng
+from qbench.compress.kernels.abi import (
     LAYOUTS,
     LOWFLOAT_ELEMENTS,
     LOWFLOAT_KINDS,
@@ -61,6 +60,7 @@ from qbench.compress.kernel_abi import (
     cache_dir,
     kernel_dir,
 )
+from qbench.compress.kernels.buckets import levels_nbytes, num_buckets
 from qbench.errors import UserError
 
 BACKENDS = ("auto", "torch", "native")
@@ -137,7 +137,7 @@ def _compiled_for(device: torch.device) -> tuple[Kernels | None, str]:
             return emulated, ""
         return (CPU, "") if available() else (None, why_unavailable())
     if device.type == "cuda":
-        from qbench.compress import cuda  # CuPy is imported only when a CUDA tensor shows up
+        from qbench.compress.kernels import cuda
 
         return (cuda.CUDA, "") if cuda.available() else (None, cuda.why_unavailable())
     return None, f"no compiled kernels for {device.type} tensors"
@@ -145,12 +145,12 @@ def _compiled_for(device: torch.device) -> tuple[Kernels | None, str]:
 
 def _emulated_cuda() -> Kernels | None:
     """The CUDA path for CPU tensors when QBENCH_CUDA asks for the emulator, else None."""
-    from qbench.compress import cuda_emulate
+    from qbench.compress.kernels import cuda_emulate
 
     wanted = cuda_emulate.mode()
     if wanted == "off":
         return None
-    from qbench.compress import cuda
+    from qbench.compress.kernels import cuda
 
     reason = cuda.emulator_unavailable()
     if reason:  # asked for by name: running the C loops instead would hide that
@@ -277,7 +277,7 @@ def _check_draws(lib: ctypes.CDLL) -> None:
         got = torch.empty(64)
         lib.qb_uniform_fill(rng.key_hash(key), offset & rng.MASK32, 64, got.data_ptr())
         if not torch.equal(got, want):
-            raise RuntimeError("the C counter hash differs from qbench.compress.rng")
+            raise RuntimeError("the C counter hash differs from qbench.compress.kernels.rng")
 
 
 def uniform_fill() -> Callable[[int, int, int, int], None] | None:

@@ -7,7 +7,7 @@
   configurations no other one beats on both axes form the Pareto front.
 
 ``matplotlib.figure.Figure`` only (never pyplot), shared style from ``qbench.report.plots``, each
-series' colour and marker from ``qbench.report.styles``.
+series' colour and marker from ``qbench.report.plots.styles``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
 
-from qbench.report import names, plots, styles
+from qbench.report import names, plots
 from qbench.report.accuracy import CONFIG_KEYS
+from qbench.report.plots import styles
 
 MAX_PANELS = 6
 # Forward + backward of a dense network costs about 3 forward passes (backward computes the

@@ -14,9 +14,9 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from qbench.report import names, styles
+from qbench.report import names
 from qbench.report.accuracy import family
-from qbench.report.plots import spread_note, wrap_label
+from qbench.report.plots import spread_note, styles, wrap_label
 
 PANEL_KEYS = ["model", "dataset", "family", "skew"]
 MAX_PANELS = 12

@@ -1,9 +1,9 @@
 """Fit every parameter the inputs allow (``qbench cost fit``).
 
-Collectives from ``bench comm`` rows (``qbench.costmodel.lsq``), or approximately from the
+Collectives from ``bench comm`` rows (``qbench.costmodel.fit.lsq``), or approximately from the
 runs' ``t_comm`` (``comm_from_runs``); pipelined rows (``overlap: C``) fit ``exchange+overlap``
 / ``allreduce-int+overlap`` from rows where comm bounds the pipeline; codec phases and kernels;
-compute, imbalance and 1-rank comm from runs (``qbench.costmodel.points``); the bucket profiles
+compute, imbalance and 1-rank comm from runs (``qbench.costmodel.fit.points``); the bucket profiles
 of DDP runs (``qbench.costmodel.profiles``).
 
 **Bench comm for fitting:** ``qbench bench comm --sync stream --gap-ms G`` (calls back to back,
@@ -24,6 +24,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from qbench.costmodel.fit.lsq import fit_collective, fit_linear
+from qbench.costmodel.fit.points import (
+    CommPoint,
+    PhasePoint,
+    bench_points,
+    fit_imbalance,
+    fit_solo_comm,
+    fitted_topologies,
+    measured_calls,
+    run_points,
+)
 from qbench.costmodel.formulas import burst_s, comm_plan
 from qbench.costmodel.inputs import (
     bench_compressor,
@@ -36,19 +47,8 @@ from qbench.costmodel.inputs import (
     row_bits,
     run_table,
 )
-from qbench.costmodel.lsq import fit_collective, fit_linear
 from qbench.costmodel.model import CodecFit, CollectiveFit, CostModel
 from qbench.costmodel.phases import codec_time
-from qbench.costmodel.points import (
-    CommPoint,
-    PhasePoint,
-    bench_points,
-    fit_imbalance,
-    fit_solo_comm,
-    fitted_topologies,
-    measured_calls,
-    run_points,
-)
 from qbench.costmodel.powersgd import fit_local_work
 from qbench.costmodel.profiles import fit_bucket_profiles
 from qbench.costmodel.schemes import Scheme

@@ -22,8 +22,8 @@ import pandas as pd
 from qbench.errors import UserError
 from qbench.records.store import ResultStore
 from qbench.report import names
-from qbench.report import page_cells as cells
-from qbench.report.page_render import Section
+from qbench.report.page import cells
+from qbench.report.page.render import Section
 from qbench.spec.codec_times import CodecTimes
 
 TITLE = "Where does the codec pay for itself?"

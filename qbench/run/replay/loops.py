@@ -1,6 +1,6 @@
 """The training loops of replayed runs (``compute: replay``, ``qbench.run.replay``): the flat
 loop and DDP's, with the model's work slept through and everything else as in the real loops
-(``qbench.run.flat_loop``, ``qbench.run.ddp_loop``), whose records they write. Every iteration
+(``qbench.run.loops.flat``, ``qbench.run.loops.ddp``), whose records they write. Every iteration
 hands the scheme the rank's first-batch gradient: the bytes are a real run's only for payloads
 whose size the shapes set, the only ones the planner lets replay (``qbench.spec.rules``)."""
 
@@ -17,9 +17,10 @@ from torch import nn
 from qbench import comm
 from qbench.compress import Compressor
 from qbench.ddp.finite import finite_hook
-from qbench.run import replay, replay_codec
-from qbench.run.ddp_loop import DDPRun
-from qbench.run.flat_loop import Run
+from qbench.run import replay
+from qbench.run.loops.ddp import DDPRun
+from qbench.run.loops.flat import Run
+from qbench.run.replay import codec as replay_codec
 from qbench.spec.codec_times import CodecTimes
 from qbench.spec.matrix import RunSpec
 from qbench.timing import Pacing, PhaseTimer
@@ -36,7 +37,7 @@ def _own_gradient(run: Run | DDPRun) -> None:
 class ReplayRun(Run):
     """The flat loop: backward's end after the timeline's forward and backward, then this
     rank's gradient through the scheme, then the optimizer step's time; with ``codec_time``,
-    each codec call lasts the replayed time (``qbench.run.replay_codec``)."""
+    each codec call lasts the replayed time (``qbench.run.replay.codec``)."""
 
     pacing: Pacing
 

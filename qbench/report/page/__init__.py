@@ -12,7 +12,7 @@ true for any results directory, and it never claims more than was measured:
 * a comparison on fewer than 3 runs per side is flagged.
 
 Configurations, methods and compressors are named for people (:mod:`qbench.report.names`).
-Rendering (the self-contained HTML, provenance, links) is :mod:`qbench.report.page_render`.
+Rendering (the self-contained HTML, provenance, links) is :mod:`qbench.report.page.render`.
 """
 
 from __future__ import annotations
@@ -24,11 +24,8 @@ import pandas as pd
 
 from qbench.records.store import INDEX_HTML, INDEX_MD, atomic_write_bytes
 from qbench.report import disturbed, intervals, names, provenance
-from qbench.report import page_baselines as baselines
-from qbench.report import page_breakeven as breakeven
-from qbench.report import page_cells as cells
-from qbench.report import page_one_bit as one_bit
-from qbench.report.page_render import Section, markdown_table, slug, to_html, to_markdown
+from qbench.report.page import baselines, breakeven, cells, one_bit
+from qbench.report.page.render import Section, markdown_table, slug, to_html, to_markdown
 
 DISPLAY = cells.DISPLAY
 
@@ -45,7 +42,7 @@ def write_page(
     """Write ``index.md`` and ``index.html`` into ``report_dir``; returns the HTML path.
     ``figures``: what the report saved (PNGs are shown, PDFs linked); ``throughputs``: the
     per-iteration samples that give backend comparisons their intervals; ``codec``: the codec
-    times of the break-even section (``page_breakeven.load``)."""
+    times of the break-even section (``breakeven.load``)."""
     pngs = [p.name for p in figures if p.suffix == ".png"]
     sections = build_sections(summary, acc_table, pngs, throughputs, codec)
     title = f"qbench study: {report_dir.resolve().parent.name}"

@@ -16,7 +16,7 @@ from collections import Counter
 import pandas as pd
 
 from qbench.report import intervals, names
-from qbench.report import page_cells as cells
+from qbench.report.page import cells
 
 NOTE = (
     "Speedups (vs best) are over the fastest uncompressed configuration of the "

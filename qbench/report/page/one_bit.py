@@ -7,8 +7,8 @@ from __future__ import annotations
 import pandas as pd
 
 from qbench.report import names
-from qbench.report import page_cells as cells
-from qbench.report.page_render import Section
+from qbench.report.page import cells
+from qbench.report.page.render import Section
 
 
 def answer(configs: pd.DataFrame, acc: pd.DataFrame) -> Section:
