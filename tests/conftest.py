@@ -7,10 +7,14 @@ kernels skip, saying so (tests/compiled.py); the header of the run says which. A
 by hand is left alone.
 
 `make test` is one pytest-xdist session (``--dist loadgroup --no-loadscope-reorder``): the
-multi-process tests (marked slow) of one file form one group, run by one worker, and groups go
-out in collection order as workers come free. So the slow files go first, those that take
-longest first (``LONGEST_FIRST``), and the single-process tests, handed out one at a time,
-fill both workers to the end.
+multi-process tests (marked slow) of one file are meant to form one group, run by one worker,
+and groups go out in collection order as workers come free. So the slow files go first, those
+that take longest first (``LONGEST_FIRST``), and the single-process tests, handed out one at a
+time, fill both workers to the end. Under pytest 9.2 the groups do not form: xdist marks a
+group by rewriting the node id, which pytest 9.2 no longer reads (pytest-xdist issue 1386, fix
+open), so a file's slow tests go out one at a time too and may run on both workers at once.
+No test may count on a file's tests sharing a worker: test_netns.py once counted the other
+worker's live namespaces as its own leftovers (three CI failures, 2026-11).
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ report's summary.csv, accuracy.csv, index.md and PNG figures are hashed and comp
 tests/report_bytes.txt. The PDFs and the pages carry a creation time or a provenance line, so
 they differ on every run and are not compared. PNG bytes depend on matplotlib: under another
 version than the one recorded, the figures are skipped (saying so) and the tables still compared.
+The reports are made in a fresh process, as ``qbench report`` makes them: report/names.py keeps
+what it learned in module state (issue 45 item 5), so a worker that ran other report tests
+first once wrote another index.md.
 
 ``python -m tests.test_report_bytes`` rewrites the file; do that only for a change meant to
 alter a report, and say so in the commit.
@@ -15,7 +18,10 @@ alter a report, and say so in the commit.
 from __future__ import annotations
 
 import hashlib
+import json
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -55,9 +61,14 @@ def _pinned() -> tuple[str, dict[str, str]]:
     return version, dict(line.rsplit(" ", 1) for line in lines[1:])
 
 
-def test_report_bytes_are_unchanged_on_stored_results(tmp_path: Path) -> None:
+def test_report_bytes_are_unchanged_on_stored_results() -> None:
     version, pinned = _pinned()
-    made = report_hashes(tmp_path)
+    made = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "tests.test_report_bytes", "--print"],
+            cwd=shipped_results.REPO, capture_output=True, text=True, check=True,
+        ).stdout
+    )
     tables = {k: v for k, v in made.items() if not k.endswith(".png")}
     assert tables == {k: v for k, v in pinned.items() if not k.endswith(".png")}
     assert any(k.endswith(".png") for k in made)
@@ -66,11 +77,12 @@ def test_report_bytes_are_unchanged_on_stored_results(tmp_path: Path) -> None:
     assert made == pinned
 
 
-if __name__ == "__main__":  # rewrite the pinned hashes
-    import tempfile
-
+if __name__ == "__main__":  # rewrite the pinned hashes; --print: print them as JSON
     with tempfile.TemporaryDirectory() as tmp:
         made = report_hashes(Path(tmp))
+    if sys.argv[1:] == ["--print"]:
+        print(json.dumps(made))
+        sys.exit(0)
     PINNED.write_text(
         f"matplotlib {matplotlib.__version__}\n" + "".join(f"{k} {v}\n" for k, v in made.items())
     )
