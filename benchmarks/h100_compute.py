@@ -42,8 +42,8 @@ CPU_COMPUTE_MS = 242.0
 def counted(spec: matrix.RunSpec) -> tuple[float, float]:
     """(forward, forward + backward) FLOPs of one batch of ``spec``'s model and loss."""
     info, net = workload.model(spec)
-    x = torch.randn(spec.batch_size, *info.input_shape)
-    y = torch.randint(0, info.num_classes, (spec.batch_size,))
+    x = torch.randn(spec.workload.batch_size, *info.input_shape)
+    y = torch.randint(0, info.num_classes, (spec.workload.batch_size,))
     with FlopCounterMode(display=False) as fwd:
         net(x)
     with FlopCounterMode(display=False) as both:
@@ -55,9 +55,9 @@ def main(path: str, utilizations: list[float]) -> None:
     spec = matrix.expand(scenario.load(path)).runs[0]
     forward, both = counted(spec)
     per_sample = workload.model_stats(spec)["gflops_per_sample"] * 1e9
-    print(f"{spec.model} {spec.model_params} batch {spec.batch_size}: forward "
+    print(f"{spec.workload.model} {spec.workload.model_params} batch {spec.workload.batch_size}: forward "
           f"{forward / 1e9:.4g} GFLOP (FlopCounterMode), per-sample count x batch "
-          f"{per_sample * spec.batch_size / 1e9:.4g}; backward / forward "
+          f"{per_sample * spec.workload.batch_size / 1e9:.4g}; backward / forward "
           f"{(both - forward) / forward:.3f} (qbench timeline assumes 2)")  # fmt: skip
     work = 3 * models.flops_per_sample(ANCHOR_MODEL) * ANCHOR_SAMPLES  # backward 2x forward
     spans = {"whole iteration": ANCHOR_ITER_S,

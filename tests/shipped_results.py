@@ -34,12 +34,12 @@ def write(root: Path, specs: list[matrix.RunSpec]) -> Path:
     """One ok run per spec under ``root``; returns ``root``."""
     store = ResultStore(root)
     for spec in specs:
-        size = _size(spec.model)
+        size = _size(spec.workload.model)
         labels = {**spec.labels(), "numel": size, "gflops_per_sample": 0.01}
         record = RunRecord(run_id=spec.run_id, status="ok", labels=labels, spec={})
         store.write_record(record)
         store.write_iterations(spec.run_id, iterations_frame(_iterations(spec, size)))
-        if spec.epochs:
+        if spec.measurement.epochs:
             path = store.run_dir(spec.run_id) / EPOCHS
             atomic_write_parquet(path, epochs_frame(_epochs(spec)))
     return root
@@ -56,7 +56,7 @@ def _bits(spec: matrix.RunSpec) -> float:
 def _iterations(spec: matrix.RunSpec, numel: int) -> list[dict[str, object]]:
     payload = int(numel * _bits(spec) / 8)
     rows = []
-    for rank in range(spec.world_size):
+    for rank in range(spec.placement.world_size):
         for it in range(WARMUP + MEASURED):
             parts = {"t_compute": numel * 2e-8, "t_encode": 1e-4, "t_decode": 1e-4,
                      "t_comm": payload * 1e-9 * (1 + 0.1 * it), "t_step": 1e-4}  # fmt: skip
@@ -69,11 +69,23 @@ def _iterations(spec: matrix.RunSpec, numel: int) -> list[dict[str, object]]:
 
 
 def _epochs(spec: matrix.RunSpec) -> list[dict[str, object]]:
-    final = (0.95 if _bits(spec) >= 6 else 0.7) - 0.01 * spec.seed  # below 6 bits: no target
+    final = (
+        0.95 if _bits(spec) >= 6 else 0.7
+    ) - 0.01 * spec.measurement.seed  # below 6 bits: no target
     return [
-        {"run_id": spec.run_id, "epoch": e, "iteration": 10 * e, "train_time_s": 5.0 * e,
-         "lr": 0.1, "train_loss": 1.0 / e, "test_loss": 1.0 / e, "top1": final * e / spec.epochs,
-         "top5": float("nan"), "grad_norm": float("nan"), "bytes_sent": 0,
-         "consensus_distance": float("nan")}
-        for e in range(1, spec.epochs + 1)
-    ]  # fmt: skip
+        {
+            "run_id": spec.run_id,
+            "epoch": e,
+            "iteration": 10 * e,
+            "train_time_s": 5.0 * e,
+            "lr": 0.1,
+            "train_loss": 1.0 / e,
+            "test_loss": 1.0 / e,
+            "top1": final * e / spec.measurement.epochs,
+            "top5": float("nan"),
+            "grad_norm": float("nan"),
+            "bytes_sent": 0,
+            "consensus_distance": float("nan"),
+        }
+        for e in range(1, spec.measurement.epochs + 1)
+    ]

@@ -108,7 +108,7 @@ def test_init_writes_a_commented_scenario_and_never_overwrites(
     text = (tmp_path / "scenario.yaml").read_text()
     assert text.startswith("# A starter scenario from `qbench init`")
     runs = matrix.expand(scenario.loads(text)).runs
-    assert sorted((r.model, r.scheme_label, r.compressor_label) for r in runs) == [
+    assert sorted((r.workload.model, r.method.scheme_label, r.compressor_label) for r in runs) == [
         ("mlp", "ddp", "fp32"), ("mlp", "reduce-broadcast+backward", "qsgd-4b-b512")]  # fmt: skip
     (tmp_path / "scenario.yaml").write_text("mine")
     again = subprocess.run([sys.executable, "-m", "qbench.cli", "init"], capture_output=True,

@@ -84,7 +84,7 @@ def test_expansion_excludes_one_rank_and_nccl_with_reasons() -> None:
     text = "name: a\nmodel: logreg\nscheme: {name: async-ps}\nworld_size: [1, 3]\n"
     text += "backend: [gloo, nccl]\n"
     m = expand(scenario.loads(text))
-    assert [(r.backend, r.world_size) for r in m.runs] == [("gloo", 3)]
+    assert [(r.placement.backend, r.placement.world_size) for r in m.runs] == [("gloo", 3)]
     reasons = " | ".join(e.reason for e in m.excluded)
     assert "world_size >= 2, got 1" in reasons and "nccl" in reasons
 
@@ -365,13 +365,14 @@ def _spec(scheme: str, comp: str = "{name: qsgd, bits: 8}", world: int = 4, extr
 def _rank(spec: Any, cm: Comm) -> tuple[Training, AsyncParts]:
     """One rank as qbench.run.lifecycle sets it up: the shared training set-up and the parts of it
     the parameter server uses (they share the model, buffers and row lists)."""
-    t = Training(spec, cm, shard=async_ps.shard(cm.rank, spec.world_size))
+    t = Training(spec, cm, shard=async_ps.shard(cm.rank, spec.placement.world_size))
     return t, async_parts(t)
 
 
 def _on_threads(spec: Any, delay: str = "") -> list[tuple[Training, AsyncParts]]:
-    boxes: list[queue.Queue[Any]] = [queue.Queue() for _ in range(spec.world_size)]
-    runs = [_rank(spec, Threads(rank, spec.world_size, boxes)) for rank in range(spec.world_size)]
+    k = spec.placement.world_size
+    boxes: list[queue.Queue[Any]] = [queue.Queue() for _ in range(k)]
+    runs = [_rank(spec, Threads(rank, k, boxes)) for rank in range(k)]
     errors: list[BaseException] = []
 
     def go(parts: AsyncParts) -> None:
@@ -463,7 +464,7 @@ def test_refuses_settings_it_does_not_implement() -> None:
     text = "name: t\nmodel: logreg\ndataset: digits\nworld_size: 2\nscheme: [async-ps, "
     text += "allgather]\ncompressor: {name: qsgd, bits: 8}\ntelemetry: true\n"
     m = expand(scenario.loads(text))
-    assert [r.scheme for r in m.runs] == ["allgather"]
+    assert [r.method.scheme.name for r in m.runs] == ["allgather"]
     assert [e.reason for e in m.excluded] == [
         "async-ps records no per-layer telemetry; remove `telemetry` from the scenario for "
         "async-ps runs"
@@ -479,10 +480,10 @@ def test_low_precision_compute_and_weights_learn(extra: str) -> None:
     server, _ = _frames(runs)
     assert len(server) == 90
     assert server["loss"].tail(20).mean() < 0.7 * server["loss"].head(10).mean()
-    if spec.weight_bits:
+    if spec.compute.weight_bits:
         params, sizes = runs[0][1].params, runs[0][1].sizes
         for t in params.split(sizes):  # per-tensor scale s = max|w| / (2^(N-1) - 1)
-            step = t.abs().max() / (2 ** (spec.weight_bits - 1) - 1)
+            step = t.abs().max() / (2 ** (spec.compute.weight_bits - 1) - 1)
             levels = t / step
             torch.testing.assert_close(levels, levels.round(), rtol=0, atol=1e-3)
 

@@ -122,7 +122,7 @@ def test_text_and_token_models_go_together(model: str, dataset: str, reason: str
     assert {e.reason for e in skewed.excluded} == {
         "skew 0.5 partitions by label, and text has none; drop skew for fortunes"
     }
-    assert skewed.runs and all(r.skew == 0 for r in skewed.runs)
+    assert skewed.runs and all(r.workload.skew == 0 for r in skewed.runs)
 
 
 @pytest.mark.slow

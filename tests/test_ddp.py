@@ -85,7 +85,7 @@ def test_ddp_with_a_qbench_compressor_is_reduce_broadcast_per_bucket() -> None:
         "scheme: [ddp, {name: reduce-broadcast, backward: true}]\n"
         "compressor: [none, fp16, {name: qsgd, bits: 4}, {name: powersgd, rank: 2}]\n"
     )
-    labels = sorted((r.scheme_label, r.compressor_label) for r in m.runs)
+    labels = sorted((r.method.scheme_label, r.compressor_label) for r in m.runs)
     assert labels == [
         ("ddp", "fp16"), ("ddp", "fp32"), ("ddp", "powersgd-r2"),
         ("reduce-broadcast+backward", "fp16"), ("reduce-broadcast+backward", "fp32"),
@@ -100,18 +100,21 @@ def test_ddp_with_a_qbench_compressor_is_reduce_broadcast_per_bucket() -> None:
 
 def test_allreduce_per_bucket_is_ddp_and_flat_runs_are_labelled_none() -> None:
     m = _expand("scheme: [allreduce, {name: allreduce, backward: true, bucket_cap_mb: 5}]\n")
-    got = {(r.scheme, tuple(r.scheme_params.items()), r.labels()["overlap"]) for r in m.runs}
+    got = {
+        (r.method.scheme.name, tuple(r.method.scheme_params.items()), r.labels()["overlap"])
+        for r in m.runs
+    }
     assert got == {("allreduce", (), "none"), ("ddp", (("bucket_cap_mb", 5),), "backward")}
 
 
 def test_powersgd_alone_resolves_to_ddp() -> None:
     m = _expand("compressor: [{name: powersgd}]\n")
-    assert [r.scheme for r in m.runs] == ["ddp"]
+    assert [r.method.scheme.name for r in m.runs] == ["ddp"]
 
 
 def test_ddp_on_mpi_is_excluded_with_the_reason() -> None:
     m = _expand("backend: [gloo, mpi]\nscheme: [ddp]\n")
-    assert [r.backend for r in m.runs] == ["gloo"]
+    assert [r.placement.backend for r in m.runs] == ["gloo"]
     assert "torch's MPI backend is not built, so mpi has no DDP" in m.excluded[0].reason
 
 

@@ -26,9 +26,9 @@ def test_epoch_keys_reach_the_run_spec() -> None:
     text = BASE + "epochs: 3\nlr_schedule: {every: 2, gamma: 0.5}\nweight_decay: 0.001\n"
     text += "skew: [0, 0.8]\ntarget_accuracy: 0.9\n"
     runs = expand(scenario.loads(text)).runs
-    assert [r.skew for r in runs] == [0.0, 0.8]
-    assert {r.epochs for r in runs} == {3}
-    assert runs[0].lr_schedule == {"every": 2, "gamma": 0.5}
+    assert [r.workload.skew for r in runs] == [0.0, 0.8]
+    assert {r.measurement.epochs for r in runs} == {3}
+    assert runs[0].workload.lr_schedule == {"every": 2, "gamma": 0.5}
     assert runs[0].run_id != runs[1].run_id  # skew is part of the identity
 
 
@@ -72,7 +72,7 @@ def test_simulated_lowprec_is_refused_in_accuracy_runs() -> None:
     text = BASE + "epochs: 2\ncompressor: [none, {name: qsgd, bits: 4}]\n"
     text += "scheme: [allreduce, simulated-lowprec]\n"
     m = expand(scenario.loads(text))
-    assert all(r.scheme != "simulated-lowprec" for r in m.runs)
+    assert all(r.method.scheme.name != "simulated-lowprec" for r in m.runs)
     assert any("cannot train" in e.reason for e in m.excluded)
 
 

@@ -104,7 +104,7 @@ def test_a_toy_of_each_runs_through_planner_codec_scheme_and_zoo(registered: Non
         "compressor: [{name: toysign, scale: max}]\n"
     )
     m = matrix.expand(sc)
-    assert sorted(r.scheme_label for r in m.runs) == ["reduce-broadcast", "toy-mean"]
+    assert sorted(r.method.scheme_label for r in m.runs) == ["reduce-broadcast", "toy-mean"]
     assert [r.compressor_label for r in m.runs] == ["toysign-max"] * 2
     assert "cannot sum packed toysign" in m.excluded[0].reason  # the catalog's rules apply
     c = compress.from_spec({"name": "toysign", "scale": "max"})

@@ -32,7 +32,8 @@ from qbench.catalog import workloads
 from qbench.catalog.params import Param
 from qbench.errors import UserError
 from qbench.spec import layers, scenario
-from qbench.spec.matrix import Matrix, RunSpec, expand
+from qbench.spec.matrix import Matrix, expand
+from qbench.spec.runspec import RunSpec
 from tests.cli import qbench
 
 CHECKED_RUNS = 8  # of each matrix: run ids and labels are computed for these
@@ -481,7 +482,7 @@ def check(text: str, labels: bool = False) -> Matrix | None:
     assert m.runs, "expand returned a matrix without runs instead of a UserError"
     with time_limit(LIMIT_S, f"the runs of {text[:200]!r}"):
         for run in m.runs[:CHECKED_RUNS]:
-            runnable(run, labels or not run.model_params)
+            runnable(run, labels or not run.workload.model_params)
     return m
 
 
@@ -493,9 +494,9 @@ def runnable(run: RunSpec, labels: bool) -> None:
         run.labels()
     back = RunSpec.from_dict(json.loads(json.dumps(run.to_dict())))  # spec.json, strict JSON
     assert back.run_id == run.run_id, "spec.json changes the run"
-    catalog.scheme({"name": run.scheme, **run.scheme_params})
-    compress.from_spec(run.compressor)
-    policy = layers.LayerPolicy(**run.layers) if run.layers else layers.LayerPolicy()
+    catalog.scheme({"name": run.method.scheme.name, **run.method.scheme_params})
+    compress.from_spec(run.method.compressor.given)
+    policy = run.method.layers or layers.LayerPolicy()
     for spec in policy.overrides.values():
         compress.from_spec(spec)
 

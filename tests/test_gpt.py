@@ -74,6 +74,6 @@ def test_synthetic_batches_are_next_tokens_of_a_learnable_chain() -> None:
 def test_a_scenario_runs_it_with_its_parameters() -> None:
     sc = scenario.loads("name: t\nmodel: {name: gpt, layers: 2, width: 64, heads: 4}\n")
     run = expand(sc).runs[0]
-    assert run.model == "gpt" and run.model_params["layers"] == 2
+    assert run.workload.model == "gpt" and run.workload.model_params["layers"] == 2
     with pytest.raises(UserError, match="width 30 is not a multiple of heads 4"):
         expand(scenario.loads("name: t\nmodel: {name: gpt, width: 30}\n"))

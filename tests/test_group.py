@@ -31,7 +31,7 @@ from qbench.records.schema import WORKER_FAILED
 from qbench.records.store import ResultStore
 from qbench.spec import matrix as matrix_mod
 from qbench.spec import scenario as scenario_mod
-from qbench.spec.matrix import RunSpec
+from qbench.spec.runspec import RunSpec
 from tests import cli
 
 BASE = """
@@ -70,7 +70,7 @@ def test_links_and_devices_split_groups() -> None:
     a = _specs(network=[{"bandwidth": "1gbit"}, {"bandwidth": "100mbit"}])
     assert len(group.groups(a)) == 2
     cpu = _specs()[0]
-    assert group.key(dataclasses.replace(cpu, device="cuda")) != group.key(cpu)
+    assert group.key(cpu.replaced(device="cuda")) != group.key(cpu)
 
 
 def test_isolation_is_a_checked_scenario_key() -> None:

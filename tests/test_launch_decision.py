@@ -95,7 +95,7 @@ def test_each_run_gets_its_launcher(
 ) -> None:
     sc = scenario_mod.loads(BASE.replace("world_size: 1\n", "") + (net or "world_size: 1\n"), "t")
     (spec,) = matrix_mod.expand(sc).runs
-    assert spec.nodes == (2 if "nodes" in net else 1)  # network.nodes: the run's nodes
+    assert spec.placement.nodes == (2 if "nodes" in net else 1)  # network.nodes: the run's nodes
     local = decision.launch_for(sc, "local", matrix_mod.expand(sc))
     launcher = decision.launcher_for(local, spec)
     assert (type(launcher).__name__, launcher.name) == (name, "local")
@@ -104,6 +104,12 @@ def test_each_run_gets_its_launcher(
     slurm = decision.launcher_for(Launch("slurm"), spec)
     assert (type(slurm).__name__, slurm.name, slurm.needs(spec)) == ("Slurm", "slurm", ("slurm",))
     assert slurm.network(spec) == (
-        {"shaped": False} if spec.nodes == 1 else {"shaped": False, "setting": {"nodes": 2},
-         "nodes": 2, "method": "the Slurm allocation's hosts and links, not emulated"}
-    )  # fmt: skip
+        {"shaped": False}
+        if spec.placement.nodes == 1
+        else {
+            "shaped": False,
+            "setting": {"nodes": 2},
+            "nodes": 2,
+            "method": "the Slurm allocation's hosts and links, not emulated",
+        }
+    )

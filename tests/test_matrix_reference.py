@@ -145,6 +145,8 @@ def test_run_id_ignores_what_changes_nothing_measured(field: str, value: Any) ->
 )  # fmt: skip
 def test_run_id_changes_with_every_field_added_later(field: str, value: Any) -> None:
     run = expand(FULL).runs[0]
+    if field in ("dilation", "timeline", "codec_time"):  # a replayed run's clock
+        run = run.replaced(compute="replay")
     changed = matrix.RunSpec.from_dict({**run.to_dict(), field: value})
     assert changed.run_id != run.run_id
     assert matrix.RunSpec.from_dict(run.to_dict()) == run
@@ -155,7 +157,7 @@ def test_shared_rounding_reaches_only_the_runs_that_round_stochastically() -> No
     int8 run records ``rounding: shared`` in its spec, its hash and its labels."""
     text = "name: s\nmodel: mlp\nworld_size: 2\ncompute: [fp32, int8]\n"
     plain, shared = expand(text).runs, expand(text + "rounding: shared\n").runs
-    assert [r.rounding for r in shared] == ["per-rank", "shared"]
+    assert [r.compute.rounding for r in shared] == ["per-rank", "shared"]
     assert shared[0].run_id == plain[0].run_id and "rounding" not in shared[0].labels()
     assert shared[1].run_id != plain[1].run_id and shared[1].labels()["rounding"] == "shared"
     assert "rounding" not in plain[1].labels()
@@ -223,12 +225,12 @@ def test_device_recorded_only_when_not_the_backends_own(
         assert [x.reason for x in e.value.excluded] == [why]
         return
     m = expand(text)
-    mine = [r for r in m.runs if r.backend == backend]
+    mine = [r for r in m.runs if r.placement.backend == backend]
     if why:
         assert mine == []
         assert [x.reason for x in m.excluded] == [why]
         return
-    assert [(r.device, r.device_kind, r.labels()["device"]) for r in mine] == [
+    assert [(r.placement.device, r.placement.device_kind, r.labels()["device"]) for r in mine] == [
         (recorded, kind, kind)]  # fmt: skip
 
 
@@ -240,8 +242,9 @@ def test_gloo_ranks_share_a_gpu_under_torchs_ddp_only() -> None:
         "device: cuda\nscheme: ddp\ncompressor: [none, fp16, qsgd]\n"
     )
     m = expand(text)
-    assert sorted((r.backend, r.compressor_label, r.device_kind) for r in m.runs) == [
-        ("gloo", "fp16", "cuda"), ("gloo", "fp32", "cuda")]  # fmt: skip
+    assert sorted(
+        (r.placement.backend, r.compressor_label, r.placement.device_kind) for r in m.runs
+    ) == [("gloo", "fp16", "cuda"), ("gloo", "fp32", "cuda")]
     reasons = {x.reason for x in m.excluded}
     assert GLOO_CUDA in reasons
     assert "2 ranks per node but gpus_per_node is 1; each CUDA rank needs its own GPU" in reasons
@@ -325,33 +328,33 @@ compute: [fp32, bf16]
 @pytest.mark.parametrize(
     ("entry", "test"),
     [
-        ("{model: synthetic}", lambda r: r.model == "synthetic"),
-        ("{model: {name: synthetic, params: 1M}}", lambda r: r.model == "synthetic"),
-        ("{model: [mlp]}", lambda r: r.model == "mlp"),
+        ("{model: synthetic}", lambda r: r.workload.model == "synthetic"),
+        ("{model: {name: synthetic, params: 1M}}", lambda r: r.workload.model == "synthetic"),
+        ("{model: [mlp]}", lambda r: r.workload.model == "mlp"),
         ("{dataset: synthetic}", lambda r: True),
-        ("{world_size: 2}", lambda r: r.world_size == 2),
+        ("{world_size: 2}", lambda r: r.placement.world_size == 2),
         ("{nodes: 1}", lambda r: True),
-        ("{backend: mpi}", lambda r: r.backend == "mpi"),
+        ("{backend: mpi}", lambda r: r.placement.backend == "mpi"),
         ("{device: auto}", lambda r: True),
         ("{device: cpu}", lambda r: True),
         # the scheme as written (auto), as resolved, as the whole mapping written or resolved
-        ("{scheme: auto}", lambda r: r.scheme_params == {}),
-        ("{scheme: allreduce}", lambda r: r.scheme == "allreduce"),
-        ("{scheme: reduce-broadcast}", lambda r: r.scheme == "reduce-broadcast"),
-        ("{scheme: {name: reduce-broadcast, overlap: 2}}", lambda r: r.scheme_params != {}),
-        ("{compressor: qsgd}", lambda r: r.compressor["name"] == "qsgd"),
-        ("{compressor: qsgd-4b-b512}", lambda r: r.compressor["name"] == "qsgd"),
-        ("{compressor: {name: qsgd, bits: 4}}", lambda r: r.compressor["name"] == "qsgd"),
-        ("{compressor: fp32}", lambda r: r.compressor["name"] == "none"),
-        ("{network: 1gbit}", lambda r: r.network != {}),
-        ("{network: {bandwidth: 1gbit}}", lambda r: r.network != {}),
-        ("{network: unshaped}", lambda r: r.network == {}),
-        ("{seed: 1}", lambda r: r.seed == 1),
-        ("{repeat: 1}", lambda r: r.repeat == 1),
-        ("{skew: 0.5}", lambda r: r.skew == 0.5),
-        ("{compute: bf16}", lambda r: r.compute == "bf16"),
+        ("{scheme: auto}", lambda r: r.method.scheme_params == {}),
+        ("{scheme: allreduce}", lambda r: r.method.scheme.name == "allreduce"),
+        ("{scheme: reduce-broadcast}", lambda r: r.method.scheme.name == "reduce-broadcast"),
+        ("{scheme: {name: reduce-broadcast, overlap: 2}}", lambda r: r.method.scheme_params != {}),
+        ("{compressor: qsgd}", lambda r: r.method.compressor.name == "qsgd"),
+        ("{compressor: qsgd-4b-b512}", lambda r: r.method.compressor.name == "qsgd"),
+        ("{compressor: {name: qsgd, bits: 4}}", lambda r: r.method.compressor.name == "qsgd"),
+        ("{compressor: fp32}", lambda r: r.method.compressor.name == "none"),
+        ("{network: 1gbit}", lambda r: r.placement.network.written() != {}),
+        ("{network: {bandwidth: 1gbit}}", lambda r: r.placement.network.written() != {}),
+        ("{network: unshaped}", lambda r: r.placement.network.written() == {}),
+        ("{seed: 1}", lambda r: r.measurement.seed == 1),
+        ("{repeat: 1}", lambda r: r.measurement.repeat == 1),
+        ("{skew: 0.5}", lambda r: r.workload.skew == 0.5),
+        ("{compute: bf16}", lambda r: r.compute.name == "bf16"),
         ("{backend: mpi, world_size: [1, 2], compute: fp32}",
-         lambda r: r.backend == "mpi" and r.compute == "fp32"),
+         lambda r: r.placement.backend == "mpi" and r.compute.name == "fp32"),
     ],
 )  # fmt: skip
 def test_include_matches_names_labels_and_mappings(entry: str, test: Any) -> None:
@@ -373,7 +376,7 @@ def test_exclude_before_include_and_first_exclude_entry_named() -> None:
     m = expand("name: s\nmodel: mlp\nworld_size: [1, 2]\nbackend: [gloo, mpi]\n"
                "exclude: [{backend: mpi}, {world_size: 1}]\ninclude: [{backend: mpi}, "
                "{world_size: 2}]\n")  # fmt: skip
-    assert [(r.backend, r.world_size) for r in m.runs] == [("gloo", 2)]
+    assert [(r.placement.backend, r.placement.world_size) for r in m.runs] == [("gloo", 2)]
     assert sorted(e.reason for e in m.excluded) == [
         "dropped by exclude entry 1 {'backend': 'mpi'}",
         "dropped by exclude entry 1 {'backend': 'mpi'}",
@@ -385,18 +388,33 @@ def test_exclude_before_include_and_first_exclude_entry_named() -> None:
 def test_repeats_interleaved_and_matrix_order_within_a_repeat() -> None:
     runs = expand("name: s\nmodel: mlp\nworld_size: [1, 2]\nbackend: [gloo, mpi]\nrepeats: 2\n"
                   "seed: [0, 1]\n").runs  # fmt: skip
-    assert [(r.repeat, r.world_size, r.backend, r.seed) for r in runs] == [
-        (0, 1, "gloo", 0), (0, 1, "gloo", 1), (0, 1, "mpi", 0), (0, 1, "mpi", 1),
-        (0, 2, "gloo", 0), (0, 2, "gloo", 1), (0, 2, "mpi", 0), (0, 2, "mpi", 1),
-        (1, 1, "gloo", 0), (1, 1, "gloo", 1), (1, 1, "mpi", 0), (1, 1, "mpi", 1),
-        (1, 2, "gloo", 0), (1, 2, "gloo", 1), (1, 2, "mpi", 0), (1, 2, "mpi", 1),
-    ]  # fmt: skip
+    assert [
+        (r.measurement.repeat, r.placement.world_size, r.placement.backend, r.measurement.seed)
+        for r in runs
+    ] == [
+        (0, 1, "gloo", 0),
+        (0, 1, "gloo", 1),
+        (0, 1, "mpi", 0),
+        (0, 1, "mpi", 1),
+        (0, 2, "gloo", 0),
+        (0, 2, "gloo", 1),
+        (0, 2, "mpi", 0),
+        (0, 2, "mpi", 1),
+        (1, 1, "gloo", 0),
+        (1, 1, "gloo", 1),
+        (1, 1, "mpi", 0),
+        (1, 1, "mpi", 1),
+        (1, 2, "gloo", 0),
+        (1, 2, "gloo", 1),
+        (1, 2, "mpi", 0),
+        (1, 2, "mpi", 1),
+    ]
 
 
 def test_auto_resolving_to_a_listed_scheme_runs_once() -> None:
     m = expand("name: s\nmodel: mlp\nworld_size: 2\nscheme: [auto, allreduce]\n"
                "compressor: [none, {name: qsgd, bits: 4}]\n")  # fmt: skip
-    assert [(r.scheme, r.compressor["name"]) for r in m.runs] == [
+    assert [(r.method.scheme.name, r.method.compressor.given["name"]) for r in m.runs] == [
         ("allreduce", "none"), ("reduce-broadcast", "qsgd")]  # fmt: skip
     assert [e.description for e in m.excluded] == [
         "mlp gloo allreduce qsgd-4b-b512 w2 unshaped seed0"
@@ -419,10 +437,12 @@ def test_cover_keeps_a_run_per_new_axis_value() -> None:
     m = expand(text + "cover: true\n")
     # seeds are not covered (--quick keeps the first): (ws1 gloo s0) is new, (ws1 mpi s0) a new
     # backend, (ws2 gloo s0) a new world size; the rest bring nothing new
-    kept = [(r.world_size, r.backend, r.seed) for r in m.runs]
+    kept = [(r.placement.world_size, r.placement.backend, r.measurement.seed) for r in m.runs]
     assert kept == [(1, "gloo", 0), (1, "mpi", 0), (2, "gloo", 0)]
     assert [e.description for e in m.excluded] == [
-        r.run_id for r in every if (r.world_size, r.backend, r.seed) not in kept
+        r.run_id
+        for r in every
+        if (r.placement.world_size, r.placement.backend, r.measurement.seed) not in kept
     ]
     assert {e.reason for e in m.excluded} == {"cover: its every axis value runs in another run"}
 
@@ -430,8 +450,10 @@ def test_cover_keeps_a_run_per_new_axis_value() -> None:
 def test_cover_keeps_the_rules_exclusions_beside_its_own() -> None:
     m = expand("name: s\nmodel: mlp\nworld_size: [1, 2]\nscheme: [allreduce, reduce-broadcast]\n"
                "compressor: {name: qsgd, bits: 4}\ncover: true\n")  # fmt: skip
-    assert [(r.world_size, r.scheme) for r in m.runs] == [(1, "reduce-broadcast"),
-                                                         (2, "reduce-broadcast")]  # fmt: skip
+    assert [(r.placement.world_size, r.method.scheme.name) for r in m.runs] == [
+        (1, "reduce-broadcast"),
+        (2, "reduce-broadcast"),
+    ]
     assert [e.reason.split(";")[0] for e in m.excluded] == [
         "allreduce sums raw buffers and cannot sum packed qsgd payloads"
     ] * 2
@@ -445,7 +467,7 @@ def test_cover_counts_scheme_with_compressor_as_one_value() -> None:
     kept, dropped = matrix.cover(runs)
     # compressors outer, schemes inner: rb+q4 new; ag+q4 a new scheme; rb+q8 a new compressor;
     # ag+q8 brings only its pair
-    assert [(r.scheme, r.compressor["bits"]) for r in kept] == [
+    assert [(r.method.scheme.name, r.method.compressor.given["bits"]) for r in kept] == [
         ("reduce-broadcast", 4),
         ("allgather", 4),
         ("reduce-broadcast", 8),
@@ -565,7 +587,9 @@ def test_an_empty_mapping_matches_no_built_in_dataset() -> None:
 def test_include_matches_a_models_normalised_parameters_and_a_schemes_canonical_form() -> None:
     text = ("name: s\nmodel: {name: synthetic, params: 1M}\nworld_size: 2\n"
             "scheme: {name: allreduce, backward: true}\n")  # fmt: skip
-    assert [r.scheme for r in expand(text).runs] == ["ddp"]  # allreduce per bucket is ddp
+    assert [r.method.scheme.name for r in expand(text).runs] == [
+        "ddp"
+    ]  # allreduce per bucket is ddp
     normalised = "{name: synthetic, params: 1000000, gflops: 0.1, width: null}"
     for entry in (f"{{model: {normalised}}}", "{scheme: {name: ddp}}",
                   "{scheme: {name: allreduce, backward: true}}"):  # fmt: skip
@@ -627,5 +651,5 @@ def test_rules_see_each_runs_settings(
     extra: str, run: tuple[str, int], excluded: tuple[str, str]
 ) -> None:
     m = expand(f"name: s\nmodel: mlp\n{extra}")
-    assert [(r.scheme, r.world_size) for r in m.runs] == [run]
+    assert [(r.method.scheme.name, r.placement.world_size) for r in m.runs] == [run]
     assert [(e.description, e.reason) for e in m.excluded] == [excluded]

@@ -20,7 +20,7 @@ from qbench.errors import UserError
 from qbench.launch import local, netns, nsagent, nsexec, shaped
 from qbench.launch import procs as run
 from qbench.spec import network
-from qbench.spec.matrix import RunSpec
+from qbench.spec.runspec import RunSpec
 from tests.distributed import here, launch
 
 PREFIX = "qbtest"
@@ -366,14 +366,15 @@ def test_stale_sweep_removes_only_dead_owners(no_leftovers: None) -> None:
 @pytest.mark.slow
 @needs_root
 def test_run_shaped_runs_the_worker(tmp_path: Path, no_leftovers: None) -> None:
-    spec = RunSpec(
-        scenario="t", model="mlp", dataset="synthetic", world_size=2, backend="gloo",
-        scheme="allreduce", compressor={"name": "none"}, batch_size=8, warmup=1, iterations=2,
-        lr=0.01, momentum=0.0, seed=0, timeout=120, network={"bandwidth": "1gbit"},
-    )  # fmt: skip
+    spec = RunSpec.from_dict({
+        "scenario": "t", "model": "mlp", "dataset": "synthetic", "world_size": 2,
+        "backend": "gloo", "scheme": "allreduce", "compressor": {"name": "none"},
+        "batch_size": 8, "warmup": 1, "iterations": 2, "lr": 0.01, "momentum": 0.0, "seed": 0,
+        "timeout": 120, "network": {"bandwidth": "1gbit"},
+    })  # fmt: skip
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec.to_dict()))
-    status = shaped.run_shaped(spec, spec_path, tmp_path, spec.timeout)
+    status = shaped.run_shaped(spec, spec_path, tmp_path, spec.measurement.timeout)
     assert status == ("ok", 0), (tmp_path / "stderr.log").read_text()[-3000:]
     assert sorted(p.name for p in (tmp_path / "parts").glob("rank-*.parquet")) == [
         "rank-0.parquet",

@@ -31,7 +31,8 @@ from qbench.run.loops.flat import Run
 from qbench.run.loops.training import Training
 from qbench.run.precision import LossScaler
 from qbench.spec import scenario
-from qbench.spec.matrix import RunSpec, expand
+from qbench.spec.matrix import expand
+from qbench.spec.runspec import RunSpec
 from qbench.timing import PhaseTimer
 from tests import cli
 from tests.threadcomm import run_ranks
@@ -387,7 +388,7 @@ def test_fp16_overflow_is_the_scalers_until_the_smallest_scale() -> None:
 # -- the scenario key, the run id, the records and the report ------------------------------------
 def test_the_key_is_fail_or_skip_and_the_default_keeps_run_ids() -> None:
     default, skip = _spec(), _spec("nonfinite: skip\n")
-    assert (default.nonfinite, skip.nonfinite) == ("fail", "skip")
+    assert (default.measurement.nonfinite, skip.measurement.nonfinite) == ("fail", "skip")
     assert _spec("nonfinite: fail\n").run_id == default.run_id
     assert skip.run_id != default.run_id
     # the id of a spec without the field, as every run before it was hashed

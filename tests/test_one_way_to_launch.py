@@ -41,7 +41,7 @@ def _branches(path: Path) -> list[str]:
             tests.extend(node.ifs)
         elif isinstance(node, ast.Compare):
             tests.append(node)
-        elif isinstance(node, ast.Attribute) and node.attr == "emulated_hosts":
+        elif isinstance(node, ast.Attribute) and node.attr in ("emulated_hosts", "emulates_hosts"):
             tests.append(node)
             found.append(f"{node.lineno}: {ast.unparse(node)}")
             continue
@@ -62,4 +62,4 @@ def test_the_check_sees_a_branch() -> None:
     """The rule itself: the decision module branches, so the check must find its branches."""
     found = _branches(PKG / "launch/decision.py")
     assert any("launch.kind == 'slurm'" in f for f in found)
-    assert any("spec.emulated_hosts" in f for f in found)
+    assert any("spec.placement.network.emulates_hosts" in f for f in found)

@@ -52,7 +52,13 @@ def test_paper_scenario_at_seed_zero_keeps_every_configuration(path: Path) -> No
     quick = matrix.expand(scenario.loads(text)).runs
 
     def config(r: matrix.RunSpec) -> tuple[str, ...]:
-        return (r.model, r.scheme, str(r.compressor), str(r.compute), str(r.skew))
+        return (
+            r.workload.model,
+            r.method.scheme.name,
+            str(r.method.compressor.given),
+            r.compute.name,
+            str(r.workload.skew),
+        )
 
     assert {config(r) for r in quick} == {config(r) for r in full}
-    assert {r.seed for r in quick} == {0} and len(quick) <= len(full)
+    assert {r.measurement.seed for r in quick} == {0} and len(quick) <= len(full)

@@ -68,7 +68,7 @@ def test_the_planner_validates_plugin_parameters_and_applies_the_rules() -> None
         "bucket_size: 128}]\n"
     )
     m = matrix.expand(sc)
-    rows = sorted((r.scheme_label, r.compressor_label) for r in m.runs)
+    rows = sorted((r.method.scheme_label, r.compressor_label) for r in m.runs)
     assert ("reduce-broadcast", "scaledsign-b128") in rows
     assert ("decoded-mean", "scaledsign-b128") in rows
     assert ("allgather+backward", "scaledsign-b128") in rows

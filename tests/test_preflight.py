@@ -81,7 +81,7 @@ def test_missing_dataset_is_one_line_with_its_fix(tmp_path: Path) -> None:
     runs = _runs(FASHION.replace("world_size: 2", "world_size: [1, 2]"))
     v = preflight.check(runs, probe=_probe(QBENCH_DATA=str(tmp_path)))
     unavailable = v.unavailable()
-    dataset = {r.run_id: r.dataset for r in runs}
+    dataset = {r.run_id: r.workload.dataset for r in runs}
     assert len(runs) == 4 and [dataset[r] for r in unavailable] == ["fashion-mnist"] * 2
     (m,) = v.missing()  # two runs need it: said once
     root = tmp_path / "fashion-mnist"
@@ -153,7 +153,7 @@ def test_compiled_codecs_need_a_c_compiler(tmp_path: Path) -> None:
     v = preflight.check(runs, probe=_probe(**no_cc))
     (m,) = v.missing()
     assert m.tag == "C compiler" and m.fix == toolchain.FIX
-    name = {r.run_id: r.compressor["name"] for r in runs}
+    name = {r.run_id: r.method.compressor.given["name"] for r in runs}
     assert [name[r] for r in v.unavailable()] == ["qsgd"]  # fp32 and fp16: no kernels
     assert (
         preflight.check(runs, probe=_probe(**no_cc, QBENCH_COMPRESS_BACKEND="torch")).missing()

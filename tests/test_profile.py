@@ -91,7 +91,7 @@ def test_profile_key_and_run_ids() -> None:
         "mlp-gloo-reduce-broadcast-qsgd-4b-b512-w2-8f4aaf6259",
     ]
     profiled = matrix.expand(scenario.loads(text + "profile: true\n")).runs
-    assert all(r.profile for r in profiled)
+    assert all(r.measurement.profile for r in profiled)
     assert not {r.run_id for r in profiled} & set(plain)
     with pytest.raises(Exception, match="profile must be bool"):
         scenario.loads(text + "profile: 3\n")
@@ -103,7 +103,7 @@ def test_async_ps_is_excluded_with_the_reason() -> None:
         "scheme: [allreduce, {name: async-ps, staleness: 2}]\n"
     )
     m = matrix.expand(scenario.loads(text))
-    assert [r.scheme for r in m.runs] == ["allreduce"]
+    assert [r.method.scheme.name for r in m.runs] == ["allreduce"]
     assert "profile traces the lock-step loops" in m.excluded[0].reason
 
 

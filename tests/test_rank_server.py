@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from qbench.launch import local, procs, rank_server
-from qbench.spec.matrix import RunSpec
+from qbench.spec.runspec import RunSpec
 
 pytestmark = pytest.mark.slow  # each test starts a server: a process that imports torch
 
@@ -129,7 +129,7 @@ def test_local_groups_fork_cpu_ranks_only_and_exec_is_a_setting(
 
     spec = _specs(world_size=2)[0]
     cuda = RunSpec.from_dict({**spec.to_dict(), "device": "cuda"})
-    assert cuda.device_kind == "cuda"
+    assert cuda.placement.device_kind == "cuda"
 
     def programs(s: RunSpec) -> list[str]:
         with local.Local().group_jobs(s, tmp_path / "plan.json") as jobs:

@@ -174,7 +174,7 @@ def test_dilation_runs_only_where_it_can_slow_everything_down() -> None:
         "dilation: 10 slows shaped links only, and this network has an unshaped one",
         "dilation: 10 stretches the codecs' time in the flat loop only",
     }
-    kept = {(r.link.label, r.scheme_label, r.compressor_label) for r in m.runs}
+    kept = {(r.link.label, r.method.scheme_label, r.compressor_label) for r in m.runs}
     assert kept == {
         (net, scheme, comp) for net in ("1gbit", "2nodes-1gbit")
         for scheme, comp in (("reduce-broadcast", "fp32"), ("reduce-broadcast", "qsgd-4b-b512"),
@@ -182,7 +182,7 @@ def test_dilation_runs_only_where_it_can_slow_everything_down() -> None:
     }  # fmt: skip
     shaped = {r.link.label: r.shaped_topology for r in m.runs}
     assert shaped["1gbit"].inter.bits_per_s == 1e8 and shaped["1gbit"].inter.label == "1gbit"
-    assert all(r.dilation == 10 and r.labels()["dilation"] == 10 for r in m.runs)
+    assert all(r.clock.dilation == 10 and r.labels()["dilation"] == 10 for r in m.runs)
     assert "dilation" not in _matrix("").runs[0].labels()  # undilated ids and labels unchanged
 
 
@@ -241,7 +241,7 @@ def test_a_dilated_flat_run_sleeps_d_times_each_drawn_iteration(
     assert min(b for _, b, _ in recorded.samples) > 0  # else an undilated backward is unseen
     fake_clock.install(monkeypatch)
     frame = _iterate(run, 4)
-    drawn = replay.Draws(recorded, run.spec.seed, 0)
+    drawn = replay.Draws(recorded, run.spec.measurement.seed, 0)
     for it, (f, b, s) in enumerate(drawn.next() for _ in range(4)):
         row = frame[frame["iteration"] == it].iloc[0]
         assert row["t_compute"] == pytest.approx(DILATION * (f + b), rel=1e-9, abs=1e-12), it
@@ -265,7 +265,7 @@ def test_dilated_ddp_buckets_go_out_at_d_times_their_ready_instants(
     handed: list[float] = []
     inner = run.finite.hook
     run.finite.hook = lambda state, bucket: (handed.append(clock.now), inner(state, bucket))[1]
-    drawn, timer = replay.Draws(recorded, spec.seed, 0), PhaseTimer(run.device)
+    drawn, timer = replay.Draws(recorded, spec.measurement.seed, 0), PhaseTimer(run.device)
     for it in range(3):
         f, b, _ = drawn.next()
         begun, handed[:] = clock.now, []

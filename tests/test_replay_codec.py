@@ -86,14 +86,16 @@ def test_runs_it_cannot_replay_are_excluded_saying_why(
 ) -> None:
     path = _file(tmp_path, {1024: 1e-4})
     m = expand(_scenario(f"compute: replay\ncodec_time: {path}\n", scheme, f"[none, {comp}]"))
-    assert [r.compressor["name"] for r in m.runs] == ["none"]  # fp32 has no codec to replay
+    assert [r.method.compressor.given["name"] for r in m.runs] == [
+        "none"
+    ]  # fp32 has no codec to replay
     assert len(m.excluded) == 1 and reason in m.excluded[0].reason
 
 
 def test_the_run_records_whose_codec_times_it_replays(tmp_path: Path) -> None:
     path = _file(tmp_path, {1024: 1e-4})
     run = expand(_scenario(f"compute: replay\ncodec_time: {path}\n")).runs[0]
-    assert run.codec_time == str(path) and run.labels()["codec_time"] == "Test GPU 80GB"
+    assert run.clock.codec_time == str(path) and run.labels()["codec_time"] == "Test GPU 80GB"
     plain = expand(_scenario("compute: replay\n")).runs[0]
     assert plain.run_id != run.run_id and "codec_time" not in plain.labels()
 
@@ -208,7 +210,7 @@ def test_a_dilated_replayed_flat_run_paces_each_codec_call_once(
 
     monkeypatch.setattr(ReplayedCodec, "_last", counted)
     fake_clock.install(monkeypatch)
-    timer = PhaseTimer(run.device, stretch=spec.dilation, pacing=run.pacing)
+    timer = PhaseTimer(run.device, stretch=spec.clock.dilation, pacing=run.pacing)
     for it in range(2):
         calls.clear()
         run.iteration(it, timer)

@@ -13,7 +13,8 @@ import pytest
 
 from qbench.run import replay
 from qbench.spec import scenario
-from qbench.spec.matrix import RunSpec, expand
+from qbench.spec.matrix import expand
+from qbench.spec.runspec import RunSpec
 
 TFLOPS = 2.0
 

@@ -6,7 +6,6 @@ sends, iteration by iteration, exactly what the real run sends, or the planner r
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,26 +53,26 @@ def test_replay_sends_a_real_runs_bytes_or_is_refused(
     stream follows the gradient, so the replayed bytes (run here past the planner) are not a
     real run's, and the planner refuses it with the reason."""
     m = _matrix(name)
-    real_spec = next(r for r in m.runs if r.compute == "fp32")
+    real_spec = next(r for r in m.runs if r.compute.name == "fp32")
     real = _bytes(Run(real_spec, process_group))
     parts = results / name / "parts"
     parts.mkdir(parents=True)
-    replayed = _bytes(ReplayRun(replace(real_spec, compute="replay"), process_group, parts))
+    replayed = _bytes(ReplayRun(real_spec.replaced(compute="replay"), process_group, parts))
     assert len(real) == ITERATIONS and min(real) > 0
     if catalog.compressor(name).entry.sized_by_data:
         assert replayed != real, (real, replayed)  # else the refusal below would be needless
-        assert [r.compute for r in m.runs] == ["fp32"]
+        assert [r.compute.name for r in m.runs] == ["fp32"]
         (excluded,) = m.excluded
         assert excluded.reason.startswith(f"compute replay: {name}'s payload size depends on")
         assert excluded.reason.endswith(f"use `compute: fp32` for {name}")
     else:
         assert replayed == real
-        assert sorted(r.compute for r in m.runs) == ["fp32", "replay"] and not m.excluded
+        assert sorted(r.compute.name for r in m.runs) == ["fp32", "replay"] and not m.excluded
 
 
 def test_a_schemes_own_codec_sized_by_data_is_refused_too() -> None:
     m = _matrix("{name: qsgd, bits: 4}", "{name: parameter-server, down: adaptive}")
-    assert [r.compute for r in m.runs] == ["fp32"]
+    assert [r.compute.name for r in m.runs] == ["fp32"]
     (excluded,) = m.excluded
     assert excluded.reason.startswith("compute replay: down: adaptive's payload size depends")
     assert excluded.reason.endswith("use `compute: fp32` for adaptive")

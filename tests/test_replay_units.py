@@ -7,7 +7,6 @@ timeline already in the sweep's cache, so nothing is measured). No real sleep an
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import random
@@ -58,8 +57,9 @@ def test_the_key_hashes_the_workload_in_sorted_json() -> None:
 def test_the_key_writes_a_value_json_cannot_as_its_text() -> None:
     """A model parameter JSON has no type for (a path) is hashed as its str, not refused."""
     spec = SimpleNamespace(
-        model="m", model_params={"ckpt": PurePosixPath("w/a.pt")}, workload={"k": 1},
-        dataset="d", batch_size=4, device_kind="cuda", norm="none",
+        workload=SimpleNamespace(model="m", model_params={"ckpt": PurePosixPath("w/a.pt")},
+                                 factory={"k": 1}, dataset="d", batch_size=4),
+        placement=SimpleNamespace(device_kind="cuda"), compute=SimpleNamespace(norm="none"),
     )  # fmt: skip
     text = (
         '{"batch": 4, "dataset": "d", "device": "cuda", "model": "m", "norm": "none", '
@@ -278,7 +278,7 @@ def _ranks(tmp_path: Path, rank: int, **spec: Any) -> tuple[Any, Path]:
     parts = tmp_path / "out" / "run" / "parts"
     parts.mkdir(parents=True)
     run = SimpleNamespace(comm=SimpleNamespace(rank=rank, world_size=2), named={"w": None},
-                          spec=dataclasses.replace(_spec(), **spec))  # fmt: skip
+                          spec=_spec().replaced(**spec))  # fmt: skip
     return run, parts
 
 

@@ -66,7 +66,10 @@ def test_report_bytes_are_unchanged_on_stored_results() -> None:
     made = json.loads(
         subprocess.run(
             [sys.executable, "-m", "tests.test_report_bytes", "--print"],
-            cwd=shipped_results.REPO, capture_output=True, text=True, check=True,
+            cwd=shipped_results.REPO,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
     )
     tables = {k: v for k, v in made.items() if not k.endswith(".png")}

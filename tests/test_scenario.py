@@ -69,7 +69,7 @@ def test_missing_file() -> None:
 def test_batch_map_per_world_size() -> None:
     sc = parse("world_size: [1, 2]\nbatch_size: {1: 16, 2: 8}\n")
     runs = matrix.expand(sc).runs
-    assert {(r.world_size, r.batch_size) for r in runs} == {(1, 16), (2, 8)}
+    assert {(r.placement.world_size, r.workload.batch_size) for r in runs} == {(1, 16), (2, 8)}
 
 
 def test_expand_cross_product_and_exclusions() -> None:
@@ -87,7 +87,7 @@ def test_expand_cross_product_and_exclusions() -> None:
 
 def test_auto_scheme_resolution() -> None:
     m = matrix.expand(parse("compressor: [none, onebit]\nworld_size: 2\n"))
-    assert {(r.compressor["name"], r.scheme) for r in m.runs} == {
+    assert {(r.method.compressor.given["name"], r.method.scheme.name) for r in m.runs} == {
         ("none", "allreduce"),
         ("onebit", "reduce-broadcast"),
     }
@@ -127,7 +127,7 @@ def test_embedded_default_expands() -> None:
     flat = 2 * 2 * 2 * 5  # models x world sizes x backends x compressors
     ddp = 2 * 2  # models x world sizes: DDP fp32 on gloo
     assert len(m.runs) == flat + ddp
-    assert {r.backend for r in m.runs if r.scheme == "ddp"} == {"gloo"}
+    assert {r.placement.backend for r in m.runs if r.method.scheme.name == "ddp"} == {"gloo"}
     assert any("mpi has no DDP" in e.reason for e in m.excluded)  # said, never silently dropped
 
 
@@ -160,7 +160,7 @@ def test_weights_is_an_axis() -> None:
     sc = scenario.loads("name: s\nmodel: mlp\nweights: [none, {bits: 8}, {bits: 6}]\n")
     assert sc.weights == ({}, {"bits": 8}, {"bits": 6})
     runs = matrix.expand(sc).runs
-    assert sorted(r.weight_bits for r in runs if r.world_size == 1) == [0, 6, 8]
+    assert sorted(r.compute.weight_bits for r in runs if r.placement.world_size == 1) == [0, 6, 8]
     assert len({r.run_id for r in runs}) == len(runs)
     single = scenario.loads("name: s\nmodel: mlp\nweights: {bits: 8}\n")
     assert single.weights == ({"bits": 8},)

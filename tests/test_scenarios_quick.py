@@ -53,13 +53,22 @@ def test_quick_covers_every_axis_value_at_the_first_seed() -> None:
 
         def config(r: matrix.RunSpec) -> dict[str, object]:
             return {
-                "model": r.model, "dataset": r.dataset, "backend": r.backend,
-                "method": (r.scheme_label, r.compressor_label), "world_size": r.world_size,
-                "network": str(r.network), "compute": r.compute, "skew": r.skew,
-                "weight_bits": r.weight_bits,
-            }  # fmt: skip
+                "model": r.workload.model,
+                "dataset": r.workload.dataset,
+                "backend": r.placement.backend,
+                "method": (r.method.scheme_label, r.compressor_label),
+                "world_size": r.placement.world_size,
+                "network": str(r.placement.network.written()),
+                "compute": r.compute.name,
+                "skew": r.workload.skew,
+                "weight_bits": r.compute.weight_bits,
+            }
 
-        first = [config(r) for r in full.runs if r.seed == sc.seed[0] and r.repeat == 0]
+        first = [
+            config(r)
+            for r in full.runs
+            if r.measurement.seed == sc.seed[0] and r.measurement.repeat == 0
+        ]
         kept = [config(r) for r in small]
         assert all(c in first for c in kept), path.name
         for axis in first[0]:

@@ -28,18 +28,20 @@ def test_defaults_keep_run_ids_of_earlier_versions() -> None:
     """Keys added later (device, nodes, repeats, price) leave the id alone at their default."""
     plain = expand("")
     assert ids(plain) == ids(expand("nodes: 1\nrepeats: 1\ndevice: auto\nprice_per_hour: 3.5"))
-    assert plain.runs[0].price_per_hour is None
+    assert plain.runs[0].placement.price_per_hour is None
     priced = expand("price_per_hour: 3.5")
     assert priced.runs[0].labels()["price_per_hour"] == 3.5
 
 
 def test_device_axis_excludes_what_cannot_run() -> None:
     m = expand("backend: [gloo, mpi, nccl]\ndevice: [auto, cpu, cuda]")
-    kept = {(r.backend, r.device_kind) for r in m.runs}
+    kept = {(r.placement.backend, r.placement.device_kind) for r in m.runs}
     assert kept == {("gloo", "cpu"), ("mpi", "cpu"), ("mpi", "cuda"), ("nccl", "cuda")}
     reasons = " ".join(e.reason for e in m.excluded)
     assert "nccl reduces GPU tensors only" in reasons and "gloo has no CUDA" in reasons
-    mpi_cuda = next(r for r in m.runs if r.backend == "mpi" and r.device_kind == "cuda")
+    mpi_cuda = next(
+        r for r in m.runs if r.placement.backend == "mpi" and r.placement.device_kind == "cuda"
+    )
     assert mpi_cuda.labels()["device"] == "cuda"
     # auto and the explicit natural device are the same run
     assert len({r.run_id for r in m.runs}) == len(m.runs) == 4
@@ -47,18 +49,18 @@ def test_device_axis_excludes_what_cannot_run() -> None:
 
 def test_nodes_must_divide_world_size_and_fit_gpus() -> None:
     m = expand("world_size: [2, 3, 8]\nnodes: [1, 2]\nbackend: nccl\ngpus_per_node: 4")
-    got = {(r.world_size, r.nodes) for r in m.runs}
+    got = {(r.placement.world_size, r.placement.nodes) for r in m.runs}
     assert got == {(2, 1), (3, 1), (2, 2), (8, 2)}
     reasons = {e.description.split()[4]: e.reason for e in m.excluded}
     assert "does not split evenly over nodes 2" in reasons["w3"]
     assert "8 ranks per node but gpus_per_node is 4" in " ".join(e.reason for e in m.excluded)
-    two = next(r for r in m.runs if r.nodes == 2 and r.world_size == 2)
+    two = next(r for r in m.runs if r.placement.nodes == 2 and r.placement.world_size == 2)
     assert "-w2n2-" in two.run_id
 
 
 def test_repeats_make_distinct_runs() -> None:
     m = expand("repeats: 3")
-    assert [r.repeat for r in m.runs] == [0, 1, 2]
+    assert [r.measurement.repeat for r in m.runs] == [0, 1, 2]
     assert len(set(ids(m))) == 3
     assert ids(m)[0] == ids(expand(""))[0]  # repeat 0 is the run without repeats
     assert "-r2-" in ids(m)[2]
@@ -68,7 +70,12 @@ def test_repeats_are_interleaved_across_configurations() -> None:
     """All first repeats, then all second ones: a slow spell of the machine hits one repeat of
     several configurations rather than every repeat of one."""
     m = expand("repeats: 2\nworld_size: [1, 2]")
-    assert [(r.repeat, r.world_size) for r in m.runs] == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    assert [(r.measurement.repeat, r.placement.world_size) for r in m.runs] == [
+        (0, 1),
+        (0, 2),
+        (1, 1),
+        (1, 2),
+    ]
 
 
 def test_include_and_exclude_filter_by_name_label_or_mapping() -> None:
@@ -77,11 +84,13 @@ def test_include_and_exclude_filter_by_name_label_or_mapping() -> None:
         "compressor: [none, {name: qsgd, bits: 4}, {name: qsgd, bits: 8}]\n"
     )
     m = expand(text + "exclude: [{backend: mpi, compressor: qsgd}]\n")
-    assert not any(r.backend == "mpi" and r.compressor["name"] == "qsgd" for r in m.runs)
+    assert not any(
+        r.placement.backend == "mpi" and r.method.compressor.given["name"] == "qsgd" for r in m.runs
+    )
     assert len(m.runs) == 12 - 4
     assert any("dropped by exclude entry 1" in e.reason for e in m.excluded)
     m = expand(text + "include: [{compressor: qsgd-8b-b512, world_size: 2}, {compressor: none}]\n")
-    got = sorted((r.compressor_label, r.world_size, r.backend) for r in m.runs)
+    got = sorted((r.compressor_label, r.placement.world_size, r.placement.backend) for r in m.runs)
     assert got == sorted(
         [("qsgd-8b-b512", 2, b) for b in ("gloo", "mpi")]
         + [("fp32", w, b) for w in (1, 2) for b in ("gloo", "mpi")]
@@ -156,10 +165,10 @@ def test_gpu_smoke_scenario_and_workflow_agree() -> None:
 
     root = Path(__file__).parent.parent
     m = matrix.expand(scenario.load(root / "scenarios" / "smoke-2gpu.yaml"))
-    assert {r.backend for r in m.runs} == {"nccl", "mpi"}
-    assert {r.device_kind for r in m.runs} == {"cuda"}
-    assert {r.compressor["name"] for r in m.runs} == {"none", "qsgd", "onebit"}
-    assert max(r.world_size for r in m.runs) == 2
+    assert {r.placement.backend for r in m.runs} == {"nccl", "mpi"}
+    assert {r.placement.device_kind for r in m.runs} == {"cuda"}
+    assert {r.method.compressor.given["name"] for r in m.runs} == {"none", "qsgd", "onebit"}
+    assert max(r.placement.world_size for r in m.runs) == 2
     flow = yaml.safe_load((root / ".github" / "workflows" / "gpu-smoke.yml").read_text())
     steps = " ".join(str(s.get("run", "")) for s in flow["jobs"]["smoke-2gpu"]["steps"])
     assert "qbench sweep scenarios/smoke-2gpu.yaml" in steps and "pytest -m gpu" in steps
@@ -176,9 +185,9 @@ def test_push_sum_exclusions_say_why() -> None:
     reasons = [e.reason for e in m.excluded]
     assert any("push-sum keeps its own error feedback" in r for r in reasons)
     assert any("set `momentum: 0`" in r for r in reasons)  # qgm with the default momentum 0.9
-    assert {r.scheme_params.get("qgm") for r in m.runs} == {None}
+    assert {r.method.scheme_params.get("qgm") for r in m.runs} == {None}
     ok = matrix.expand(scenario.loads(text + "momentum: 0\n"))
-    assert any(r.scheme_params.get("qgm") for r in ok.runs)
+    assert any(r.method.scheme_params.get("qgm") for r in ok.runs)
 
 
 def test_frames_have_exactly_the_schemas_columns_and_dtypes() -> None:

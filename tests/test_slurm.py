@@ -23,7 +23,7 @@ from qbench.launch import local, slurm
 from qbench.launch.slurm import SlurmOptions, jobs, options, runs
 from qbench.records.store import atomic_write_json
 from qbench.spec import matrix, scenario
-from qbench.spec.matrix import RunSpec
+from qbench.spec.runspec import RunSpec
 from tests.slurm_cluster import slurm_cluster  # noqa: F401 (the fixture, used by name)
 
 # ---------------------------------------------------------------------------------------------
@@ -137,7 +137,8 @@ def test_sbatch_argv_array_and_defaults() -> None:
 
 def test_gpus_per_node_default_follows_the_device() -> None:
     def spec(backend: str, ws: int, device: str) -> RunSpec:
-        return SimpleNamespace(backend=backend, world_size=ws, device_kind=device)  # type: ignore[return-value]
+        place = SimpleNamespace(backend=backend, world_size=ws, device_kind=device)
+        return SimpleNamespace(placement=place)  # type: ignore[return-value]
 
     assert slurm.gpus_for(spec("nccl", 8, "cuda"), SlurmOptions(), nodes=2) == 4
     assert slurm.gpus_for(spec("gloo", 3, "cuda"), SlurmOptions(), nodes=1) == 3
@@ -470,7 +471,7 @@ DRIVER = """
 import json, sys
 from pathlib import Path
 from qbench.launch import local, slurm
-from qbench.spec.matrix import RunSpec
+from qbench.spec.runspec import RunSpec
 run_dir = Path(sys.argv[1])
 spec = RunSpec.from_dict(json.loads((run_dir / "spec.json").read_text()))
 opts = slurm.SlurmOptions.parse({})
@@ -556,7 +557,7 @@ SIGTERM_DRIVER = """
 import json, sys
 from pathlib import Path
 from qbench.launch import local, slurm
-from qbench.spec.matrix import RunSpec
+from qbench.spec.runspec import RunSpec
 run_dir = Path(sys.argv[1])
 spec = RunSpec.from_dict(json.loads((run_dir / "spec.json").read_text()))
 try:

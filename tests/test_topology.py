@@ -59,14 +59,23 @@ network: [{nodes: 2, inter: 1gbit}, {nodes: 4, inter: 1gbit}, {bandwidth: 1gbit}
 
 
 def test_a_run_takes_its_nodes_from_the_network_entry() -> None:
-    runs = [r for r in matrix.expand(scenario.loads(CLUSTER, "t")).runs if r.backend == "gloo"]
-    got = [(r.nodes, r.topology.ranks_per_node, r.emulated_hosts, r.run_id.split("-")[-2])
-           for r in runs]  # fmt: skip
+    runs = [
+        r for r in matrix.expand(scenario.loads(CLUSTER, "t")).runs if r.placement.backend == "gloo"
+    ]
+    got = [
+        (
+            r.placement.nodes,
+            r.placement.topology.ranks_per_node,
+            r.placement.network.emulates_hosts,
+            r.run_id.split("-")[-2],
+        )
+        for r in runs
+    ]
     assert got == [(2, 2, True, "w4n2"), (4, 1, True, "w4n4"), (1, 1, True, "w4"),
                    (1, 4, False, "w4")]  # fmt: skip
     assert len({r.run_id for r in runs}) == 4
     again = matrix.RunSpec.from_dict(runs[0].to_dict())  # as a worker reads its spec back
-    assert again.topology == Topology(2, 2, Link(1e9, "1gbit"))
+    assert again.placement.topology == Topology(2, 2, Link(1e9, "1gbit"))
 
 
 def test_nodes_twice_is_one_line() -> None:

@@ -96,15 +96,15 @@ def test_a_factory_model_is_labelled_by_its_function_and_keeps_its_spec() -> Non
         "model: {factory: 'torchvision.models:mobilenet_v3_small', params: {weights: null},"
         " input_shape: [3, 64, 64], num_classes: 10}\n"
     )
-    assert run.model == "mobilenet_v3_small"
-    assert run.workload == {
+    assert run.workload.model == "mobilenet_v3_small"
+    assert run.workload.factory == {
         "factory": "torchvision.models:mobilenet_v3_small", "params": {"weights": None},
         "input_shape": [3, 64, 64], "num_classes": 10, "vocab_size": None,
         "input_dtype": "float32",
     }  # fmt: skip
     assert run.run_id.startswith("mobilenet_v3_small-gloo-allreduce-fp32-w2-")
     (named,) = _runs("model: {factory: 'a.b:c', name: mine, input_shape: [3], num_classes: 2}\n")
-    assert named.model == "mine"
+    assert named.workload.model == "mine"
 
 
 def test_existing_scenarios_keep_their_run_ids() -> None:
@@ -118,18 +118,25 @@ def test_existing_scenarios_keep_their_run_ids() -> None:
     assert same.run_id == "mlp-gloo-allreduce-fp32-w2-2d67a70b06"
     (sgd,) = _runs(base + "optimizer: sgd\n")
     assert sgd.run_id == "mlp-gloo-allreduce-fp32-w2-80111df118"  # as `momentum: 0` was
-    assert sgd.momentum == 0.0
+    assert sgd.workload.momentum == 0.0
 
 
 def test_optimizers_take_the_scenario_keys_unless_they_set_their_own() -> None:
     (adam,) = _runs("model: mlp\nlr: 0.01\noptimizer: adam\n")
-    assert (adam.lr, adam.weight_decay, adam.momentum) == (0.01, 0.0, 0.0)
-    assert adam.optimizer == {"name": "adam", "betas": [0.9, 0.999], "eps": 1e-8,
+    assert (adam.workload.lr, adam.workload.weight_decay, adam.workload.momentum) == (
+        0.01,
+        0.0,
+        0.0,
+    )
+    assert adam.workload.optimizer == {"name": "adam", "betas": [0.9, 0.999], "eps": 1e-8,
                               "amsgrad": False}  # fmt: skip
     (own,) = _runs("model: mlp\nlr: 0.01\noptimizer: {name: adamw, lr: 0.002}\n")
-    assert (own.lr, own.weight_decay) == (0.002, 0.01)  # adamw's own default decay
+    assert (own.workload.lr, own.workload.weight_decay) == (
+        0.002,
+        0.01,
+    )  # adamw's own default decay
     (nest,) = _runs("model: mlp\nmomentum: 0.5\noptimizer: nesterov\n")
-    assert (nest.momentum, nest.optimizer) == (0.5, {"name": "nesterov"})
+    assert (nest.workload.momentum, nest.workload.optimizer) == (0.5, {"name": "nesterov"})
     assert nest.labels()["optimizer"] == "nesterov"
 
 
@@ -167,7 +174,7 @@ def test_async_ps_is_excluded_with_another_optimizer() -> None:
     m = matrix.expand(scenario.loads(
         "name: w\nmodel: mlp\nworld_size: 2\nscheme: [async-ps, allreduce]\noptimizer: adam\n"
     ))  # fmt: skip
-    assert [r.scheme for r in m.runs] == ["allreduce"]
+    assert [r.method.scheme.name for r in m.runs] == ["allreduce"]
     assert "optimizer adam cannot apply" in m.excluded[0].reason
 
 

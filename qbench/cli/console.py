@@ -23,7 +23,8 @@ from qbench.records.schema import RunRecord
 from qbench.spec import checks
 from qbench.spec import matrix as matrix_mod
 from qbench.spec import scenario as scenario_mod
-from qbench.spec.matrix import Matrix, RunSpec
+from qbench.spec.matrix import Matrix
+from qbench.spec.runspec import RunSpec
 
 if TYPE_CHECKING:
     from qbench.launch import preflight
@@ -112,7 +113,9 @@ def _print_check(verdicts: preflight.Verdicts, total: int) -> None:
 
 def factories(m: Matrix) -> bool:
     """Whether any run names a user's factory (model, dataset or loss)."""
-    return any(r.workload or r.data or "factory" in r.loss for r in m.runs)
+    return any(
+        r.workload.factory or r.workload.data or "factory" in r.workload.loss for r in m.runs
+    )
 
 
 def _print_matrix(m: Matrix, target: Path, verdicts: preflight.Verdicts) -> None:
@@ -122,9 +125,15 @@ def _print_matrix(m: Matrix, target: Path, verdicts: preflight.Verdicts) -> None
     for s in m.runs:
         lacks = verdicts.tags(s.run_id)
         t.add_row(
-            s.run_id, s.model, s.backend, s.scheme_label, s.compressor_label,
-            str(s.world_size), str(s.batch_size), escape(f"needs {lacks}" if lacks else "ok"),
-        )  # fmt: skip
+            s.run_id,
+            s.workload.model,
+            s.placement.backend,
+            s.method.scheme_label,
+            s.compressor_label,
+            str(s.placement.world_size),
+            str(s.workload.batch_size),
+            escape(f"needs {lacks}" if lacks else "ok"),
+        )
     out.print(t)
     if m.excluded:
         x = Table(title=f"{len(m.excluded)} excluded")

@@ -16,7 +16,8 @@ from qbench.errors import UserError
 from qbench.launch import local, shaped
 from qbench.launch.launcher import Launch, Launcher
 from qbench.spec import scenario as scenario_mod
-from qbench.spec.matrix import Matrix, RunSpec
+from qbench.spec.matrix import Matrix
+from qbench.spec.runspec import RunSpec
 
 
 def launch_for(
@@ -30,14 +31,25 @@ def launch_for(
         scenario_mod.check_isolation(isolation)
     kind, iso = launcher or sc.launcher, isolation or sc.isolation
     if kind == "local":
-        multi = next((s for s in m.runs if s.nodes > 1 and not s.emulated_hosts), None)
+        multi = next(
+            (s for s in m.runs if s.placement.nodes > 1 and not s.placement.network.emulates_hosts),
+            None,
+        )
         if multi is not None:
             raise UserError(
-                f"nodes: {multi.nodes} needs a multi-node launcher; use --launcher slurm, or "
-                f"emulate the nodes on this machine with `network: {{nodes: {multi.nodes}}}`"
+                f"nodes: {multi.placement.nodes} needs a multi-node launcher; use --launcher "
+                "slurm, or emulate the nodes on this machine with "
+                f"`network: {{nodes: {multi.placement.nodes}}}`"
             )
         return Launch("local", isolation="process" if iso == "process" else "group")
-    shaped = next((s for s in m.runs if s.topology.inter.shaped or s.topology.intra.shaped), None)
+    shaped = next(
+        (
+            s
+            for s in m.runs
+            if s.placement.topology.inter.shaped or s.placement.topology.intra.shaped
+        ),
+        None,
+    )
     if shaped is not None:
         raise UserError(
             f"network {shaped.link.label} shapes emulated links on this machine; under Slurm the "
@@ -63,7 +75,7 @@ def launcher_for(launch: Launch, spec: RunSpec) -> Launcher:
         from qbench.launch.slurm.launcher import Slurm
 
         return Slurm(launch.slurm)
-    if spec.emulated_hosts:
+    if spec.placement.network.emulates_hosts:
         return shaped.Emulated()
     return local.Local()
 
@@ -72,7 +84,7 @@ def check_available(launch: Launch, sc: scenario_mod.Scenario, m: Matrix) -> Non
     """The API's pre-flight: the scenario's backends on this host (root, ip and tc for
     emulated hosts), or Slurm's tools and controller."""
     if launch.kind == "local":
-        emulated = any(s.emulated_hosts for s in m.runs)
+        emulated = any(s.placement.network.emulates_hosts for s in m.runs)
         local.check_available(sc.backend, max(sc.world_size), shaped=emulated)
         return
     from qbench.launch.slurm import available

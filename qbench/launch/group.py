@@ -50,7 +50,7 @@ from qbench.records.store import (
     finished_marker,
     ready_marker,
 )
-from qbench.spec.matrix import RunSpec
+from qbench.spec.runspec import RunSpec
 
 POLL_S = 0.05
 STARTUP_S = 300.0  # a launch's start seen on a loaded 2-core machine: over 40 s
@@ -59,8 +59,13 @@ Progress = Callable[[RunSpec, RunRecord | None], None] | None
 
 def key(spec: RunSpec) -> tuple[Any, ...]:
     """Runs with the same key start their ranks the same way: one launch can run them all."""
-    return (spec.backend, spec.world_size, spec.nodes, spec.link.label,
-            spec.device_kind)  # fmt: skip
+    return (
+        spec.placement.backend,
+        spec.placement.world_size,
+        spec.placement.nodes,
+        spec.link.label,
+        spec.placement.device_kind,
+    )
 
 
 def groups(specs: list[RunSpec]) -> list[list[RunSpec]]:
@@ -129,7 +134,9 @@ class Group:
                 ranks: list[Any] = []
                 try:
                     procs.start(jobs, ranks, out, err)
-                    per_rank = len(ranks) == pending[0].world_size  # else one launcher process
+                    per_rank = (
+                        len(ranks) == pending[0].placement.world_size
+                    )  # else one launcher process
                     outcome = self._watch(pending, records, live, ranks, per_rank, plan)
                 finally:
                     procs.kill_group(ranks)
@@ -172,7 +179,7 @@ class Group:
                 return _Outcome(done)  # (tearing down torch and gloo takes seconds)
             failed = _first_failed(ranks, ended)
             if failed is None and len(ended) < len(ranks):
-                timed_out = _timed_out(pending[done].timeout, time.monotonic() - t0, up)
+                timed_out = _timed_out(pending[done].measurement.timeout, time.monotonic() - t0, up)
                 if timed_out is not None:
                     return _Outcome(done, "timeout", None, time.monotonic() - t0,
                                     error=timed_out or None)  # fmt: skip

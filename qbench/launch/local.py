@@ -166,25 +166,29 @@ class Local:
     name = "local"
 
     def run(self, spec: RunSpec, spec_path: Path, run_dir: Path) -> Outcome:
-        argv = argv_for(spec.backend, spec_path, spec.world_size)
-        return procs.run_jobs([(argv, worker_env())], run_dir, spec.timeout)
+        argv = argv_for(spec.placement.backend, spec_path, spec.placement.world_size)
+        return procs.run_jobs([(argv, worker_env())], run_dir, spec.measurement.timeout)
 
     @contextmanager
     def group_jobs(self, spec: RunSpec, plan: Path) -> Iterator[list[procs.Job]]:
         """mpirun for mpi; for the torch.distributed backends one process per rank started
         here (:func:`direct_rank_env`, no torchrun interpreter to pay for, a file rendezvous)."""
-        if spec.backend == "mpi":
-            yield [(argv_for(spec.backend, plan, spec.world_size), worker_env())]
+        if spec.placement.backend == "mpi":
+            yield [
+                (argv_for(spec.placement.backend, plan, spec.placement.world_size), worker_env())
+            ]
             return
         base = worker_env()
         program = [sys.executable, *WORKER, str(plan)]
-        if spec.device_kind == "cpu" and rank_server.enabled():  # forked: no import to pay
+        if (
+            spec.placement.device_kind == "cpu" and rank_server.enabled()
+        ):  # forked: no import to pay
             rank_server.warm(base, procs.die_with_parent)
             program = rank_server.forked_argv(program)
         with tempfile.TemporaryDirectory(prefix="qbench-store-") as tmp:  # local disk, per launch
             store = Path(tmp) / "store"
-            yield [(program, direct_rank_env(base, r, spec.world_size, store))
-                   for r in range(spec.world_size)]  # fmt: skip
+            yield [(program, direct_rank_env(base, r, spec.placement.world_size, store))
+                   for r in range(spec.placement.world_size)]  # fmt: skip
 
     def run_array(self, items: list[Item], work_dir: Path) -> list[Outcome]:
         raise NotImplementedError("job arrays are Slurm's; a local sweep runs its runs in turn")
@@ -193,4 +197,4 @@ class Local:
         return {"shaped": False}
 
     def needs(self, spec: RunSpec) -> tuple[str, ...]:
-        return ("cuda",) if spec.device_kind == "cuda" else ()
+        return ("cuda",) if spec.placement.device_kind == "cuda" else ()

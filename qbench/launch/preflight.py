@@ -35,7 +35,7 @@ from qbench.catalog import datasets, toolchain
 from qbench.errors import UserError
 from qbench.launch.decision import launcher_for
 from qbench.launch.launcher import LOCAL, Launch, Launcher
-from qbench.spec.matrix import RunSpec
+from qbench.spec.runspec import RunSpec
 
 DISK_PER_RUN = 4 * 2**20  # bytes: iterations, logs and parts of a run, with room to spare
 DISK_MARGIN = 256 * 2**20  # left free for everything else on the file system
@@ -242,12 +242,12 @@ class Probe:
 def needs(spec: RunSpec, launcher: Launcher, probe: Probe) -> tuple[Missing, ...]:
     """What ``spec`` lacks on this machine (empty when it can start); ``launcher`` (the one
     that starts it) names the checks of its own (:meth:`Launcher.needs`)."""
-    found: list[Missing | None] = [probe.dataset(spec.dataset)]
-    if spec.backend == "mpi":
+    found: list[Missing | None] = [probe.dataset(spec.workload.dataset)]
+    if spec.placement.backend == "mpi":
         found.append(probe.mpi())
     for check in launcher.needs(spec):
         found.extend(_LAUNCHER_CHECKS[check](probe, spec))
-    if spec.device_kind == "cpu" and _compiled(spec):
+    if spec.placement.device_kind == "cpu" and _compiled(spec):
         found.append(probe.compiler())
     return tuple(m for m in found if m is not None)
 
@@ -256,16 +256,18 @@ _LAUNCHER_CHECKS: dict[str, Callable[[Probe, RunSpec], Iterable[Missing | None]]
     "netns": lambda probe, spec: probe.shaped(),  # emulated hosts: root, ip, tc
     # gloo ranks share a GPU (torch's DDP on CUDA tensors): one is enough
     "cuda": lambda probe, spec: probe.cuda(
-        1 if spec.backend == "gloo" else spec.world_size, spec.backend == "nccl"
+        1 if spec.placement.backend == "gloo" else spec.placement.world_size,
+        spec.placement.backend == "nccl",
     ),
     "slurm": lambda probe, spec: (probe.slurm(),),
 }
 
 
 def _compiled(spec: RunSpec) -> bool:
-    overrides = spec.layers.get("overrides", {}) if spec.layers else {}
-    compressors = [spec.compressor, *(c for c in overrides.values() if isinstance(c, dict))]
-    return toolchain.uses_compiled(compressors, spec.scheme, spec.scheme_params)
+    m = spec.method
+    overrides = m.layers.overrides if m.layers else {}
+    compressors = [m.compressor.given, *(c for c in overrides.values() if isinstance(c, dict))]
+    return toolchain.uses_compiled(compressors, m.scheme.name, m.scheme_params)
 
 
 def check(

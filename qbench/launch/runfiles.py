@@ -35,7 +35,7 @@ from qbench.records.store import (
     rank_parts,
     timeline_beside,
 )
-from qbench.spec.matrix import RunSpec
+from qbench.spec.runspec import RunSpec
 
 if TYPE_CHECKING:
     from qbench.launch.launcher import Launcher
@@ -168,9 +168,9 @@ def _merge_parts(store: ResultStore, spec: RunSpec, status: str) -> str:
     epochs = epochs_part(store.parts_dir(spec.run_id))
     if epochs.exists():  # rank 0's; written once, when the ranks finished
         epochs.replace(store.epochs_path(spec.run_id))
-    if status == "ok" and len(parts) != spec.world_size:
+    if status == "ok" and len(parts) != spec.placement.world_size:
         return "failed"
-    if status == "ok" and spec.epochs and not store.epochs_path(spec.run_id).exists():
+    if status == "ok" and spec.measurement.epochs and not store.epochs_path(spec.run_id).exists():
         return "failed"
     return status
 
@@ -275,14 +275,15 @@ def _error_line(
 ) -> str:  # fmt: skip
     """One line: which rank failed, how, and the exception it raised if it printed one."""
     if status == "timeout":
-        return f"timed out after {spec.timeout:g} s (scenario `timeout:`); processes killed"
+        timeout = spec.measurement.timeout
+        return f"timed out after {timeout:g} s (scenario `timeout:`); processes killed"
     dead = dead or local.failed_rank(stderr)
     if dead is None:
         return _worker_failure(stderr, None) or (
             f"exit code {code}" if code is not None else status
         )
     rank, rank_code = dead
-    what = f"rank {rank} of {spec.world_size} exited with code {rank_code}"
+    what = f"rank {rank} of {spec.placement.world_size} exited with code {rank_code}"
     reason = _worker_failure(stderr, rank)
     return f"{what}: {reason}" if reason else f"{what} (no Python exception: crashed or killed)"
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from qbench.errors import UserError
 from qbench.launch import local, netns, procs, rank_server
 from qbench.spec import network, rules
-from qbench.spec.matrix import RunSpec
+from qbench.spec.runspec import RunSpec
 
 if TYPE_CHECKING:
     from qbench.launch.launcher import Item, Outcome
@@ -39,11 +39,12 @@ def describe(spec: RunSpec) -> dict[str, object]:
     parameters applied (None: that level is not shaped)."""
     topo = spec.shaped_topology
     doc: dict[str, object] = {
-        "shaped": topo.inter.shaped or topo.intra.shaped, "setting": dict(spec.network),
-        "label": spec.link.label, "nodes": topo.nodes, "ranks_per_node": topo.ranks_per_node,
+        "shaped": topo.inter.shaped or topo.intra.shaped,
+        "setting": spec.placement.network.written(), "label": spec.link.label,
+        "nodes": topo.nodes, "ranks_per_node": topo.ranks_per_node,
         "method": "netns + veth per node, tc tbf both directions between nodes"
         + (", tc tbf on each node's loopback" if topo.intra.shaped else ""),
-        "dilation": spec.dilation,  # the tbf rates below are the labels' rates / dilation
+        "dilation": spec.clock.dilation,  # the tbf rates below are the labels' rates / dilation
     }  # fmt: skip
     for level, link in (("tbf", topo.inter), ("intra_tbf", topo.intra)):
         tbf = None if link.bits_per_s is None else netns.tbf_for(link.bits_per_s)
@@ -157,17 +158,21 @@ class Emulated:
     name = "local"  # the sweep's launcher: emulated hosts are this host's
 
     def run(self, spec: RunSpec, spec_path: Path, run_dir: Path) -> Outcome:
-        return run_shaped(spec, spec_path, run_dir, spec.timeout)
+        return run_shaped(spec, spec_path, run_dir, spec.measurement.timeout)
 
     @contextmanager
     def group_jobs(self, spec: RunSpec, plan: Path) -> Iterator[list[procs.Job]]:
         """One process per rank in its node's namespace (which lives as long as the block),
         or mpirun in the hub's."""
         program = [sys.executable, *local.WORKER, str(plan)]
-        fork = spec.device_kind == "cpu" and spec.backend != "mpi" and rank_server.enabled()
+        fork = (
+            spec.placement.device_kind == "cpu"
+            and spec.placement.backend != "mpi"
+            and rank_server.enabled()
+        )
         if fork:  # its imports overlap the namespaces' set-up
             rank_server.warm(local.worker_env(), procs.die_with_parent)
-        with shaped_jobs(spec.backend, spec.shaped_topology, program, fork=fork) as jobs:
+        with shaped_jobs(spec.placement.backend, spec.shaped_topology, program, fork=fork) as jobs:
             yield jobs
 
     def run_array(self, items: list[Item], work_dir: Path) -> list[Outcome]:
@@ -177,7 +182,7 @@ class Emulated:
         return describe(spec)
 
     def needs(self, spec: RunSpec) -> tuple[str, ...]:
-        return ("netns", "cuda") if spec.device_kind == "cuda" else ("netns",)
+        return ("netns", "cuda") if spec.placement.device_kind == "cuda" else ("netns",)
 
 
 def run_shaped(
@@ -185,9 +190,11 @@ def run_shaped(
 ) -> tuple[str, int | None]:
     """One run on emulated hosts: logs in run_dir, status ok / failed / timeout."""
     program = [sys.executable, *local.WORKER, str(spec_path)]
-    nodes = "nodes" in spec.network  # a cluster starts as clusters do; a flat star: the ranks
+    nodes = (
+        spec.placement.network.nodes is not None
+    )  # a cluster starts as clusters do; a flat star: the ranks
     topo = spec.shaped_topology
-    return run_program(spec.backend, topo, program, run_dir, timeout, cluster=nodes)
+    return run_program(spec.placement.backend, topo, program, run_dir, timeout, cluster=nodes)
 
 
 def run_program(

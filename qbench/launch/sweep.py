@@ -29,7 +29,8 @@ from qbench.records.store import (
     atomic_write_bytes,
     atomic_write_json,
 )
-from qbench.spec.matrix import Matrix, RunSpec
+from qbench.spec.matrix import Matrix
+from qbench.spec.runspec import RunSpec
 
 
 @dataclass

@@ -49,7 +49,7 @@ from qbench.records.store import (
     ready_marker,
 )
 from qbench.run import lifecycle
-from qbench.spec.matrix import RunSpec
+from qbench.spec.runspec import RunSpec
 
 COMM_SLACK_S = 60.0
 WAIT_POLL_S = 0.002
@@ -67,7 +67,7 @@ def main(plan: Path) -> int:
     # The driver times each run (``timeout``) and kills the group; a collective that gave up
     # first would turn a hung peer into a failure of this rank, so the communicator waits longer.
     lifecycle.slow_start()
-    cm = lifecycle.connect(specs[0], max(s.timeout for s in specs) + COMM_SLACK_S)
+    cm = lifecycle.connect(specs[0], max(s.measurement.timeout for s in specs) + COMM_SLACK_S)
     cm.barrier()  # every rank is up: the first run's timeout counts from here
     if cm.rank == 0:
         atomic_write_json(ready_marker(Path(plan)), {"ready": True})
@@ -90,7 +90,9 @@ def main(plan: Path) -> int:
             atomic_write_json(done_marker(parts_beside(path)), {"run_id": spec.run_id})
         if k + 1 < len(configs):
             if cm.rank == 0:
-                _wait_for(finished_marker(parts_beside(path)), spec.timeout + COMM_SLACK_S)
+                _wait_for(
+                    finished_marker(parts_beside(path)), spec.measurement.timeout + COMM_SLACK_S
+                )
             cm.barrier()  # the driver has finished the run's records: the next one starts
     cm.close()
     return 0
@@ -109,7 +111,7 @@ def release(spec: RunSpec) -> None:
     a collection frees their cycles (DDP's reducer, autograd graphs); CUDA's cached blocks go
     back to the device so the next run starts from the same free memory."""
     gc.collect()
-    if spec.device_kind == "cuda" and torch.cuda.is_available():
+    if spec.placement.device_kind == "cuda" and torch.cuda.is_available():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()

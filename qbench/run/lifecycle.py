@@ -31,7 +31,7 @@ from qbench.records.store import (
 from qbench.run import async_ps, interference, memory, profile, workload
 from qbench.run.loops.flat import Run, async_parts
 from qbench.run.loops.training import Training, device_for
-from qbench.spec.matrix import RunSpec
+from qbench.spec.runspec import RunSpec
 from qbench.timing import PhaseTimer
 
 
@@ -84,9 +84,9 @@ def _inject(fault: tuple[int, str], it: int) -> None:
 
 def connect(spec: RunSpec, timeout_s: float) -> comm.Comm:
     """Join the rank group's communicator, one thread per CPU rank."""
-    if spec.backend != "nccl":
+    if spec.placement.backend != "nccl":
         torch.set_num_threads(1)  # one thread per CPU rank
-    return comm.connect(spec.backend, timeout_s=timeout_s)
+    return comm.connect(spec.placement.backend, timeout_s=timeout_s)
 
 
 def tag_failure(rank: object, e: BaseException) -> None:
@@ -108,7 +108,9 @@ def run_config(
     tracer: profile.Tracer | None = None
     peak: memory.Peak | None = None
     try:
-        peak = memory.Peak(parts, cm.rank, device_for(spec.device_kind))  # before the model
+        peak = memory.Peak(
+            parts, cm.rank, device_for(spec.placement.device_kind)
+        )  # before the model
         watch = interference.Watch(parts, cm.rank, together=cm.barrier)
         if spec.loop.loop == "async-ps":  # server + workers (seed 003)
             run = Training(spec, cm, shard=async_ps.shard(cm.rank, cm.world_size))
@@ -119,12 +121,19 @@ def run_config(
             return True
         run = training_loop(spec, cm, parts)
         # replayed codec calls pace themselves; the timer stretches the rest (qbench.timing)
-        timer = PhaseTimer(run.device, stretch=spec.dilation, pacing=run.pacing)
-        trace = trace_path(parts, cm.rank) if spec.profile else None
-        tracer = profile.Tracer(trace, spec.warmup, run.total_iterations - spec.warmup,
-                                run.device, cm)  # fmt: skip
+        timer = PhaseTimer(run.device, stretch=spec.clock.dilation, pacing=run.pacing)
+        trace = trace_path(parts, cm.rank) if spec.measurement.profile else None
+        tracer = profile.Tracer(
+            trace,
+            spec.measurement.warmup,
+            run.total_iterations - spec.measurement.warmup,
+            run.device,
+            cm,
+        )
         steps = range(run.total_iterations)
-        for measured, its in enumerate((steps[: spec.warmup], steps[spec.warmup :])):
+        for measured, its in enumerate(
+            (steps[: spec.measurement.warmup], steps[spec.measurement.warmup :])
+        ):
             if measured:  # /proc is read here and after the loop: never in a timed iteration
                 watch.start()
             for it in its:
@@ -186,7 +195,7 @@ def _write_host(parts: Path, rank: int, spec: RunSpec) -> None:
     import socket
 
     doc = {"rank": rank, "hostname": socket.gethostname(), "pid": os.getpid(),
-           "device": spec.device_kind}  # fmt: skip
+           "device": spec.placement.device_kind}  # fmt: skip
     atomic_write_json(host_part(parts, rank), doc)
 
 

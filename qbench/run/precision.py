@@ -41,8 +41,9 @@ from torch.nn import functional as F
 
 from qbench.run import rounding
 from qbench.run.rounding import Draws
+from qbench.spec import parts
 
-COMPUTE = ("fp32", "bf16", "fp16", "int8", "int8-asym")
+COMPUTE = parts.PRECISIONS
 INT8 = {"int8": "symmetric", "int8-asym": "asymmetric"}
 """The fake-quantized compute precisions and the quantizer each uses (module docstring)."""
 GROWTH_INTERVAL = 200

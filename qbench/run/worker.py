@@ -15,7 +15,7 @@ from qbench import comm
 from qbench.launch.slurm.env import apply_worker_env
 from qbench.records.store import is_group_plan
 from qbench.run import group, lifecycle
-from qbench.spec.matrix import RunSpec
+from qbench.spec.runspec import RunSpec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +42,7 @@ def _main(args: list[str]) -> int:
         return group.main(Path(args[0]))
     spec_path = Path(args[0])
     spec = RunSpec.from_dict(json.loads(spec_path.read_text()))
-    cm = lifecycle.connect(spec, spec.timeout)
+    cm = lifecycle.connect(spec, spec.measurement.timeout)
     ok = lifecycle.run_config(spec, spec_path, cm, lifecycle.fault_injection(cm.rank, spec.run_id))
     if not ok:
         cm.abort(1)  # peers may be blocked in a collective: end the whole job now

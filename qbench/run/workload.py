@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -24,16 +24,16 @@ from qbench.catalog import importpath
 from qbench.data import factory, partition, real
 from qbench.errors import UserError
 from qbench.run.loops import epochs
-from qbench.spec.matrix import RunSpec
+from qbench.spec.runspec import RunSpec
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def model(spec: RunSpec) -> tuple[models.ModelInfo, nn.Module]:
     """The run's model, freshly initialised (seed torch first), and its facts."""
-    if spec.workload:
-        return models.from_factory(spec.model, spec.workload)
-    info = models.info(spec.model, spec.model_params)
+    if spec.workload.factory:
+        return models.from_factory(spec.workload.model, spec.workload.factory)
+    info = models.info(spec.workload.model, spec.workload.model_params)
     return info, info.build()
 
 
@@ -41,12 +41,16 @@ def model(spec: RunSpec) -> tuple[models.ModelInfo, nn.Module]:
 def optimizer(params: Iterable[nn.Parameter], spec: RunSpec) -> torch.optim.Optimizer:
     """SGD with the spec's lr, momentum and weight decay, unless ``spec.optimizer`` names
     another (``qbench.catalog.workloads.OPTIMIZERS``)."""
-    opt = spec.optimizer
+    opt = spec.workload.optimizer
     name = opt.get("name", "")
-    lr, wd = spec.lr, spec.weight_decay
+    lr, wd = spec.workload.lr, spec.workload.weight_decay
     if name in ("", "nesterov"):
         return torch.optim.SGD(
-            params, lr=lr, momentum=spec.momentum, weight_decay=wd, nesterov=name == "nesterov"
+            params,
+            lr=lr,
+            momentum=spec.workload.momentum,
+            weight_decay=wd,
+            nesterov=name == "nesterov",
         )
     cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[name]
     return cls(
@@ -58,7 +62,7 @@ def optimizer(params: Iterable[nn.Parameter], spec: RunSpec) -> torch.optim.Opti
 def loss(spec: RunSpec) -> Loss:
     """The loss function ``(output, target) -> scalar``: cross entropy unless ``spec.loss``
     names another, or a factory's."""
-    spec_loss = spec.loss
+    spec_loss = spec.workload.loss
     if "factory" in spec_loss:
         return _loss_factory(spec_loss)
     name = spec_loss.get("name", "cross-entropy")
@@ -91,7 +95,7 @@ def _like(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return y.to(out.dtype).reshape(out.shape)
 
 
-def _loss_factory(spec: dict[str, Any]) -> Loss:
+def _loss_factory(spec: Mapping[str, Any]) -> Loss:
     what = f"loss factory {spec['factory']!r}"
     fn = importpath.call(spec["factory"], "loss factory", spec.get("params", {}))
     if not callable(fn):
@@ -108,10 +112,16 @@ def epoch_data(
     """This rank's partition of the factory's training split and strided share of its test
     split (empty without one), shaped for the model, as ``qbench.run.loops.epochs.prepare`` does for
     the built-in datasets."""
-    splits = factory.load(spec.data)
+    splits = factory.load(spec.workload.data)
     train = splits.train
-    labels = _class_labels(spec, train) if spec.skew else torch.zeros(len(train), dtype=torch.long)
-    mine = partition.partition(labels, world_size, rank, skew=spec.skew, seed=spec.seed)
+    labels = (
+        _class_labels(spec, train)
+        if spec.workload.skew
+        else torch.zeros(len(train), dtype=torch.long)
+    )
+    mine = partition.partition(
+        labels, world_size, rank, skew=spec.workload.skew, seed=spec.measurement.seed
+    )
     train_x, train_y = factory.take(train, mine)
     test = splits.test if splits.test is not None else train
     share = torch.arange(rank, len(test) if splits.test is not None else 0, world_size)
@@ -129,7 +139,8 @@ def _class_labels(spec: RunSpec, train: Any) -> torch.Tensor:
     labels = factory.labels(train)
     if labels.dim() != 1 or labels.is_floating_point():
         raise UserError(
-            f"dataset factory {spec.data['factory']!r}: skew sorts samples by class label, but "
+            f"dataset factory {spec.workload.data['factory']!r}: skew sorts samples by class "
+            "label, but "
             f"its targets are {labels.dtype} of shape {tuple(labels.shape[1:])} per sample; "
             "use `skew: 0`"
         )
@@ -150,16 +161,19 @@ def model_stats(spec: RunSpec) -> dict[str, float]:
     """``numel`` (trainable parameters) and ``gflops_per_sample`` (forward, 2 per multiply-add;
     NaN when a factory's input shape is unknown or its model cannot be traced on the meta
     device)."""
-    if not spec.workload:
+    if not spec.workload.factory:
         return {
-            "numel": models.parameter_count(spec.model, spec.model_params),
-            "gflops_per_sample": models.flops_per_sample(spec.model, spec.model_params) / 1e9,
+            "numel": models.parameter_count(spec.workload.model, spec.workload.model_params),
+            "gflops_per_sample": models.flops_per_sample(
+                spec.workload.model, spec.workload.model_params
+            )
+            / 1e9,
         }
     try:
         with torch.device("meta"):
-            info, net = models.from_factory(spec.model, spec.workload)
+            info, net = models.from_factory(spec.workload.model, spec.workload.factory)
     except Exception:  # a factory that needs real tensors (a checkpoint): count on the CPU
-        info, net = models.from_factory(spec.model, spec.workload)
+        info, net = models.from_factory(spec.workload.model, spec.workload.factory)
     numel = sum(p.numel() for p in net.parameters() if p.requires_grad)
     return {"numel": numel, "gflops_per_sample": _gflops(info, net)}
 
@@ -190,19 +204,30 @@ def preflight(runs: Sequence[RunSpec]) -> None:
     factory and what was expected. Runs of zoo models on built-in data are not checked."""
     seen: set[str] = set()
     for spec in runs:
-        if not (spec.workload or spec.data or "factory" in spec.loss):
+        if not (spec.workload.factory or spec.workload.data or "factory" in spec.workload.loss):
             continue
         key = json.dumps(
-            [spec.model, spec.model_params, spec.workload, spec.dataset, spec.data, spec.loss,
-             spec.optimizer, bool(spec.epochs), bool(spec.skew)], sort_keys=True, default=str,
-        )  # fmt: skip
+            [
+                spec.workload.model,
+                spec.workload.model_params,
+                spec.workload.factory,
+                spec.workload.dataset,
+                spec.workload.data,
+                spec.workload.loss,
+                spec.workload.optimizer,
+                bool(spec.measurement.epochs),
+                bool(spec.workload.skew),
+            ],
+            sort_keys=True,
+            default=str,
+        )
         if key not in seen:
             seen.add(key)
             _check(spec)
 
 
 def _check(spec: RunSpec) -> None:
-    torch.manual_seed(spec.seed)
+    torch.manual_seed(spec.measurement.seed)
     info, net = model(spec)
     who = _who(spec)
     x, y = _two_samples(spec, info)
@@ -224,31 +249,33 @@ def _check(spec: RunSpec) -> None:
 
 
 def _two_samples(spec: RunSpec, info: models.ModelInfo) -> tuple[torch.Tensor, torch.Tensor]:
-    if spec.data:
-        splits = factory.load(spec.data)
-        if spec.epochs and splits.test is None:
+    if spec.workload.data:
+        splits = factory.load(spec.workload.data)
+        if spec.measurement.epochs and splits.test is None:
             raise UserError(
-                f"dataset factory {spec.data['factory']!r}: accuracy mode (epochs) evaluates on "
+                f"dataset factory {spec.workload.data['factory']!r}: accuracy mode (epochs) "
+                "evaluates on "
                 "a test split; return (train, test) or {'train': ..., 'test': ...}"
             )
-        if spec.skew:
+        if spec.workload.skew:
             _class_labels(spec, splits.train)
         x, y = factory.take(splits.train, [0, 1 % len(splits.train)])
         return _shaped(x, info), y
     if info.batch is None and (not info.input_shape or not info.num_classes):
         raise UserError(
-            f"model factory {spec.workload['factory']!r} describes no input: give input_shape "
+            f"model factory {spec.workload.factory['factory']!r} describes no input: give "
+            "input_shape "
             "and num_classes in the scenario, return qbench.models.Workload(model, "
             "input_shape=..., num_classes=...), or use a dataset factory"
         )
     return data.make(
-        "synthetic", info, 2, seed=spec.seed, rank=0, device=torch.device("cpu")
+        "synthetic", info, 2, seed=spec.measurement.seed, rank=0, device=torch.device("cpu")
     ).batch(0)
 
 
 def _who(spec: RunSpec) -> str:
-    if spec.workload:
-        return f"model factory {spec.workload['factory']!r}"
-    if spec.data:
-        return f"dataset factory {spec.data['factory']!r} with model {spec.model}"
-    return f"loss factory {spec.loss['factory']!r} with model {spec.model}"
+    if spec.workload.factory:
+        return f"model factory {spec.workload.factory['factory']!r}"
+    if spec.workload.data:
+        return f"dataset factory {spec.workload.data['factory']!r} with model {spec.workload.model}"
+    return f"loss factory {spec.workload.loss['factory']!r} with model {spec.workload.model}"

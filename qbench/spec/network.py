@@ -68,6 +68,42 @@ class Topology:
         return f"{self.nodes}x{self.ranks_per_node}"
 
 
+@dataclass(frozen=True, kw_only=True)
+class Network:
+    """A checked network setting, kept as written (run ids and run.json hold :meth:`written`):
+    none of its keys for unshaped, ``bandwidth`` for a flat star, ``nodes`` with ``inter`` and
+    ``intra`` for a cluster."""
+
+    bandwidth: str | None = None
+    nodes: int | None = None
+    inter: str | None = None
+    intra: str | None = None
+
+    @classmethod
+    def of(cls, setting: Mapping[str, Any]) -> Network:
+        """The setting (``{}``, ``{bandwidth: 1gbit}``, ...) checked; UserError if bad."""
+        check(setting)
+        return cls(**{str(k): v for k, v in setting.items()})
+
+    def written(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in KEYS if getattr(self, k) is not None}
+
+    @property
+    def link(self) -> Link:
+        return link(self.written())
+
+    @property
+    def label(self) -> str:
+        return label(self.written())
+
+    @property
+    def emulates_hosts(self) -> bool:
+        return emulates_hosts(self.written())
+
+    def topology(self, world_size: int, nodes: int = 1) -> Topology:
+        return topology(self.written(), world_size, nodes)
+
+
 def link(net: Mapping[str, Any]) -> Link:
     """The link between hosts of a network setting (``{}``, ``{bandwidth: 1gbit}`` or
     ``{nodes: 2, inter: 1gbit}``; UserError if bad). Its label names the whole setting in run

@@ -21,20 +21,20 @@ import yaml
 from qbench import catalog
 from qbench.catalog import specs, workloads
 from qbench.errors import UserError, did_you_mean, type_name
-from qbench.spec import checks, layers, network
+from qbench.spec import checks, layers, network, parts
 from qbench.spec.checks import FILTER_KEYS, LR_SCHEDULE_KEYS  # noqa: F401  # the schema's
 
-BACKENDS = ("gloo", "mpi", "nccl")
+# The closed sets a run holds are its parts' Literal types (qbench.spec.parts); read from there.
+BACKENDS = parts.BACKENDS
 LAUNCHERS = ("local", "slurm")
 ISOLATIONS = ("auto", "group", "process")  # auto: group locally, process under Slurm
 DEVICES = ("auto", "cpu", "cuda")
-# qbench.run.precision.COMPUTE and qbench.run.evonorm.NORMS (no torch import here)
-COMPUTE = ("fp32", "bf16", "fp16", "int8", "int8-asym", "replay")
-REPLAY = "replay"  # fp32 compute replayed from a measured timeline (qbench.run.replay)
-NORMS = ("batchnorm", "range-evonorm", "range-evonorm-gs2")
-ROUNDING = ("per-rank", "shared")  # qbench.run.rounding
+COMPUTE = (*parts.PRECISIONS, parts.REPLAY)
+REPLAY = parts.REPLAY  # fp32 compute replayed from a measured timeline (qbench.run.replay)
+NORMS = parts.NORMS
+ROUNDING = parts.ROUNDINGS  # qbench.run.rounding
 ROUNDED_COMPUTE = ("int8", "int8-asym")  # compute that rounds stochastically (precision.INT8)
-NONFINITE = ("fail", "skip")
+NONFINITE = parts.NONFINITE
 """What a step whose gradient holds a NaN or inf does (qbench.run.nonfinite reads it here)."""
 
 

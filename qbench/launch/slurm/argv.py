@@ -249,7 +249,7 @@ def job_name(run_id: str) -> str:
 
 
 def spec_nodes(spec: RunSpec) -> int:
-    return int(getattr(spec, "nodes", 1) or 1)
+    return spec.placement.nodes
 
 
 def gpus_for(spec: RunSpec, options: SlurmOptions, nodes: int) -> int:
@@ -257,5 +257,5 @@ def gpus_for(spec: RunSpec, options: SlurmOptions, nodes: int) -> int:
     on CUDA (nccl, or ``device: cuda``), else none."""
     if options.gpus_per_node is not None:
         return options.gpus_per_node
-    kind = getattr(spec, "device_kind", "cuda" if spec.backend == "nccl" else "cpu")
-    return math.ceil(spec.world_size / max(nodes, 1)) if kind == "cuda" else 0
+    kind = spec.placement.device_kind
+    return math.ceil(spec.placement.world_size / max(nodes, 1)) if kind == "cuda" else 0

@@ -25,7 +25,7 @@ class Slurm:
     name = "slurm"
 
     def run(self, spec: RunSpec, spec_path: Path, run_dir: Path) -> Outcome:
-        return runs.run(spec, spec_path, run_dir, spec.timeout, self.options)
+        return runs.run(spec, spec_path, run_dir, spec.measurement.timeout, self.options)
 
     def group_jobs(self, spec: RunSpec, plan: Path) -> AbstractContextManager[list[Job]]:
         # qbench.launch.decision refuses isolation group under Slurm: never reached
@@ -33,14 +33,18 @@ class Slurm:
 
     def run_array(self, items: list[Item], work_dir: Path) -> list[Outcome]:
         """One array per shape; each task may run as long as the slowest run's timeout."""
-        timeout = max(spec.timeout for spec, _, _ in items)
+        timeout = max(spec.measurement.timeout for spec, _, _ in items)
         return runs.run_array(items, timeout, self.options, work_dir=work_dir)
 
     def network(self, spec: RunSpec) -> dict[str, Any]:
         """Several nodes are the allocation's own hosts and links, recorded, not shaped."""
-        if spec.nodes > 1:
-            return {"shaped": False, "setting": dict(spec.network), "nodes": spec.nodes,
-                    "method": "the Slurm allocation's hosts and links, not emulated"}  # fmt: skip
+        if spec.placement.nodes > 1:
+            return {
+                "shaped": False,
+                "setting": spec.placement.network.written(),
+                "nodes": spec.placement.nodes,
+                "method": "the Slurm allocation's hosts and links, not emulated",
+            }
         return {"shaped": False}
 
     def needs(self, spec: RunSpec) -> tuple[str, ...]:

@@ -93,13 +93,19 @@ def _run_step(
     Ends like a local run: the timeout or Ctrl-C SIGTERMs srun, which cancels its step."""
     inside = in_allocation()
     argv = launch_argv(
-        spec.backend, spec_path, spec.world_size, options, nodes=nodes, allocate=not inside,
-        time_s=timeout, job_name=job_name(spec.run_id),
+        spec.placement.backend,
+        spec_path,
+        spec.placement.world_size,
+        options,
+        nodes=nodes,
+        allocate=not inside,
+        time_s=timeout,
+        job_name=job_name(spec.run_id),
         gpus_per_node=gpus_for(spec, options, nodes),
-        mpirun=local.find_mpirun() if spec.backend == "mpi" else None,
-    )  # fmt: skip
+        mpirun=local.find_mpirun() if spec.placement.backend == "mpi" else None,
+    )
     env = local.worker_env()
-    if spec.backend != "mpi":
+    if spec.placement.backend != "mpi":
         env["MASTER_PORT"] = str(free_port())  # the driver runs in the allocation, like rank 0
     with procs.sigterm_as_interrupt():
         return procs.run_jobs([(argv, env)], run_dir, timeout)
@@ -108,9 +114,13 @@ def _run_step(
 def _shape(spec: RunSpec, options: SlurmOptions) -> Shape:
     """What one job of this run asks for and how its ranks start: runs of one shape can share
     a job array. (world size, nodes, GPUs per node, launcher)"""
-    how = "mpirun" if spec.backend == "mpi" and options.mpi == "mpirun" else spec.backend
+    how = (
+        "mpirun"
+        if spec.placement.backend == "mpi" and options.mpi == "mpirun"
+        else spec.placement.backend
+    )
     nodes = options.nodes or spec_nodes(spec)
-    return spec.world_size, nodes, gpus_for(spec, options, nodes), how
+    return spec.placement.world_size, nodes, gpus_for(spec, options, nodes), how
 
 
 def _run_batches(
@@ -121,7 +131,7 @@ def _run_batches(
     array: bool,
     work_dir: Path | None = None,
 ) -> list[Result]:
-    mpirun = local.find_mpirun() if any(i.spec.backend == "mpi" for i in items) else None
+    mpirun = local.find_mpirun() if any(i.spec.placement.backend == "mpi" for i in items) else None
     for it in items:
         it.run_dir.mkdir(parents=True, exist_ok=True)
         for name in (STARTED, EXIT_CODE):
@@ -140,12 +150,18 @@ def _single_job(it: Item, timeout: float, options: SlurmOptions, mpirun: str | N
     python = sys.executable
     ws, nodes, gpus, _ = _shape(it.spec, options)
     command = launch_argv(
-        it.spec.backend, it.spec_path, ws, options, nodes=nodes, python=python, mpirun=mpirun
+        it.spec.placement.backend,
+        it.spec_path,
+        ws,
+        options,
+        nodes=nodes,
+        python=python,
+        mpirun=mpirun,
     )
     script = it.run_dir / SCRIPT
     script.write_text(
         batch_script(
-            command, it.run_dir, torch_env=it.spec.backend != "mpi", python=python,
+            command, it.run_dir, torch_env=it.spec.placement.backend != "mpi", python=python,
             title=f"qbench run {it.spec.run_id}",
         )
     )  # fmt: skip
@@ -175,7 +191,7 @@ def _array_jobs(
             it.job, it.ref = len(jobs), str(k)
         (d / "specs.txt").write_text("".join(f"{_line(i.spec_path)}\n" for i in members))
         (d / "run_dirs.txt").write_text("".join(f"{_line(i.run_dir)}\n" for i in members))
-        backend = members[0].spec.backend
+        backend = members[0].spec.placement.backend
         command = launch_argv(
             backend, SPEC_SLOT, ws, options, nodes=nodes, python=python, mpirun=mpirun
         )

@@ -45,7 +45,9 @@ def work(r: AsyncParts) -> None:
         decode_model(down, model, r.sizes, r.params)
         timer.mark("decode")
         r.grads.zero_()
-        with precision.autocast(r.spec.compute, r.device):  # int8: the model is fake-quantized
+        with precision.autocast(
+            r.spec.compute.precision, r.device
+        ):  # int8: the model is fake-quantized
             loss = r.loss_fn(r.model(x), y)
         (loss * r.scaler.scale if r.scaler.enabled else loss).backward()
         nonfinite.unscale(r.scaler, r.grads)  # fp16 overflow: push a zero gradient
@@ -81,7 +83,7 @@ def _row(
 ) -> dict[str, Any]:  # fmt: skip
     return {
         "run_id": r.spec.run_id, "rank": r.comm.rank, "iteration": it,
-        "warmup": it < r.spec.warmup, **{f"t_{k}": v for k, v in timer.totals.items()},
+        "warmup": it < r.spec.measurement.warmup, **{f"t_{k}": v for k, v in timer.totals.items()},
         "t_iteration": timer.elapsed(), "bytes_sent": r.comm.bytes_sent,
         "payload_bytes": payload, "grad_bytes": 4 * r.grads.numel(), "loss": loss,
         "staleness": reply.staleness, "server_version": reply.applied_as,

@@ -216,5 +216,5 @@ def codecs(parts: AsyncParts) -> tuple[GradientCodec, Compressor]:
     """The run's gradient codec (per layer group) and model quantizer (``down``)."""
     scheme = parts.scheme
     codec = GradientCodec(parts.groups, scheme.ratio if scheme.variant == "sparse" else None)
-    down = from_spec(scheme.down or "none", seed=parts.spec.seed)
+    down = from_spec(scheme.down or "none", seed=parts.spec.measurement.seed)
     return codec, down

@@ -38,10 +38,12 @@ class _Server:
         self.scheme = r.scheme
         self.codec, self.down = codecs(r)
         workers = self.cm.world_size - 1
-        self.per_epoch = workers * _steps_per_worker(r, workers) if r.spec.epochs else 0
-        per_worker = r.spec.warmup + r.spec.iterations
+        self.per_epoch = workers * _steps_per_worker(r, workers) if r.spec.measurement.epochs else 0
+        per_worker = r.spec.measurement.warmup + r.spec.measurement.iterations
         self.budget = (
-            self.per_epoch * r.spec.epochs if r.spec.epochs else _budget(workers, per_worker)
+            self.per_epoch * r.spec.measurement.epochs
+            if r.spec.measurement.epochs
+            else _budget(workers, per_worker)
         )
         self.version = 0
         self.pulled: dict[int, int] = {}  # worker -> version it is computing on
@@ -75,7 +77,7 @@ class _Server:
         if not stop:
             model = self.r.params
             if self.velocity is not None:  # accelerated: the Nesterov look-ahead point
-                model = model + self.r.spec.momentum * self.velocity
+                model = model + self.r.spec.workload.momentum * self.velocity
             wire = encode_model(self.down, model, self.r.sizes, self.version, w)
         timer.mark("encode")
         reply = Reply(self.version, staleness, applied, stop, wire.numel())
@@ -97,16 +99,20 @@ class _Server:
         staleness = self.version - self.pulled.pop(push.worker)
         x, spec = self.r.params, self.r.spec
         epoch = self.version // self.per_epoch if self.per_epoch else 0
-        lr = epochs.lr_at(spec.lr, spec.lr_schedule, epoch)
-        if spec.weight_decay:
-            grad.add_(x, alpha=spec.weight_decay)
+        lr = epochs.lr_at(spec.workload.lr, spec.workload.lr_schedule, epoch)
+        if spec.workload.weight_decay:
+            grad.add_(x, alpha=spec.workload.weight_decay)
         if self.velocity is None:
             x.sub_(grad, alpha=lr)
         else:
-            self.velocity.mul_(spec.momentum).sub_(grad, alpha=lr)
+            self.velocity.mul_(spec.workload.momentum).sub_(grad, alpha=lr)
             x.add_(self.velocity)
-        if spec.weight_bits:  # seed 000 section 5.4: the server's model itself in low precision
-            precision.quantize_weights_(x, self.r.sizes, spec.weight_bits, self.weight_draws)
+        if (
+            spec.compute.weight_bits
+        ):  # seed 000 section 5.4: the server's model itself in low precision
+            precision.quantize_weights_(
+                x, self.r.sizes, spec.compute.weight_bits, self.weight_draws
+            )
         self.version += 1
         self.last[push.worker] = (float(staleness), float(self.version))
         self.waiting.append(push.worker)
@@ -124,13 +130,13 @@ class _Server:
         assert r.epoch_data is not None
         solo = _Solo()
         scores = epochs.evaluate(r.model, r.epoch_data, solo)
-        convex = r.spec.model in models.CONVEX
-        gn = epochs.gradient_norm(r.model, r.epoch_data, solo, r.spec.weight_decay)
+        convex = r.spec.workload.model in models.CONVEX
+        gn = epochs.gradient_norm(r.model, r.epoch_data, solo, r.spec.workload.weight_decay)
         epoch = self.version // self.per_epoch
         r.epoch_rows.append({
             "run_id": r.spec.run_id, "epoch": epoch, "iteration": self.version,
             "train_time_s": begin - self.started - self.eval_s,
-            "lr": epochs.lr_at(r.spec.lr, r.spec.lr_schedule, epoch - 1),
+            "lr": epochs.lr_at(r.spec.workload.lr, r.spec.workload.lr_schedule, epoch - 1),
             "train_loss": train_loss, **scores, "grad_norm": gn if convex else math.nan,
             "bytes_sent": self.down_bytes, "consensus_distance": math.nan,
         })  # fmt: skip
@@ -169,7 +175,7 @@ def _server_row(
     spec, update = s.r.spec, s.version - 1
     return {
         "run_id": spec.run_id, "rank": SERVER, "iteration": update,
-        "warmup": update < spec.warmup * (s.cm.world_size - 1),
+        "warmup": update < spec.measurement.warmup * (s.cm.world_size - 1),
         **{f"t_{k}": v for k, v in timer.totals.items()}, "t_iteration": timer.elapsed(),
         "bytes_sent": s.cm.bytes_sent, "payload_bytes": payload,
         "grad_bytes": 4 * s.r.grads.numel(), "loss": push.loss, "staleness": float(staleness),
@@ -182,9 +188,15 @@ def _steps_per_worker(r: AsyncParts, workers: int) -> int:
     many updates per worker."""
     assert r.epoch_data is not None
     labels = r.epoch_data.train_y.cpu()
-    mine = partition.partition(labels, workers, 0, skew=r.spec.skew, seed=r.spec.seed)
-    steps = max(len(mine) // r.spec.batch_size, 1)
-    return min(steps, r.spec.steps_per_epoch) if r.spec.steps_per_epoch else steps
+    mine = partition.partition(
+        labels, workers, 0, skew=r.spec.workload.skew, seed=r.spec.measurement.seed
+    )
+    steps = max(len(mine) // r.spec.workload.batch_size, 1)
+    return (
+        min(steps, r.spec.measurement.steps_per_epoch)
+        if r.spec.measurement.steps_per_epoch
+        else steps
+    )
 
 
 class _Solo(Comm):

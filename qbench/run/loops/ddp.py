@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from qbench import catalog, comm
+from qbench import comm
 from qbench.catalog import schemes
 from qbench.compress import from_spec
 from qbench.compress.powersgd import PowerSGD
@@ -37,7 +37,7 @@ from qbench.ddp.torch_hooks import TorchHookState, make_state, torch_hook
 from qbench.records.schema import buckets_frame
 from qbench.run import nonfinite, precision, profile
 from qbench.run.loops.training import Training
-from qbench.spec.matrix import RunSpec
+from qbench.spec.runspec import RunSpec
 from qbench.timing import PhaseTimer
 
 _DDP_KEYS = frozenset({schemes.BACKWARD.name, *(p.name for p in schemes.DDP_OPTIONS)})
@@ -46,19 +46,19 @@ _DDP_KEYS = frozenset({schemes.BACKWARD.name, *(p.name for p in schemes.DDP_OPTI
 class DDPRun(Training):
     def __init__(self, spec: RunSpec, cm: comm.Comm) -> None:
         super().__init__(spec, cm)
-        self.options = catalog.scheme({"name": spec.scheme, **spec.scheme_params}).params
+        self.options = spec.method.scheme.params
         self.state: TorchHookState | SchemeHookState
-        if spec.scheme == schemes.DDP.name:
+        if spec.method.scheme.name == schemes.DDP.name:
             self.state = self._torch_state()
             hook: Any = torch_hook
         else:  # the flat scheme per bucket, with its own parameters (overlap, ...)
-            own = {k: v for k, v in spec.scheme_params.items() if k not in _DDP_KEYS}
+            own = {k: v for k, v in spec.method.scheme_params.items() if k not in _DDP_KEYS}
             self.state = self._scheme_state(own)
             hook = scheme_hook
         names = {id(p): n for n, p in self.named.items()}
         self.finite = FiniteHookState(self.state, hook, names)  # no NaN or inf handed on
         self.ddp = self._wrap()
-        self.guard = nonfinite.Guard(spec.nonfinite, cm, cm.rank, device=self.device)
+        self.guard = nonfinite.Guard(spec.measurement.nonfinite, cm, cm.rank, device=self.device)
         self.grad_bytes = 4 * sum(p.numel() for p in self.named.values())
         self.bucket_rows: list[dict[str, Any]] = []
 
@@ -74,14 +74,14 @@ class DDPRun(Training):
         return ddp
 
     def _torch_state(self) -> TorchHookState:
-        c = from_spec(self.spec.compressor)
+        c = from_spec(self.spec.method.compressor.given)
         params = c.hook_params() if isinstance(c, PowerSGD) else {}
-        return make_state(c.name, self.comm, params, self.spec.seed)
+        return make_state(c.name, self.comm, params, self.spec.measurement.seed)
 
     def _scheme_state(self, scheme_params: dict[str, Any]) -> SchemeHookState:
         by_param = {id(self.named[n]): g.compressor for g in self.groups for n in g.names}
         return SchemeHookState(
-            scheme=self.spec.scheme, comm=self.comm, seed=self.spec.seed,
+            scheme=self.spec.method.scheme.name, comm=self.comm, seed=self.spec.measurement.seed,
             spec_for=lambda p: by_param[id(p)], scheme_params=scheme_params,
         )  # fmt: skip
 
@@ -96,7 +96,7 @@ class DDPRun(Training):
         timer.start()
         profile.phase("forward")
         self.opt.zero_grad()  # as a plain DDP loop does (grads to None)
-        with precision.autocast(self.spec.compute, self.device):
+        with precision.autocast(self.spec.compute.precision, self.device):
             assert self.ddp is not None  # only a replayed run has none, and its own loop
             loss = self.loss_fn(self.ddp(x), y)
         timer.mark("compute")
@@ -124,14 +124,14 @@ class DDPRun(Training):
         for row in self.state.timeline.rows(origin=forward_end):
             self.bucket_rows.append({
                 "run_id": self.spec.run_id, "rank": self.comm.rank, "iteration": it,
-                "warmup": it < self.spec.warmup, **row,
+                "warmup": it < self.spec.measurement.warmup, **row,
             })  # fmt: skip
 
     def _step(self) -> None:
         self.opt.step()
-        if self.spec.weight_bits:  # seed 000 section 5.4: the model itself in low precision
+        if self.spec.compute.weight_bits:  # seed 000 section 5.4: the model itself in low precision
             precision.quantize_tensors_(
-                self.named.values(), self.spec.weight_bits, self.weight_draws
+                self.named.values(), self.spec.compute.weight_bits, self.weight_draws
             )
 
     def buckets_frame(self) -> Any:
@@ -155,7 +155,7 @@ class DDPRun(Training):
             codec = self.state.t_encode + self.state.t_decode
         self.rows.append({
             "run_id": self.spec.run_id, "rank": self.comm.rank, "iteration": it,
-            "warmup": it < self.spec.warmup,
+            "warmup": it < self.spec.measurement.warmup,
             "t_forward": timer.totals["compute"],
             "t_compute": compute,
             "t_encode": math.nan, "t_comm": exposed, "t_decode": math.nan,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,7 +120,7 @@ class EpochBatches:
         return self.data.train_x[idx], self.data.train_y[idx]
 
 
-def lr_at(base: float, schedule: dict[str, Any], epoch: int) -> float:
+def lr_at(base: float, schedule: Mapping[str, Any], epoch: int) -> float:
     """The learning rate of ``epoch`` (0-based) under ``schedule``:
 
     * ``{}``: constant;

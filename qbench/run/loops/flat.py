@@ -11,12 +11,12 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from qbench import aggregate, catalog, comm
+from qbench import aggregate, comm
 from qbench.compress import Compressor, from_spec
 from qbench.run import async_ps, nonfinite, precision, profile
 from qbench.run.loops.training import Training
 from qbench.run.telemetry import Telemetry
-from qbench.spec.matrix import RunSpec
+from qbench.spec.runspec import RunSpec
 from qbench.timing import PhaseTimer
 
 
@@ -56,7 +56,7 @@ def _slices(t: Training) -> list[tuple[str, slice]]:
 def _guard(t: Training, cm: comm.Comm | None) -> nonfinite.Guard:
     """The run's non-finite policy over the flat gradient; ``cm``: the ranks that agree on a
     skip (None: this rank alone)."""
-    return nonfinite.Guard(t.spec.nonfinite, cm, t.comm.rank, _slices(t), t.device)
+    return nonfinite.Guard(t.spec.measurement.nonfinite, cm, t.comm.rank, _slices(t), t.device)
 
 
 def _group_compressors(t: Training) -> Iterator[tuple[slice, Compressor, tuple[int, ...]]]:
@@ -64,7 +64,11 @@ def _group_compressors(t: Training) -> Iterator[tuple[slice, Compressor, tuple[i
     sizes of its tensors (per-tensor compressors encode each on its own)."""
     pos = 0
     for g in t.groups:
-        yield slice(pos, pos + g.numel), from_spec(g.compressor, seed=t.spec.seed), g.sizes
+        yield (
+            slice(pos, pos + g.numel),
+            from_spec(g.compressor, seed=t.spec.measurement.seed),
+            g.sizes,
+        )
         pos += g.numel
 
 
@@ -76,11 +80,11 @@ class Run(Training):
         super().__init__(spec, cm)
         self.params, self.flat, self.sizes = _flat_model(self)
         self.aggs = self._aggregators()
-        self.telemetry = self._telemetry(self.named) if spec.telemetry else None
+        self.telemetry = self._telemetry(self.named) if spec.measurement.telemetry else None
         self.guard = _guard(self, cm)
 
     def _aggregators(self) -> list[tuple[slice, aggregate.Aggregator]]:
-        scheme, params = self.spec.scheme, self.spec.scheme_params
+        scheme, params = self.spec.method.scheme.name, self.spec.method.scheme_params
         out = []
         for part, c, sizes in _group_compressors(self):  # each compressor then its aggregator
             numel = part.stop - part.start
@@ -101,7 +105,7 @@ class Run(Training):
             for n in g.names:
                 entries.append((n, slice(pos, pos + named[n].numel()), g.compressor))
                 pos += named[n].numel()
-        make = lambda c: from_spec(c, seed=self.spec.seed)  # noqa: E731
+        make = lambda c: from_spec(c, seed=self.spec.measurement.seed)  # noqa: E731
         return Telemetry(entries, make, self.spec.run_id, self.comm.rank)
 
     def iteration(self, it: int, timer: PhaseTimer) -> None:
@@ -110,7 +114,7 @@ class Run(Training):
         timer.start()
         profile.phase("forward")
         self.flat.zero_()
-        with precision.autocast(self.spec.compute, self.device):
+        with precision.autocast(self.spec.compute.precision, self.device):
             loss = self.loss_fn(self.model(x), y)
         profile.phase("backward")
         (loss * self.scaler.scale if self.scaler.enabled else loss).backward()
@@ -147,9 +151,9 @@ class Run(Training):
 
     def _optimizer_step(self) -> None:
         self.opt.step()
-        if self.spec.weight_bits:  # seed 000 section 5.4: the model itself in low precision
+        if self.spec.compute.weight_bits:  # seed 000 section 5.4: the model itself in low precision
             precision.quantize_weights_(
-                self.params, self.sizes, self.spec.weight_bits, self.weight_draws
+                self.params, self.sizes, self.spec.compute.weight_bits, self.weight_draws
             )
 
     def _record(self, it: int, timer: PhaseTimer, skipped: bool = False) -> None:
@@ -165,7 +169,7 @@ class Run(Training):
                 "run_id": self.spec.run_id,
                 "rank": self.comm.rank,
                 "iteration": it,
-                "warmup": it < self.spec.warmup,
+                "warmup": it < self.spec.measurement.warmup,
                 **{f"t_{k}": v for k, v in t.items()},
                 "t_iteration": timer.elapsed(),
                 "bytes_sent": self.comm.bytes_sent,
@@ -203,7 +207,7 @@ def async_parts(t: Training) -> async_ps.AsyncParts:
     """What the asynchronous parameter server uses of a rank's set-up: the model as flat
     buffers, each layer group's compressor and the scheme's parameters; the loop is its own."""
     params, grads, sizes = _flat_model(t)
-    scheme = catalog.scheme({"name": t.spec.scheme, **t.spec.scheme_params}).params
+    scheme = t.spec.method.scheme.params
     return async_ps.AsyncParts(
         spec=t.spec, comm=t.comm, device=t.device, model=t.model, params=params, grads=grads,
         sizes=sizes, groups=list(_group_compressors(t)), scheme=async_ps.AsyncParams(**scheme),

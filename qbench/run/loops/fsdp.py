@@ -29,12 +29,12 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from qbench import catalog, comm, fsdp
+from qbench import comm, fsdp
 from qbench.catalog.schemes import FSDP_TORCH
 from qbench.ddp.timeline import overlap_fraction
 from qbench.run import nonfinite, profile, workload
 from qbench.run.loops.training import Training
-from qbench.spec.matrix import RunSpec
+from qbench.spec.runspec import RunSpec
 from qbench.timing import PhaseTimer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -70,23 +70,27 @@ def shard(model: nn.Module, params: dict[str, Any], reduce_dtype: torch.dtype) -
 class FSDPRun(Training):
     def __init__(self, spec: RunSpec, cm: comm.Comm) -> None:
         super().__init__(spec, cm)
-        self.options = catalog.scheme({"name": spec.scheme, **spec.scheme_params}).params
-        name = spec.compressor["name"]
+        self.options = spec.method.scheme.params
+        name = spec.method.compressor.name
         torch_own = name in FSDP_TORCH
         # evaluation reads the whole model: a plain replica, filled from the shards
-        self.replica = copy.deepcopy(self.model) if spec.epochs else None
+        self.replica = copy.deepcopy(self.model) if spec.measurement.epochs else None
         self.grad_bytes = 4 * sum(p.numel() for p in self.named.values())
         # torch's own reduce-scatter in the 16-bit dtype named; fp32 for none and for codecs
         shard(self.model, self.options, DTYPES.get(name, torch.float32))
-        codec = {"name": "none"} if torch_own else spec.compressor
+        codec = {"name": "none"} if torch_own else spec.method.compressor.given
         self.coded = not torch_own or self.options["all_gather"] is not None
         self.log = fsdp.register(
-            self.model, **codec, all_gather=self.options["all_gather"], comm=cm, seed=spec.seed
+            self.model,
+            **codec,
+            all_gather=self.options["all_gather"],
+            comm=cm,
+            seed=spec.measurement.seed,
         )
         # fully_shard replaced the parameters by sharded ones: the optimizer steps those
         self.named = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         self.opt = workload.optimizer(self.model.parameters(), spec)
-        self.guard = nonfinite.Guard(spec.nonfinite, cm, cm.rank, device=self.device)
+        self.guard = nonfinite.Guard(spec.measurement.nonfinite, cm, cm.rank, device=self.device)
 
     def iteration(self, it: int, timer: PhaseTimer) -> None:
         x, y = self.data.batch(it)
@@ -120,7 +124,7 @@ class FSDPRun(Training):
         total = log.total() + agree
         self.rows.append({
             "run_id": self.spec.run_id, "rank": self.comm.rank, "iteration": it,
-            "warmup": it < self.spec.warmup,
+            "warmup": it < self.spec.measurement.warmup,
             "t_forward": timer.totals["compute"],
             "t_compute": until_backward - log.held,
             "t_encode": math.nan, "t_comm": exposed, "t_decode": math.nan,

@@ -1,7 +1,7 @@
 """What every rank's training loop shares, whatever aggregates its gradients.
 
 :class:`Training` builds the model (with its compute precision), the layer policy's groups, the
-data stream, the optimizer and the loss from a :class:`~qbench.spec.matrix.RunSpec`, and does the
+data stream, the optimizer and the loss from a :class:`~qbench.spec.runspec.RunSpec`, and does the
 work outside the timed iteration: the learning-rate schedule and, in accuracy mode, the
 evaluation at the end of each epoch. Subclasses run the iteration itself: flat aggregation
 after backward (``qbench.run.loops.flat.Run``) or DDP's buckets during backward
@@ -16,26 +16,29 @@ from typing import Any
 import torch
 from torch import nn
 
-from qbench import catalog, comm, data, models
+from qbench import comm, data, models
 from qbench.records.schema import iterations_frame
 from qbench.run import evonorm, precision, workload
 from qbench.run.loops import epochs
 from qbench.run.rounding import Draws
 from qbench.spec import layers
-from qbench.spec.matrix import RunSpec
+from qbench.spec.runspec import RunSpec
 from qbench.timing import Pacing
 
 
 def with_precision(model: nn.Module, spec: RunSpec, rank: int) -> nn.Module:
     """Swap in Range-EvoNorm and int8 fake-quantized layers before parameters are flattened;
     the int8 layers round with ``rank``'s draws (qbench.run.rounding)."""
-    if spec.norm != "batchnorm":
-        evonorm.use_range_evonorm(model, spec.norm)
-    if spec.compute in precision.INT8:
+    if spec.compute.norm != "batchnorm":
+        evonorm.use_range_evonorm(model, spec.compute.norm)
+    if spec.compute.precision in precision.INT8:
         precision.fake_quantize(
-            model, scheme=precision.INT8[spec.compute], seed=spec.seed, rank=rank,
-            shared=spec.rounding == "shared",
-        )  # fmt: skip
+            model,
+            scheme=precision.INT8[spec.compute.precision],
+            seed=spec.measurement.seed,
+            rank=rank,
+            shared=spec.compute.rounding == "shared",
+        )
     return model
 
 
@@ -43,8 +46,10 @@ def weight_draws(spec: RunSpec, rank: int) -> Draws:
     """The draws ``rank`` rounds its parameters with (``weights: {bits: N}``): its own where
     each rank trains its own model (decentralized schemes), else the replicas' common ones
     (precision.weight_draws)."""
-    own = catalog.SCHEMES[spec.scheme].kind == "decentralized"
-    return precision.weight_draws(spec.seed, rank, own, shared=spec.rounding == "shared")
+    own = spec.method.scheme.entry.kind == "decentralized"
+    return precision.weight_draws(
+        spec.measurement.seed, rank, own, shared=spec.compute.rounding == "shared"
+    )
 
 
 def device_for(kind: str) -> torch.device:
@@ -67,39 +72,49 @@ class Training:
         size). async-ps's server holds no partition of its own (qbench.run.async_ps.shard)."""
         self.spec, self.comm = spec, cm
         part, parts = shard or (cm.rank, cm.world_size)
-        self.device = device_for(spec.device_kind)
-        torch.manual_seed(spec.seed)  # same initial model on every rank
+        self.device = device_for(spec.placement.device_kind)
+        torch.manual_seed(spec.measurement.seed)  # same initial model on every rank
         info, model = workload.model(spec)  # the zoo's or a factory's
         self.model = with_precision(model, spec, cm.rank).to(self.device)
         self.weight_draws = weight_draws(spec, cm.rank)
         self.named = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
-        policy = layers.LayerPolicy(**spec.layers) if spec.layers else layers.LayerPolicy()
+        policy = spec.method.layers or layers.LayerPolicy()
         self.groups = layers.plan(
             [(n, p.numel()) for n, p in self.named.items()],
-            spec.compressor,
+            spec.method.compressor.given,
             policy,
             column_length={n: p.shape[-1] if p.dim() else 1 for n, p in self.named.items()},
         )
-        self.scaler = precision.LossScaler(enabled=spec.compute == "fp16")
+        self.scaler = precision.LossScaler(enabled=spec.compute.precision == "fp16")
         self.epoch_data: epochs.EpochData | None = None
         self.data: data.BatchSource | epochs.EpochBatches
-        if spec.data:  # a dataset factory: partitioned like the built-in datasets
+        if spec.workload.data:  # a dataset factory: partitioned like the built-in datasets
             self.epoch_data = workload.epoch_data(
                 spec, info, world_size=parts, rank=part, device=self.device
             )
-            self.data = epochs.EpochBatches(self.epoch_data, spec.batch_size, spec.seed, part)
-        elif spec.dataset == "synthetic":
+            self.data = epochs.EpochBatches(
+                self.epoch_data, spec.workload.batch_size, spec.measurement.seed, part
+            )
+        elif spec.workload.dataset == "synthetic":
             self.data = data.make(
-                spec.dataset, info, spec.batch_size, seed=spec.seed, rank=part,
+                spec.workload.dataset,
+                info,
+                spec.workload.batch_size,
+                seed=spec.measurement.seed,
+                rank=part,
                 device=self.device,
-            )  # fmt: skip
+            )
         else:  # a real dataset: this rank's partition of the training split, per-epoch order
             self.epoch_data = epochs.prepare(
-                spec.dataset, info.input_shape, world_size=parts, rank=part,
-                skew=spec.skew, seed=spec.seed, device=self.device,
+                spec.workload.dataset, info.input_shape, world_size=parts, rank=part,
+                skew=spec.workload.skew, seed=spec.measurement.seed, device=self.device,
             )  # fmt: skip
             self.data = epochs.EpochBatches(
-                self.epoch_data, spec.batch_size, spec.seed, part, spec.steps_per_epoch
+                self.epoch_data,
+                spec.workload.batch_size,
+                spec.measurement.seed,
+                part,
+                spec.measurement.steps_per_epoch,
             )
         self.opt = workload.optimizer(self.model.parameters(), spec)
         self.epoch_rows: list[dict[str, Any]] = []
@@ -116,25 +131,27 @@ class Training:
 
     @property
     def total_iterations(self) -> int:
-        if self.spec.epochs and isinstance(self.data, epochs.EpochBatches):
-            return self.spec.epochs * self.data.steps
-        return self.spec.warmup + self.spec.iterations
+        if self.spec.measurement.epochs and isinstance(self.data, epochs.EpochBatches):
+            return self.spec.measurement.epochs * self.data.steps
+        return self.spec.measurement.warmup + self.spec.measurement.iterations
 
     def before(self, it: int) -> None:
         """Outside the timed iteration: the epoch's learning rate."""
         batches = self.data
         if (
-            self.spec.epochs
+            self.spec.measurement.epochs
             and isinstance(batches, epochs.EpochBatches)
             and it % batches.steps == 0
         ):
-            lr = epochs.lr_at(self.spec.lr, self.spec.lr_schedule, it // batches.steps)
+            lr = epochs.lr_at(
+                self.spec.workload.lr, self.spec.workload.lr_schedule, it // batches.steps
+            )
             for group in self.opt.param_groups:
                 group["lr"] = lr
 
     def after(self, it: int) -> None:
         """Outside the timed iteration: evaluate when an epoch ends (accuracy mode)."""
-        if not self.spec.epochs or not isinstance(self.data, epochs.EpochBatches):
+        if not self.spec.measurement.epochs or not isinstance(self.data, epochs.EpochBatches):
             return
         if (it + 1) % self.data.steps == 0:
             self._end_epoch((it + 1) // self.data.steps, it + 1, self.data.steps)
@@ -155,13 +172,15 @@ class Training:
         epochs.quiet_allreduce(self.comm, sums)
         avg = self.eval_model()
         scores = epochs.evaluate(
-            avg, self.epoch_data, self.comm, self.loss_fn if self.spec.loss else None
+            avg, self.epoch_data, self.comm, self.loss_fn if self.spec.workload.loss else None
         )
         gn = float("nan")  # a full pass over the partition: only where it is the measure
         if (
-            self.spec.model in models.CONVEX and not self.spec.workload
+            self.spec.workload.model in models.CONVEX and not self.spec.workload.factory
         ):  # the same on every rank: all or none call
-            gn = epochs.gradient_norm(avg, self.epoch_data, self.comm, self.spec.weight_decay)
+            gn = epochs.gradient_norm(
+                avg, self.epoch_data, self.comm, self.spec.workload.weight_decay
+            )
         previous = self.epoch_rows[-1]["train_time_s"] if self.epoch_rows else 0.0
         self.epoch_rows.append({
             "run_id": self.spec.run_id, "epoch": epoch, "iteration": done,

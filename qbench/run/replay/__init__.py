@@ -41,7 +41,7 @@ import torch
 
 from qbench.errors import UserError
 from qbench.records.store import atomic_write_json, timeline_beside
-from qbench.spec.matrix import RunSpec
+from qbench.spec.runspec import RunSpec
 
 MEASURE_WARMUP = 3
 MEASURE_ITERATIONS = 20
@@ -114,11 +114,12 @@ class Draws:
 
 def key(spec: RunSpec) -> str:
     """Runs whose compute is the same: workload, batch, device and data (not the scheme)."""
-    what = {"model": spec.model, "params": spec.model_params, "workload": spec.workload,
-            "dataset": spec.dataset, "batch": spec.batch_size, "device": spec.device_kind,
-            "norm": spec.norm}  # fmt: skip
+    w = spec.workload
+    what = {"model": w.model, "params": w.model_params, "workload": w.factory,
+            "dataset": w.dataset, "batch": w.batch_size, "device": spec.placement.device_kind,
+            "norm": spec.compute.norm}  # fmt: skip
     text = json.dumps(what, sort_keys=True, default=str)
-    return f"{spec.model}-b{spec.batch_size}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
+    return f"{w.model}-b{w.batch_size}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
 
 
 def _sync(device: torch.device) -> None:
@@ -196,13 +197,13 @@ def derived(spec: RunSpec, tflops: float, tbps: float, device: str) -> Timeline:
     stats = workload.model_stats(spec)
     if not stats["gflops_per_sample"] > 0:
         raise UserError(
-            f"{spec.model}: its forward FLOPs cannot be counted on the meta device, so no "
+            f"{spec.workload.model}: its forward FLOPs cannot be counted on the meta device, so no "
             "timeline can be derived; measure one instead (`compute: replay` without `timeline:`)"
         )
     with torch.device("meta"):
         _, net = workload.model(spec)
     named = [(n, p.numel()) for n, p in net.named_parameters() if p.requires_grad]
-    forward = stats["gflops_per_sample"] * 1e9 * spec.batch_size / (tflops * 1e12)
+    forward = stats["gflops_per_sample"] * 1e9 * spec.workload.batch_size / (tflops * 1e12)
     backward, total = 2 * forward, sum(k for _, k in named)
     params, done = [], 0
     for name, numel in reversed(named):
@@ -211,7 +212,8 @@ def derived(spec: RunSpec, tflops: float, tbps: float, device: str) -> Timeline:
     step = STEP_BYTES_PER_PARAM * total / (tbps * 1e12)
     source = (
         f"derived: {stats['gflops_per_sample']:.4g} GFLOP/sample forward x batch "
-        f"{spec.batch_size} / {tflops:g} TFLOP/s (stated), backward 2x forward, gradients ready "
+        f"{spec.workload.batch_size} / {tflops:g} TFLOP/s (stated), backward 2x forward, gradients "
+        "ready "
         f"in reverse parameter order by parameter count, step {STEP_BYTES_PER_PARAM} B/param / "
         f"{tbps:g} TB/s (stated)"
     )
@@ -227,19 +229,19 @@ def shared(run: Any, parts: Path) -> Timeline:
     cm, spec = run.comm, run.spec
     cache = parts.parent.parent / TIMELINES / f"{key(spec)}.json"
     atomic_write_json(parts / f"replay-ready-{cm.rank}.json", {"rank": cm.rank})
-    if cm.rank == 0 and spec.timeline:  # supplied (scenario `timeline:`), labelled as such
-        atomic_write_json(timeline_beside(parts), supplied(spec.timeline, run.named))
+    if cm.rank == 0 and spec.clock.timeline:  # supplied (scenario `timeline:`), labelled as such
+        atomic_write_json(timeline_beside(parts), supplied(spec.clock.timeline, run.named))
     elif cm.rank == 0:
         if not cache.exists():
             _wait(lambda: all((parts / f"replay-ready-{r}.json").exists()
-                              for r in range(cm.world_size)), spec.timeout)  # fmt: skip
+                              for r in range(cm.world_size)), spec.measurement.timeout)  # fmt: skip
             cache.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_json(cache, measure(run).to_dict())
         atomic_write_json(timeline_beside(parts), json.loads(cache.read_text()))
     else:
-        _wait(timeline_beside(parts).exists, spec.timeout)
+        _wait(timeline_beside(parts).exists, spec.measurement.timeout)
     recorded = Timeline.from_dict(json.loads(timeline_beside(parts).read_text()))
-    return recorded.dilated(spec.dilation)
+    return recorded.dilated(spec.clock.dilation)
 
 
 def supplied(path: str, named: dict[str, Any]) -> dict[str, Any]:

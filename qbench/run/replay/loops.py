@@ -22,7 +22,7 @@ from qbench.run.loops.ddp import DDPRun
 from qbench.run.loops.flat import Run
 from qbench.run.replay import codec as replay_codec
 from qbench.spec.codec_times import CodecTimes
-from qbench.spec.matrix import RunSpec
+from qbench.spec.runspec import RunSpec
 from qbench.timing import Pacing, PhaseTimer
 
 NAN = float("nan")  # a replayed run has no loss: its model does not learn
@@ -47,7 +47,7 @@ class ReplayRun(Run):
         _own_gradient(self)
         self.grad = self.flat.clone()  # rank 0's measurement below changes .grad
         self.timeline = replay.shared(self, parts)
-        self.draws = replay.Draws(self.timeline, spec.seed, cm.rank)
+        self.draws = replay.Draws(self.timeline, spec.measurement.seed, cm.rank)
         self._step_s = 0.0
 
     def iteration(self, it: int, timer: PhaseTimer) -> None:
@@ -68,15 +68,17 @@ class ReplayRun(Run):
         replay.sleep_until(time.perf_counter() + self._step_s)
 
     def _codec(self, compressor: Compressor) -> Compressor:
-        if not self.spec.codec_time or compressor.name == "none":
+        if not self.spec.clock.codec_time or compressor.name == "none":
             return compressor
-        times = _codec_times(self.spec.codec_time)
-        wrapped = replay_codec.ReplayedCodec(compressor, times, self.spec.dilation, self.pacing)
+        times = _codec_times(self.spec.clock.codec_time)
+        wrapped = replay_codec.ReplayedCodec(
+            compressor, times, self.spec.clock.dilation, self.pacing
+        )
         return cast(Compressor, wrapped)  # the scheme calls only what the wrapper passes on
 
     def _record(self, it: int, timer: PhaseTimer, skipped: bool = False) -> None:
         super()._record(it, timer, skipped)
-        if self.spec.codec_time:
+        if self.spec.clock.codec_time:
             self.rows[-1]["codec_overrun"] = float(self.pacing.overruns)
             self.pacing.overruns = 0
 
@@ -103,7 +105,7 @@ class ReplayDDPRun(DDPRun):
         cap = float(self.options["bucket_cap_mb"])
         self.buckets = [(names, max(ready[n] for n in names))
                         for names in replay.ddp_buckets(self.timeline, cap)]  # fmt: skip
-        self.draws = replay.Draws(self.timeline, spec.seed, cm.rank)
+        self.draws = replay.Draws(self.timeline, spec.measurement.seed, cm.rank)
         self._step_s = 0.0
 
     def _wrap(self) -> None:

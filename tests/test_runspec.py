@@ -1,0 +1,103 @@
+"""RunSpec, the one value of a run (issue 45 item 1): nested, typed, and the same flat record.
+
+* Its parts hold no ``dict[str, Any]`` but a user's factory parameters (and the epoch schedule),
+  and no plain ``str`` whose values form a closed set: those are ``Literal`` types, whose values
+  are the tuples the scenario checks against.
+* Every run of every shipped scenario writes the flat mapping records have always held and
+  reads back equal; a record of schema 1 (no keys added later) still loads.
+* The replay's clock is one value: dilation, the replayed timeline and codec time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from collections.abc import Mapping
+
+import pytest
+
+from qbench.spec import parts, scenario
+from qbench.spec.runspec import RunSpec
+from tests import shipped_results
+
+PARTS = (parts.Workload, parts.Method, parts.Placement, parts.Compute, parts.Measurement,
+         parts.Replay)  # fmt: skip
+FACTORY_FIELDS = {"model_params", "factory", "data", "optimizer", "loss", "lr_schedule"}
+"""The mappings left: a user factory's own parameters, and the epoch schedule."""
+OPEN_STRINGS = {"model", "dataset", "timeline", "codec_time"}
+"""Strings whose values are open: a zoo model or a factory's label, a dataset, paths."""
+FLAT_KEYS = [
+    "scenario", "model", "dataset", "world_size", "backend", "scheme", "compressor", "batch_size",
+    "warmup", "iterations", "lr", "momentum", "seed", "timeout", "telemetry", "layers",
+    "scheme_params", "network", "model_params", "repeat", "nodes", "device", "price_per_hour",
+    "epochs", "lr_schedule", "weight_decay", "skew", "target_accuracy", "compute", "norm",
+    "weight_bits", "rounding", "steps_per_epoch", "profile", "workload", "data", "optimizer",
+    "loss", "nonfinite", "dilation", "timeline", "codec_time",
+]  # fmt: skip
+"""run.json's ``spec`` keys, in the order every record since schema 1 has them."""
+
+
+def _fields() -> list[tuple[str, str, object]]:
+    return [(cls.__name__, name, hint) for cls in PARTS
+            for name, hint in typing.get_type_hints(cls).items()]  # fmt: skip
+
+
+def test_no_part_holds_a_loose_dict_but_a_factorys_parameters() -> None:
+    loose = [f"{c}.{n}" for c, n, hint in _fields()
+             if typing.get_origin(hint) in (dict, Mapping) or hint is parts.Factory]  # fmt: skip
+    assert sorted(loose) == sorted(f"Workload.{n}" for n in FACTORY_FIELDS)
+
+
+def test_closed_sets_are_literals_and_the_scenario_checks_against_them() -> None:
+    plain = [f"{c}.{n}" for c, n, hint in _fields() if hint is str and n not in OPEN_STRINGS]
+    assert plain == []
+    assert scenario.BACKENDS == parts.BACKENDS and scenario.NORMS == parts.NORMS
+    assert scenario.NONFINITE == parts.NONFINITE and scenario.ROUNDING == parts.ROUNDINGS
+    assert (*parts.PRECISIONS, parts.REPLAY) == scenario.COMPUTE
+
+
+def _shipped_runs() -> list[RunSpec]:
+    return [r for path in (*shipped_results.SHIPPED, shipped_results.DEFAULT)
+            for r in shipped_results.runs(path)]  # fmt: skip
+
+
+def test_every_shipped_run_writes_the_flat_record_and_reads_back_equal() -> None:
+    runs = _shipped_runs()
+    assert len(runs) > 500
+    for run in runs:
+        flat = json.loads(json.dumps(run.to_dict()))  # as spec.json holds it
+        assert list(flat) == FLAT_KEYS
+        back = RunSpec.from_dict(flat)
+        assert back == run and back.run_id == run.run_id and back.labels() == run.labels()
+
+
+def test_a_schema_1_record_loads_with_the_later_keys_defaults() -> None:
+    old = {"scenario": "s", "model": "mlp", "dataset": "synthetic", "world_size": 2,
+           "backend": "gloo", "scheme": "reduce-broadcast", "compressor": {"name": "qsgd"},
+           "batch_size": 8, "warmup": 1, "iterations": 3, "lr": 0.1, "momentum": 0.9,
+           "seed": 0, "timeout": 60}  # fmt: skip
+    spec = RunSpec.from_dict(old)
+    assert spec.method.compressor.name == "qsgd" and spec.method.layers is None
+    assert spec.compute.name == "fp32" and spec.compute.replay is None
+    assert spec.placement.network.written() == {} and not spec.link.shaped
+    assert {k: v for k, v in spec.to_dict().items() if k in old} == old
+
+
+def test_unknown_keys_and_a_clock_without_replay_are_refused() -> None:
+    (run,) = shipped_results.runs(shipped_results.DEFAULT)[:1]
+    with pytest.raises(TypeError, match="unknown run spec keys: colour"):
+        RunSpec.from_dict({**run.to_dict(), "colour": "red"})
+    with pytest.raises(ValueError, match="need compute replay"):
+        RunSpec.from_dict({**run.to_dict(), "dilation": 4.0})
+
+
+def test_the_replay_owns_the_clock() -> None:
+    run = shipped_results.runs(shipped_results.DEFAULT)[0]
+    assert run.clock == parts.Replay() and run.shaped_topology == run.placement.topology
+    slow = run.replaced(compute="replay", dilation=4.0, network={"bandwidth": "1gbit"})
+    assert slow.compute.replay is slow.clock and slow.clock.dilation == 4.0
+    assert slow.shaped_topology.inter.bits_per_s == 1e9 / 4  # shaped at rate / D
+    assert slow.clock.stretched(0.5) == 2.0 and slow.clock.undone(2.0) == 0.5
+    assert slow.labels()["dilation"] == 4.0 and slow.run_id.endswith(slow.run_id[-10:])
+    assert dataclasses.replace(slow.clock, dilation=1.0) == parts.Replay()
