@@ -279,13 +279,20 @@ def test_dilated_ddp_buckets_go_out_at_d_times_their_ready_instants(
 def test_reports_divide_dilated_times() -> None:
     import pandas as pd
 
+    from qbench.records.view import clock
     from qbench.report.stats import _undilated
+    from qbench.spec.parts import Replay
 
     frame = pd.DataFrame({"t_iteration": [1.0, 2.0], "t_comm": [0.5, 1.0], "bytes_sent": [8, 8]})
-    out = _undilated(frame.copy(), 10)
+    out = _undilated(frame.copy(), Replay(dilation=10))
     assert list(out["t_iteration"]) == [0.1, 0.2] and list(out["t_comm"]) == [0.05, 0.1]
     assert list(out["bytes_sent"]) == [8, 8]  # bytes are what they are
-    assert _undilated(frame.copy(), None).equals(frame)
+    assert _undilated(frame.copy(), Replay()).equals(frame)
+    # the clock comes from the recorded spec, whatever the label says (issue 45 item 4)
+    spec = _matrix("dilation: 4\nnetwork: {bandwidth: 1gbit}\n").runs[0]
+    assert clock({"spec": spec.to_dict(), "labels": {"dilation": 9}}).dilation == 4
+    assert clock({"spec": {}, "labels": {"dilation": 9}}).dilation == 9  # no spec: the label
+    assert clock({"spec": {}, "labels": {}}) == Replay()
 
 
 def test_each_rank_draws_its_own_measured_iterations() -> None:

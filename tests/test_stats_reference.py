@@ -130,6 +130,7 @@ def test_record_row_machine_cores_provenance_and_profile() -> None:
         "host_cores": 4,
         "git_commit": "abc",
         "profiled": True,
+        "dilation": 1.0,  # the clock's: a spec without compute replay runs on the real clock
         "other_cores": None,  # no interference recorded: unknown, not quiet
         "disturbed": None,
         "peak_rss_mib": None,  # no memory recorded (schema before 3): unknown

@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 from qbench import catalog
 from qbench.spec import network
 from qbench.spec.network import Link
+from qbench.spec.parts import Replay
+from qbench.spec.runspec import RunSpec
 
 T = TypeVar("T")
 
@@ -100,3 +102,15 @@ def _link(spec: Mapping[str, Any], labels: Mapping[str, Any]) -> Link:
         return network.link(spec["network"])
     shown = labels.get("network")
     return network.option(shown if isinstance(shown, str) else None)
+
+
+def clock(record: Mapping[str, Any]) -> Replay:
+    """The run's clock (``qbench.spec.parts.Replay``): a replayed run's, with its dilation, from
+    the recorded spec; the real clock for a measured run. A record whose spec cannot be read
+    (none, a plug-in not loaded) falls back to its ``dilation`` label (none: 1)."""
+    spec = record.get("spec") or {}
+    try:
+        return RunSpec.from_dict(spec).clock
+    except (ValueError, TypeError, KeyError, AttributeError):  # UserError is a ValueError
+        shown = (record.get("labels") or {}).get("dilation")
+        return Replay(dilation=float(shown)) if shown not in (None, 1, 1.0) else Replay()

@@ -31,8 +31,9 @@ from qbench.records.schema import (
     iterations_frame,
 )
 from qbench.records.store import ResultStore
-from qbench.records.view import run_specs_each
+from qbench.records.view import clock, run_specs_each
 from qbench.report import accuracy, async_stats, intervals, names, precision, speedups
+from qbench.spec.parts import Replay
 
 UNREADABLE = "unreadable"
 PROFILED = "profiled"
@@ -157,27 +158,27 @@ def _load_run(store: ResultStore, run_id: str) -> tuple[dict[str, Any], pd.DataF
         return _unreadable(run_id, f"run.json: {_reason(exc)}"), None
     # names: what the labels stand for; specs this qbench cannot read (a plug-in that is not
     # installed, UserError) leave the labels shown as they are, never fail the run's row
-    names.learn(record.labels, run_specs_each({"spec": record.spec, "labels": record.labels}))
+    recorded = {"spec": record.spec, "labels": record.labels}
+    names.learn(record.labels, run_specs_each(recorded))
     path = store.iterations_path(run_id)
     if not path.exists():
         if row["status"] == "ok":
             row.update(status=UNREADABLE, error="status ok but iterations.parquet is missing")
         return row, None
     try:
-        return row, _undilated(_read_iterations(path, run_id), record.labels.get("dilation"))
+        return row, _undilated(_read_iterations(path, run_id), clock(recorded))
     except Exception as exc:  # pyarrow raises many types (ArrowInvalid, OSError, ...)
         if row["status"] == "ok":  # a failed run's partial parquet is not worth a status
             row.update(status=UNREADABLE, error=f"iterations.parquet: {_reason(exc)}")
         return row, None
 
 
-def _undilated(frame: pd.DataFrame, dilation: Any) -> pd.DataFrame:
-    """A time-dilated run's times divided by its dilation: the times of the system it stands
-    for (qbench.run.replay); iterations.parquet keeps the measured ones."""
-    factor = float(dilation or 1)
-    if factor != 1:
+def _undilated(frame: pd.DataFrame, run_clock: Replay) -> pd.DataFrame:
+    """A time-dilated run's times as the run's clock undoes them: the times of the system it
+    stands for (qbench.run.replay); iterations.parquet keeps the measured ones."""
+    if run_clock.dilation != 1:
         times = [c for c in frame.columns if c.startswith("t_")]
-        frame[times] = frame[times] / factor
+        frame[times] = run_clock.undone(frame[times])
     return frame
 
 
@@ -200,6 +201,8 @@ def _record_row(run_id: str, record: RunRecord) -> dict[str, Any]:
     spec = record.spec if isinstance(record.spec, dict) else {}
     # profile: true (qbench.run.profile): measured, but slowed, so never compared
     fixed["profiled"] = bool(record.labels.get("profiled") or spec.get("profile"))
+    # the clock the times were undone by (_undilated), not the label
+    fixed["dilation"] = clock({"spec": spec, "labels": record.labels}).dilation
     fixed["other_cores"] = interference.other_cores(record.interference)
     fixed["disturbed"] = interference.disturbed(record.interference)
     fixed.update(memory.peaks(record.memory))
