@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,16 @@ from qbench.report import tables as report
 from qbench.report.plots import study as plots_study
 from tests.test_report import add_run, labels, rows_for
 from tests.test_speedups_reference import DDP, FLAT, QSGD, _add, _col, _run
+
+VOCABULARY = names.Vocabulary()
+"""What this file's hand-made labels stand for, as ``stats.load`` learns a results directory's."""
+
+
+@pytest.fixture(autouse=True)
+def _named_by_this_files_vocabulary() -> Iterator[None]:
+    with names.using(VOCABULARY):
+        yield
+
 
 BF16 = {"compressor_name": "bf16", "compressor": "bf16"}
 FP16 = {"compressor_name": "fp16", "compressor": "fp16"}
@@ -87,8 +98,8 @@ def test_the_rule_is_the_catalog_capability_and_the_recorded_scheme() -> None:
     plain = {n for n, e in catalog.COMPRESSORS.items() if e.uncompressed}
     assert plain == {"none", "fp16", "bf16"}  # casts; powersgd, qsgd, topk ... compress
     # a recorded scheme that does not reduce (speed-only) makes even bf16 no baseline
-    names.learn({"scheme": "sim-x"}, RunParts(None, catalog.scheme("simulated-lowprec"), None))
-    names.learn({"scheme": "ddp-x"}, RunParts(None, catalog.scheme("ddp"), None))
+    VOCABULARY.learn({"scheme": "sim-x"}, RunParts(None, catalog.scheme("simulated-lowprec"), None))
+    VOCABULARY.learn({"scheme": "ddp-x"}, RunParts(None, catalog.scheme("ddp"), None))
     table = pd.DataFrame({"compressor_name": ["bf16", "bf16", "qsgd", None],
                           "scheme": ["sim-x", "ddp-x", "ddp-x", "ddp-x"]})  # fmt: skip
     assert speedups.uncompressed(table).tolist() == [False, True, False, False]
@@ -103,7 +114,7 @@ def test_a_schemes_own_codec_makes_a_run_compressed() -> None:
         "fsdp-ag-bf16": {"name": "fsdp", "all_gather": "bf16"},
         "ps-down-q": {"name": "parameter-server", "down": {"name": "qsgd", "bits": 8}},
     }.items():
-        names.learn({"scheme": key}, RunParts(None, catalog.scheme(spec), None))
+        VOCABULARY.learn({"scheme": key}, RunParts(None, catalog.scheme(spec), None))
     schemes = ["fsdp-x", "fsdp-ag-q", "fsdp-ag-bf16", "ps-down-q"]
     table = pd.DataFrame({"compressor_name": ["bf16", "bf16", "none", "none"], "scheme": schemes})
     assert speedups.uncompressed(table).tolist() == [True, False, True, False]

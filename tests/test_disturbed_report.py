@@ -15,7 +15,7 @@ from qbench.records.schema import RunRecord, iterations_frame
 from qbench.records.store import INDEX_MD, SUMMARY_MD, ResultStore, atomic_write_json
 from qbench.report import ab_report as comparison_mod
 from qbench.report import ab_stats as compare
-from qbench.report import stats
+from qbench.report import names, stats
 from qbench.report import tables as report
 from qbench.report.plots import utility as plots_utility
 from tests.test_interference import _doc
@@ -141,13 +141,14 @@ def test_the_utility_figure_takes_no_disturbed_baseline() -> None:
     """test_utility's summary (DDP fp32 at 100 samples/s on every link, QSGD at 100 at
     1 Gbit/s) with a second DDP fp32 run at 1 Gbit/s measured at 50 while disturbed: left out,
     QSGD stays at 100 / 100; taken in, the baseline would be the median 75 (1.33x)."""
-    from tests.test_utility import _summary
+    from tests.test_utility import VOCABULARY, _summary
 
     table = _summary().assign(left_out=False)
     shaken = table[
         (table["network"] == "1gbit") & (table["scheme"] == "ddp") & (table["compressor"] == "fp32")
     ].assign(samples_per_s=50.0, left_out=True)
-    rows = plots_utility.utility_rows(pd.concat([table, shaken], ignore_index=True))
+    with names.using(VOCABULARY):
+        rows = plots_utility.utility_rows(pd.concat([table, shaken], ignore_index=True))
     at_1g = rows[(rows["compressor"] == "qsgd-4b-b512") & (rows["bps"] == 1e9)]["vs_ddp"]
     assert list(at_1g) == [pytest.approx(1.0)]
 

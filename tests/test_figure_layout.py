@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import matplotlib
 import numpy as np
@@ -31,6 +31,16 @@ from qbench.report.plots import study as plots_study
 from qbench.report.plots import utility as plots_utility
 from qbench.spec.network import Link
 from tests import test_report, test_report_study, test_utility
+
+VOCABULARY = names.Vocabulary()
+"""What this file's hand-made labels stand for, as ``stats.load`` learns a results directory's."""
+
+
+@pytest.fixture(autouse=True)
+def _named_by_this_files_vocabulary() -> Iterator[None]:
+    with names.using(VOCABULARY):
+        yield
+
 
 TOLERANCE = 1.0  # pixels: boxes that merely touch are fine
 
@@ -145,15 +155,34 @@ def machine_labels(fig: Figure) -> list[str]:
 def speed(tmp_path_factory: pytest.TempPathFactory) -> pd.DataFrame:
     root = tmp_path_factory.mktemp("speed")
     test_report.build(root)
-    return stats.summarize(stats.load(root))
+    return stats.summarize(_learned(stats.load(root)))
 
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[pd.DataFrame, pd.DataFrame]:
     root = tmp_path_factory.mktemp("study")
     test_report_study.build(root)
-    results = stats.load(root)
+    results = _learned(stats.load(root))
     return stats.summarize(results), results.epochs
+
+
+def _utility_summary() -> pd.DataFrame:
+    """test_utility's summary, with what its labels stand for (learned in its file's
+    vocabulary) added to this file's."""
+    summary = test_utility._summary()
+    for mine, theirs in ((VOCABULARY.compressors, test_utility.VOCABULARY.compressors),
+                         (VOCABULARY.schemes, test_utility.VOCABULARY.schemes),
+                         (VOCABULARY.links, test_utility.VOCABULARY.links)):  # fmt: skip
+        mine.update(theirs)
+    return summary
+
+
+def _learned(results: stats.Results) -> stats.Results:
+    """``results`` with what their labels stand for added to this file's vocabulary."""
+    VOCABULARY.compressors.update(results.names.compressors)
+    VOCABULARY.schemes.update(results.names.schemes)
+    VOCABULARY.links.update(results.names.links)
+    return results
 
 
 def crowded_accuracy() -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -173,7 +202,7 @@ def crowded_accuracy() -> tuple[pd.DataFrame, pd.DataFrame]:
     for i, (scheme, comp, name, bits, time, top1) in enumerate(configs):
         # a summary made by hand: its labels learned as stats.load learns recorded specs
         specs = RunSpecs(catalog.from_label(comp), catalog.scheme_from_label(scheme), Link())
-        names.learn({"scheme": scheme, "compressor": comp}, specs)
+        VOCABULARY.learn({"scheme": scheme, "compressor": comp}, specs)
         for seed in (0, 1):
             run_id = f"r{i}-s{seed}"
             rows.append({
@@ -198,7 +227,7 @@ FIGURES: dict[str, Callable[..., Figure | None]] = {
     "accuracy": lambda speed, study: plots_accuracy.accuracy_figure(*study),
     "accuracy (crowded)": lambda speed, study: plots_accuracy.accuracy_figure(
         *crowded_accuracy()),
-    "utility": lambda speed, study: plots_utility.utility_figure(test_utility._summary()),
+    "utility": lambda speed, study: plots_utility.utility_figure(_utility_summary()),
 }  # fmt: skip
 
 

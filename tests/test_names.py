@@ -5,6 +5,7 @@ parameters (the fallback of records without a spec)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,19 +18,24 @@ from qbench.records.view import RunSpecs
 from qbench.report import names, stats
 from qbench.spec.network import Link
 
+VOCABULARY = names.Vocabulary()
+"""What the test running now learned, as ``stats.load`` learns a results directory's."""
+
 
 @pytest.fixture(autouse=True)
-def _nothing_learned(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test starts from what it learns itself (loads elsewhere fill the same tables)."""
-    for table in ("_COMPRESSORS", "_SCHEMES", "_LINKS"):
-        monkeypatch.setattr(names, table, {})
+def _nothing_learned() -> Iterator[None]:
+    """Each test starts from what it learns itself, named by that alone."""
+    global VOCABULARY
+    VOCABULARY = names.Vocabulary()
+    with names.using(VOCABULARY):
+        yield
 
 
 def _learn(scheme: str = "allreduce", compressor: str = "fp32") -> None:
     """What ``stats.load`` does for a run without a spec: its labels, read back by the catalog
     (``records.view``'s fallback), stand for its specs."""
     specs = RunSpecs(catalog.from_label(compressor), catalog.scheme_from_label(scheme), Link())
-    names.learn({"scheme": scheme, "compressor": compressor}, specs)
+    VOCABULARY.learn({"scheme": scheme, "compressor": compressor}, specs)
 
 
 COMPRESSORS = {  # label -> (full name, brief name)
@@ -148,7 +154,7 @@ def test_names_come_from_the_recorded_spec_not_the_label() -> None:
     """A label that says 4 bits, learned with a 2-bit spec, is named by the spec."""
     two = catalog.compressor({"name": "qsgd", "bits": 2, "bucket_size": 128})
     ring = catalog.scheme({"name": "gossip", "algorithm": "choco", "topology": "ring"})
-    names.learn({"compressor": "qsgd-4b-b512", "scheme": "allreduce", "network": "1gbit"},
+    VOCABULARY.learn({"compressor": "qsgd-4b-b512", "scheme": "allreduce", "network": "1gbit"},
                 RunSpecs(two, ring, Link(1e8, "100mbit")))  # fmt: skip
     assert names.compressor("qsgd-4b-b512") == "QSGD 2-bit, bucket 128"
     assert names.scheme("allreduce") == "Choco-SGD, ring"
@@ -166,8 +172,26 @@ def test_loading_a_results_directory_learns_its_runs_specs(tmp_path: Path) -> No
     store.write_record(_record("q", {"name": "qsgd", "bits": 8, "bucket_size": 256}, labels))
     plugin = {"compressor": "mycodec-3", "scheme": "ddp", "network": "1gbit"}
     store.write_record(_record("p", {"name": "mycodec", "level": 3}, plugin))  # not installed
-    runs = stats.load(tmp_path).runs.set_index("run_id")
-    assert names.method("ddp", "qsgd-8b-b256") == "DDP QSGD 8-bit, bucket 256"  # not 512: kept
-    assert names.link("1gbit") == Link(1e9, "1gbit")
-    assert names.compressor("mycodec-3") == "mycodec-3"
+    results = stats.load(tmp_path)
+    runs = results.runs.set_index("run_id")
+    with names.using(results.names):
+        assert names.method("ddp", "qsgd-8b-b256") == "DDP QSGD 8-bit, bucket 256"  # not 512
+        assert names.link("1gbit") == Link(1e9, "1gbit")
+        assert names.compressor("mycodec-3") == "mycodec-3"
     assert runs.loc["p", "status"] == "failed"  # read all the same, not "unreadable"
+
+
+def test_runs_are_named_by_the_vocabulary_in_scope_only() -> None:
+    """No module state (issue 45 item 5): what one load learned names nothing outside its own
+    block, so a second report in the same process names its runs as it would alone."""
+    two = catalog.compressor({"name": "qsgd", "bits": 2, "bucket_size": 128})
+    mine = names.Vocabulary()
+    mine.learn({"compressor": "qsgd-4b-b512"}, RunSpecs(two, catalog.scheme("allreduce"), Link()))
+    with names.using(mine):
+        assert names.compressor("qsgd-4b-b512") == "QSGD 2-bit, bucket 128"
+        with names.using(names.Vocabulary()):  # another results directory's
+            assert names.compressor("qsgd-4b-b512") == "qsgd-4b-b512"
+    assert names.compressor("qsgd-4b-b512") == "qsgd-4b-b512"  # this test's own: learned none
+    both = mine.merged(names.Vocabulary())
+    with names.using(both):
+        assert names.compressor("qsgd-4b-b512") == "QSGD 2-bit, bucket 128"

@@ -18,7 +18,7 @@ import pytest
 from qbench.errors import UserError
 from qbench.records.schema import RunRecord, iterations_frame
 from qbench.records.store import ResultStore
-from qbench.report import plots, stats
+from qbench.report import names, plots, stats
 from qbench.report import tables as report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -231,7 +231,8 @@ def test_write_report_files(written: report.ReportPaths) -> None:
 @pytest.mark.parametrize("fmt", report.FORMATS)
 def test_render_formats(written: report.ReportPaths, fmt: str) -> None:
     out = io.StringIO()
-    report.render(written.summary, fmt, out)
+    with names.using(stats.load(written.summary_csv.parents[1]).names):  # as write_report does
+        report.render(written.summary, fmt, out)
     text = out.getvalue()
     label = "QSGD 4-bit, bucket 512" if fmt == "md" else "qsgd-4b-b512"  # csv, json: labels
     assert fmt == "table" or (label in text and "mlp-failed" in text)

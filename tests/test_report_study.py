@@ -4,6 +4,7 @@ hand-written result directories (no ranks launched)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,8 @@ import pytest
 
 from qbench.records.schema import epochs_frame
 from qbench.records.store import EPOCHS, ResultStore, atomic_write_parquet
+from qbench.report import names, stats
 from qbench.report import page as report_page
-from qbench.report import stats
 from qbench.report import tables as report
 from qbench.report.plots import study as plots_study
 from tests.test_report import add_run, labels, rows_for, sps
@@ -77,8 +78,21 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def summary(root: Path) -> pd.DataFrame:
-    return stats.summarize(stats.load(root)).set_index("run_id", drop=False)
+def results(root: Path) -> stats.Results:
+    return stats.load(root)
+
+
+@pytest.fixture(autouse=True)
+def _named_by_the_results(root: Path) -> Iterator[None]:
+    """Figures drawn by hand, as ``write_report`` draws them: named by what their runs
+    recorded."""
+    with names.using(stats.load(root).names):
+        yield
+
+
+@pytest.fixture(scope="module")
+def summary(results: stats.Results) -> pd.DataFrame:
+    return stats.summarize(results).set_index("run_id", drop=False)
 
 
 @pytest.fixture(scope="module")

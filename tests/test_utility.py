@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -13,6 +14,16 @@ from qbench.records.view import RunSpecs
 from qbench.report import names
 from qbench.report.plots import utility as plots_utility
 from qbench.spec import network
+
+VOCABULARY = names.Vocabulary()
+"""What this file's hand-made labels stand for, as ``stats.load`` learns a results directory's."""
+
+
+@pytest.fixture(autouse=True)
+def _named_by_this_files_vocabulary() -> Iterator[None]:
+    with names.using(VOCABULARY):
+        yield
+
 
 # samples/s per (network, scheme, compressor): DDP fp32 is 100 everywhere; QSGD flat is 50 on
 # loopback, 100 at 1 Gbit/s and 200 at 100 Mbit/s, so it crosses 1x at exactly 1 Gbit/s.
@@ -34,7 +45,7 @@ def _summary() -> pd.DataFrame:
     for net, scheme, comp, _ in SPS:
         specs = RunSpecs(catalog.from_label(comp), catalog.scheme_from_label(scheme),
                          network.option(net))  # fmt: skip
-        names.learn({"network": net, "scheme": scheme, "compressor": comp}, specs)
+        VOCABULARY.learn({"network": net, "scheme": scheme, "compressor": comp}, specs)
     rows = [
         {"model": "vgg16-cifar", "dataset": "synthetic", "backend": "gloo", "world_size": 2,
          "precision": "fp32", "network": net, "scheme": scheme, "compressor": comp,

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from qbench.errors import choice_error
 from qbench.records.store import COMPARE_CSV, COMPARE_MD, ResultStore, atomic_write_bytes
-from qbench.report import ab_stats, disturbed, names
+from qbench.report import ab_stats, disturbed, names, stats
 from qbench.report.tables import (
     FORMATS,
     NA,
@@ -26,7 +26,7 @@ from qbench.report.tables import (
     failed_rows,
     failed_runs,
     is_missing,
-    load_summary,
+    load_results,
     ms_cell,
     number_cell,
     text_cell,
@@ -52,7 +52,16 @@ def write_comparison(
     if fmt is not None and fmt not in FORMATS:
         raise choice_error("report format", fmt, FORMATS)
     # one-line errors for missing / empty dirs
-    sa, sb = load_summary(a, include_disturbed), load_summary(b, include_disturbed)
+    ra, rb = load_results(a), load_results(b)
+    with names.using(ra.names.merged(rb.names)):
+        return _write_comparison(a, b, fmt, out, include_disturbed, ra, rb)
+
+
+def _write_comparison(
+    a: Path | str, b: Path | str, fmt: str | None, out: TextIO | None, include_disturbed: bool,
+    ra: stats.Results, rb: stats.Results,
+) -> tuple[Path, Path, pd.DataFrame]:  # fmt: skip
+    sa, sb = stats.summarize(ra, include_disturbed), stats.summarize(rb, include_disturbed)
     frame = ab_stats.compare(a, b, include_disturbed)
     report_dir = ResultStore(b).report_dir()
     csv_path, md_path = report_dir / COMPARE_CSV, report_dir / COMPARE_MD

@@ -3,18 +3,23 @@ them ("Choco-SGD, ring", "QSGD 4-bit, bucket 512", "DDP fp32", "QSGD 4-bit per D
 
 The facts (what each parameter is called) are the catalog entries' ``display`` functions; the
 parameters are the typed specs each run recorded, never parsed from its labels. ``stats.load``
-reads every run's specs (``qbench.records.view.run_specs``) and hands them here with the labels
-the run stored (:func:`learn`); tables and figures, which only see the labels, look the specs
-up by label (:func:`compressor_spec`, :func:`scheme_spec`, :func:`link`). What is learned stays
-for the process (a report may load two directories, ``qbench compare``); a label stands for one
-spec, since the catalog makes labels from specs, so a later load only adds. A label no loaded
-run recorded (a plug-in that is not installed, a file from a newer qbench) is shown as it is.
-CSV files keep the machine labels; only what people read is renamed.
+reads every run's specs (``qbench.records.view.run_specs``) into the results' own
+:class:`Vocabulary` (label -> spec); tables and figures, which only see the labels, look the
+specs up by label (:func:`compressor_spec`, :func:`scheme_spec`, :func:`link`) in the
+vocabulary of the results they draw, which :func:`using` puts in scope for the block that draws
+them. Nothing is kept between loads: two reports in one process name runs as each of them alone
+would (a report once wrote another page after other results had been loaded in the process). A
+label no loaded run recorded (a plug-in that is not installed, a file from a newer qbench) is
+shown as it is. CSV files keep the machine labels; only what people read is renamed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from qbench import catalog
@@ -56,36 +61,70 @@ def codec_devices(rows: Any) -> list[str]:
     return sorted({str(d) for d in rows["codec_time"].dropna() if str(d)})
 
 
-_COMPRESSORS: dict[str, catalog.CompressorSpec] = {}
-_SCHEMES: dict[str, catalog.SchemeSpec] = {}
-_LINKS: dict[str, Link] = {}
+@dataclass(frozen=True)
+class Vocabulary:
+    """What the labels of one set of results stand for."""
+
+    compressors: dict[str, catalog.CompressorSpec] = field(default_factory=dict)
+    schemes: dict[str, catalog.SchemeSpec] = field(default_factory=dict)
+    links: dict[str, Link] = field(default_factory=dict)
+
+    def learn(self, labels: Mapping[str, Any], specs: RunParts) -> None:
+        """Remember what a run's ``compressor``, ``scheme`` and ``network`` labels stand for
+        (the parts that could be read)."""
+        compressor, scheme, network = (labels.get(k) for k in ("compressor", "scheme", "network"))
+        if isinstance(compressor, str) and specs.compressor is not None:
+            self.compressors[compressor] = specs.compressor
+        if isinstance(scheme, str) and specs.scheme is not None:
+            self.schemes[scheme] = specs.scheme
+        if isinstance(network, str) and specs.link is not None:
+            self.links[network] = specs.link
+
+    def merged(self, other: Vocabulary) -> Vocabulary:
+        """Both sets' labels (``qbench compare``: a label stands for one spec, the catalog
+        makes labels from specs)."""
+        return Vocabulary(
+            {**self.compressors, **other.compressors},
+            {**self.schemes, **other.schemes},
+            {**self.links, **other.links},
+        )
 
 
-def learn(labels: Mapping[str, Any], specs: RunParts) -> None:
-    """Remember what a run's ``compressor``, ``scheme`` and ``network`` labels stand for (the
-    parts that could be read)."""
-    compressor, scheme, network = (labels.get(k) for k in ("compressor", "scheme", "network"))
-    if isinstance(compressor, str) and specs.compressor is not None:
-        _COMPRESSORS[compressor] = specs.compressor
-    if isinstance(scheme, str) and specs.scheme is not None:
-        _SCHEMES[scheme] = specs.scheme
-    if isinstance(network, str) and specs.link is not None:
-        _LINKS[network] = specs.link
+_IN_SCOPE: ContextVar[Vocabulary | None] = ContextVar("qbench_report_names", default=None)
+
+
+@contextmanager
+def using(vocabulary: Vocabulary) -> Iterator[None]:
+    """Name runs by ``vocabulary`` inside the block (nested blocks: the innermost)."""
+    token = _IN_SCOPE.set(vocabulary)
+    try:
+        yield
+    finally:
+        _IN_SCOPE.reset(token)
+
+
+def _vocabulary() -> Vocabulary:
+    return _IN_SCOPE.get() or _EMPTY
+
+
+_NONE: Any = MappingProxyType({})
+_EMPTY = Vocabulary(_NONE, _NONE, _NONE)
+"""Outside any ``using`` block: no label is known (read-only, so nothing is learned here)."""
 
 
 def compressor_spec(label: object) -> catalog.CompressorSpec | None:
     """The spec a loaded run recorded under this compressor label, or None."""
-    return _COMPRESSORS.get(str(label))
+    return _vocabulary().compressors.get(str(label))
 
 
 def scheme_spec(label: object) -> catalog.SchemeSpec | None:
     """The spec a loaded run recorded under this scheme label, or None."""
-    return _SCHEMES.get(str(label))
+    return _vocabulary().schemes.get(str(label))
 
 
 def link(label: object) -> Link | None:
     """The link a loaded run recorded under this network label, or None."""
-    return _LINKS.get(str(label))
+    return _vocabulary().links.get(str(label))
 
 
 def _split(label: object) -> tuple[str, str]:

@@ -111,6 +111,8 @@ class Results:
     iterations: pd.DataFrame
     epochs: pd.DataFrame = field(default_factory=lambda: epochs_frame([]))
     """Accuracy-mode rows (``EPOCH_COLUMNS``) of the runs that have them."""
+    names: names.Vocabulary = field(default_factory=lambda: names.Vocabulary())
+    """What these runs' labels stand for: draw them inside ``names.using(results.names)``."""
 
 
 # -- loading ---------------------------------------------------------------------------------
@@ -120,8 +122,9 @@ def load(root: Path | str) -> Results:
     rows: list[dict[str, Any]] = []
     frames: list[pd.DataFrame] = []
     epoch_frames: list[pd.DataFrame] = []
+    vocabulary = names.Vocabulary()
     for run_id in store.run_ids():
-        row, frame = _load_run(store, run_id)
+        row, frame = _load_run(store, run_id, vocabulary)
         rows.append(row)
         if frame is not None:
             frames.append(frame)
@@ -130,7 +133,7 @@ def load(root: Path | str) -> Results:
             epoch_frames.append(epochs)
     iterations = pd.concat(frames, ignore_index=True) if frames else iterations_frame([])
     epochs_all = pd.concat(epoch_frames, ignore_index=True) if epoch_frames else epochs_frame([])
-    return Results(runs=_runs_frame(rows), iterations=iterations, epochs=epochs_all)
+    return Results(_runs_frame(rows), iterations, epochs_all, vocabulary)
 
 
 def _read_epochs(path: Path, run_id: str) -> pd.DataFrame | None:
@@ -150,7 +153,9 @@ def _read_epochs(path: Path, run_id: str) -> pd.DataFrame | None:
     return frame
 
 
-def _load_run(store: ResultStore, run_id: str) -> tuple[dict[str, Any], pd.DataFrame | None]:
+def _load_run(
+    store: ResultStore, run_id: str, vocabulary: names.Vocabulary
+) -> tuple[dict[str, Any], pd.DataFrame | None]:
     try:
         record = _read_record(store, run_id)
         row = _record_row(run_id, record)
@@ -159,7 +164,7 @@ def _load_run(store: ResultStore, run_id: str) -> tuple[dict[str, Any], pd.DataF
     # names: what the labels stand for; specs this qbench cannot read (a plug-in that is not
     # installed, UserError) leave the labels shown as they are, never fail the run's row
     recorded = {"spec": record.spec, "labels": record.labels}
-    names.learn(record.labels, run_specs_each(recorded))
+    vocabulary.learn(record.labels, run_specs_each(recorded))
     path = store.iterations_path(run_id)
     if not path.exists():
         if row["status"] == "ok":
@@ -281,7 +286,13 @@ def per_iteration(iterations: pd.DataFrame) -> pd.DataFrame:
 def summarize(results: Results, include_disturbed: bool = False) -> pd.DataFrame:
     """One row per run (``SUMMARY_COLUMNS``); runs that are not ok keep NaN metrics. A
     disturbed run is measured and shown but ``left_out`` of every speedup, baseline and
-    interval, unless ``include_disturbed``."""
+    interval, unless ``include_disturbed``. Runs are told apart by what their labels stand
+    for in ``results.names`` (an async-ps run, an uncompressed baseline)."""
+    with names.using(results.names):
+        return _summarize(results, include_disturbed)
+
+
+def _summarize(results: Results, include_disturbed: bool) -> pd.DataFrame:
     iterations = results.iterations
     is_async = iterations["run_id"].isin(async_stats.runs(results.runs))
     per_it = per_iteration(iterations[~is_async])

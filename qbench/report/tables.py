@@ -67,7 +67,15 @@ def write_report(
     """
     if fmt is not None and fmt not in FORMATS:
         raise choice_error("report format", fmt, FORMATS)
-    results = _load(root)
+    results = load_results(root)
+    with names.using(results.names):
+        return _write(root, fmt, out, results, include_disturbed, kernels, figures)
+
+
+def _write(
+    root: Path | str, fmt: str | None, out: TextIO | None, results: stats.Results,
+    include_disturbed: bool, kernels: str | Path | None, figures: bool,
+) -> ReportPaths:  # fmt: skip
     summary = stats.summarize(results, include_disturbed)
     codec = breakeven.load(Path(root), results.iterations, summary, kernels)  # before writing
     acc = accuracy.table(summary)
@@ -95,12 +103,8 @@ def _write_figures(summary: pd.DataFrame, results: stats.Results, acc: pd.DataFr
     return figures + study + plots_utility.write_utility_figure(summary, out), notes + skipped
 
 
-def load_summary(root: Path | str, include_disturbed: bool = False) -> pd.DataFrame:
-    """``stats.summarize(stats.load(root))``, or a one-line UserError when there are no runs."""
-    return stats.summarize(_load(root), include_disturbed)
-
-
-def _load(root: Path | str) -> stats.Results:
+def load_results(root: Path | str) -> stats.Results:
+    """``stats.load(root)``, or a one-line UserError when there is no directory or no run."""
     fix = f"run `qbench sweep SCENARIO.yaml --out {root}` first"
     if Path(root).exists() and not Path(root).is_dir():
         raise UserError(f"results directory {root} is a file, not a directory; give the --out "
