@@ -86,8 +86,8 @@ def test_a_schema_1_record_loads_with_the_later_keys_defaults() -> None:
 
 def test_unknown_keys_and_a_clock_without_replay_are_refused() -> None:
     (run,) = shipped_results.runs(shipped_results.DEFAULT)[:1]
-    with pytest.raises(TypeError, match="unknown run spec keys: colour"):
-        RunSpec.from_dict({**run.to_dict(), "colour": "red"})
+    with pytest.raises(TypeError, match=r"unknown run spec keys: colour, size$"):
+        RunSpec.from_dict({**run.to_dict(), "size": 2, "colour": "red"})
     with pytest.raises(ValueError, match="need compute replay"):
         RunSpec.from_dict({**run.to_dict(), "dilation": 4.0})
 
@@ -101,3 +101,60 @@ def test_the_replay_owns_the_clock() -> None:
     assert slow.clock.stretched(0.5) == 2.0 and slow.clock.undone(2.0) == 0.5
     assert slow.labels()["dilation"] == 4.0 and slow.run_id.endswith(slow.run_id[-10:])
     assert dataclasses.replace(slow.clock, dilation=1.0) == parts.Replay()
+
+
+EVERY_KEY_SET = {
+    "scenario": "s", "model": "mlp", "dataset": "synthetic", "world_size": 4, "backend": "mpi",
+    "scheme": "reduce-broadcast", "compressor": {"name": "qsgd", "bits": 4}, "batch_size": 16,
+    "warmup": 2, "iterations": 5, "lr": 0.05, "momentum": 0.5, "seed": 3, "timeout": 90.0,
+    "telemetry": True,
+    "layers": {"full_precision_below": 0, "quantized_fraction": 0.5, "overrides": {}},
+    "scheme_params": {"overlap": 2}, "network": {"nodes": 2, "inter": "1gbit"},
+    "model_params": {"width": 8}, "repeat": 2, "nodes": 2, "device": "cpu",
+    "price_per_hour": 3.5, "epochs": 4, "lr_schedule": {"every": 2, "gamma": 0.5},
+    "weight_decay": 0.01, "skew": 0.25, "target_accuracy": 0.9, "compute": "replay",
+    "norm": "range-evonorm", "weight_bits": 8, "rounding": "shared", "steps_per_epoch": 7,
+    "profile": True, "workload": {"factory": "pkg.models:make"}, "data": {"factory": "pkg:d"},
+    "optimizer": {"name": "adam", "betas": (0.9, 0.99)}, "loss": {"name": "mse"},
+    "nonfinite": "skip", "dilation": 4.0, "timeline": "/runs/timeline.json", "codec_time": "",
+}  # fmt: skip
+"""A record whose every key holds something other than its default, so that a key the spec
+dropped or took from the wrong place shows."""
+
+
+def test_a_record_with_every_key_set_reads_back_whole() -> None:
+    spec = RunSpec.from_dict(EVERY_KEY_SET)
+    assert spec.to_dict() == EVERY_KEY_SET and list(spec.to_dict()) == FLAT_KEYS
+    assert spec.replaced() == spec and spec.replaced(seed=4).measurement.seed == 4
+    assert spec.compute.replay == parts.Replay(timeline="/runs/timeline.json", dilation=4.0)
+    timed = {**EVERY_KEY_SET, "codec_time": "/gpu/kernels.json"}  # labels() would read it
+    assert RunSpec.from_dict(timed).to_dict() == timed
+    copy = spec.to_dict()
+    copy["optimizer"]["betas"], copy["compressor"]["bits"] = (0.1, 0.2), 8  # the spec's own
+    assert spec.to_dict() == EVERY_KEY_SET
+
+
+def test_the_labels_a_run_stores() -> None:
+    from qbench.catalog.schemes import spelling
+
+    assert RunSpec.from_dict(EVERY_KEY_SET).labels() == {
+        "model": "mlp", "dataset": "synthetic", "backend": "mpi", "device": "cpu",
+        "scheme": "reduce-broadcast+overlap2", "mode": "overlap",
+        "overlap": spelling.overlap("reduce-broadcast", {"overlap": 2}),
+        "compressor": "qsgd-4b-b512", "compressor_name": "qsgd", "bits": 4, "world_size": 4,
+        "batch_size": 16, "global_batch": 64, "simulated": False, "network": "2nodes-1gbit",
+        "model_params": {"width": 8}, "seed": 3, "repeat": 2, "nodes": 2,
+        "price_per_hour": 3.5, "epochs": 4, "skew": 0.25, "target_accuracy": 0.9,
+        "compute": "replay", "dilation": 4.0, "norm": "range-evonorm", "weight_bits": 8,
+        "rounding": "shared", "optimizer": "adam", "loss": "mse",
+    }  # fmt: skip
+    plain = RunSpec.from_dict({**EVERY_KEY_SET, "optimizer": {}, "loss": {}, "momentum": 0.0,
+                               "rounding": "per-rank", "dilation": 1.0,
+                               "scheme": "simulated-lowprec", "scheme_params": {}})  # fmt: skip
+    labels = plain.labels()
+    assert (labels["optimizer"], labels["loss"], labels["mode"]) == ("sgd", "cross-entropy",
+                                                                     "breakdown")  # fmt: skip
+    assert "rounding" not in labels and "dilation" not in labels and labels["simulated"]
+    assert plain.replaced(scheme="ddp").labels()["overlap"] == "backward"  # DDP's buckets
+    momentum = plain.replaced(momentum=0.9, loss={"factory": "pkg:loss"}).labels()
+    assert (momentum["optimizer"], momentum["loss"]) == ("momentum", "pkg:loss")
