@@ -158,12 +158,13 @@ def _load_run(
 ) -> tuple[dict[str, Any], pd.DataFrame | None]:
     try:
         record = _read_record(store, run_id)
-        row = _record_row(run_id, record)
+        recorded = {"spec": record.spec, "labels": record.labels}
+        run_clock = clock(recorded)  # read once: the row's dilation and the times' divisor
+        row = _record_row(run_id, record, run_clock)
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
         return _unreadable(run_id, f"run.json: {_reason(exc)}"), None
     # names: what the labels stand for; specs this qbench cannot read (a plug-in that is not
     # installed, UserError) leave the labels shown as they are, never fail the run's row
-    recorded = {"spec": record.spec, "labels": record.labels}
     vocabulary.learn(record.labels, run_specs_each(recorded))
     path = store.iterations_path(run_id)
     if not path.exists():
@@ -171,7 +172,7 @@ def _load_run(
             row.update(status=UNREADABLE, error="status ok but iterations.parquet is missing")
         return row, None
     try:
-        return row, _undilated(_read_iterations(path, run_id), clock(recorded))
+        return row, _undilated(_read_iterations(path, run_id), run_clock)
     except Exception as exc:  # pyarrow raises many types (ArrowInvalid, OSError, ...)
         if row["status"] == "ok":  # a failed run's partial parquet is not worth a status
             row.update(status=UNREADABLE, error=f"iterations.parquet: {_reason(exc)}")
@@ -196,7 +197,7 @@ def _read_record(store: ResultStore, run_id: str) -> RunRecord:
     return record
 
 
-def _record_row(run_id: str, record: RunRecord) -> dict[str, Any]:
+def _record_row(run_id: str, record: RunRecord, run_clock: Replay | None = None) -> dict[str, Any]:
     fixed: dict[str, Any] = {"run_id": run_id, "status": record.status}
     fixed.update(error=record.error, exit_code=record.exit_code)
     cores = record.machine.get("cores") if isinstance(record.machine, dict) else None
@@ -207,7 +208,7 @@ def _record_row(run_id: str, record: RunRecord) -> dict[str, Any]:
     # profile: true (qbench.run.profile): measured, but slowed, so never compared
     fixed["profiled"] = bool(record.labels.get("profiled") or spec.get("profile"))
     # the clock the times were undone by (_undilated), not the label
-    fixed["dilation"] = clock({"spec": spec, "labels": record.labels}).dilation
+    fixed["dilation"] = (run_clock or clock({"spec": spec, "labels": record.labels})).dilation
     fixed["other_cores"] = interference.other_cores(record.interference)
     fixed["disturbed"] = interference.disturbed(record.interference)
     fixed.update(memory.peaks(record.memory))

@@ -18,6 +18,7 @@ from typing import Any, Literal, get_args
 from qbench import catalog
 from qbench.spec import network as net
 from qbench.spec.layers import LayerPolicy
+from qbench.spec.rules.devices import natural_device
 
 Backend = Literal["gloo", "mpi", "nccl"]
 Device = Literal["", "cpu", "cuda"]
@@ -107,7 +108,7 @@ class Placement:
     @property
     def device_kind(self) -> str:
         """Where the ranks compute: cuda or cpu."""
-        return self.device or ("cuda" if self.backend == "nccl" else "cpu")
+        return self.device or natural_device(self.backend)
 
     @property
     def topology(self) -> net.Topology:

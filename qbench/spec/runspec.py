@@ -9,6 +9,7 @@ pins the shipped scenarios').
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Mapping
@@ -135,7 +136,7 @@ class RunSpec:
         w, m, p, c = self.workload, self.method, self.placement, self.compute
         meas = self.measurement
         replay = c.replay or Replay()
-        return _plain({
+        return copy.deepcopy({
             "scenario": self.scenario, "model": w.model, "dataset": w.dataset,
             "world_size": p.world_size, "backend": p.backend, "scheme": m.scheme.name,
             "compressor": m.compressor.given, "batch_size": w.batch_size,
@@ -208,19 +209,3 @@ _DEFAULTS: dict[str, Any] = {
     "network": {}, "price_per_hour": None, "target_accuracy": None,
 }  # fmt: skip
 _KEYS = (*_REQUIRED, *_DEFAULTS)
-
-
-def _plain(d: dict[str, Any]) -> dict[str, Any]:
-    """Copies of the nested mappings as plain dicts (a record is JSON; a caller's edit of the
-    mapping must not reach the spec)."""
-    return {k: _copy(v) for k, v in d.items()}
-
-
-def _copy(v: Any) -> Any:
-    if isinstance(v, Mapping):
-        return {k: _copy(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_copy(x) for x in v]
-    if isinstance(v, tuple):
-        return tuple(_copy(x) for x in v)
-    return v
