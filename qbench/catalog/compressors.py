@@ -1,9 +1,10 @@
 """Every compressor once: parameters, label, wire bytes and capabilities (no torch).
 
 The codecs in ``qbench.compress`` take their validated parameters from here and build their
-payloads to the wire layout given here (tests/test_catalog.py checks payload sizes against it);
-the planner, the schemes, ``bench``, the cost model and the reports read the rest. To add a
-compressor: an entry here and a codec module (docs/architecture.md).
+payloads to the wire layout each entry names (``qbench.catalog.wire``; tests/test_catalog.py
+checks payload sizes against it); the planner, the schemes, ``bench``, the cost model and the
+reports read the rest. To add a compressor: an entry here and a codec module
+(docs/architecture.md).
 
 Granularity (GRANULARITIES): a compressor that chooses a scale, a width or a budget per tensor
 declares ``tensor``; the schemes then hand it the tensor boundaries of every range they encode
@@ -19,21 +20,30 @@ compressor would scatter the table the planner and the reports rely on.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
+from qbench.catalog import wire
 from qbench.catalog.params import Param, at_least, between, fraction, positive_finite
 from qbench.catalog.registry import Registry
+from qbench.catalog.wire import (  # noqa: F401  # the codecs and plug-ins import them from here
+    DTYPE_BYTES,
+    ELEMENTS,
+    MX_BLOCK,
+    NVFP4_BLOCK,
+    WireBuffer,
+    integer_units,
+    num_buckets,
+    packed_nbytes,
+    qsgd_levels_nbytes,
+    topk_k,
+)  # fmt: skip
 
 Params = dict[str, Any]
-WireBuffer = tuple[str, str, int]
 NOT_LEVELS = "its payload is not integer levels"
 """``integer_levels``'s answer for a codec with no integer view at all."""
-"""(buffer name, dtype name as torch spells it, element count), in wire order."""
 
 
 @dataclass(frozen=True)
@@ -125,31 +135,6 @@ GRANULARITIES = {
 """What a compressor's granularity means (CompressorEntry.granularity)."""
 
 
-DTYPE_BYTES = {"uint8": 1, "int16": 2, "int32": 4, "float16": 2, "bfloat16": 2, "float32": 4}
-
-
-def num_buckets(numel: int, bucket_size: int) -> int:
-    return -(-numel // bucket_size)
-
-
-def packed_nbytes(numel: int, bits: int) -> int:
-    """Bytes of numel codes of ``bits`` bits packed end to end."""
-    return (numel * bits + 7) // 8
-
-
-def qsgd_levels_nbytes(numel: int, bits: int) -> int:
-    """QSGD codes: bit-packed, or 2 little-endian bytes each at 16 bits."""
-    return 2 * numel if bits == 16 else packed_nbytes(numel, bits)
-
-
-def topk_k(ratio: float, numel: int) -> int:
-    """Entries top-k keeps out of numel: ceil(ratio n), at least 1. The decimal the user wrote
-    (0.07, not 0.07000000000000000666) decides: ceil(0.07 * 100) = 7."""
-    if numel == 0:
-        return 0
-    return max(1, math.ceil(Fraction(repr(float(ratio))) * numel))
-
-
 def _named(name: str, *details: tuple[str, bool]) -> str:
     """``NAME, detail, ...`` keeping the details whose flag is true (display names)."""
     return ", ".join([name, *(text for text, keep in details if keep)])
@@ -178,39 +163,8 @@ def _scope_name(scope: str) -> str:
     return "per layer" if scope == "layer" else "global"
 
 
-# -- wire layouts (functions, not lambdas in the entries, so that mutation testing reaches them) --
-def _qsgd_wire(p: Params, n: int) -> list[WireBuffer]:
-    """QSGD: the codes (bit-packed, or 2 bytes each at 16 bits), then one fp32 scale per bucket."""
-    return [
-        ("levels", "uint8", qsgd_levels_nbytes(n, p["bits"])),
-        ("scales", "float32", num_buckets(n, p["bucket_size"])),
-    ]
-
-
-def _onebit_wire(p: Params, n: int) -> list[WireBuffer]:
-    """1bitSGD: one sign bit per value, then the (avg+, avg-) pair of each bucket."""
-    return [
-        ("signs", "uint8", packed_nbytes(n, 1)),
-        ("means", "float32", 2 * num_buckets(n, p["bucket_size"])),
-    ]
-
-
-def _fixed_levels(n: int, bits: int) -> WireBuffer:
-    if bits == 16:
-        return ("levels", "int16", n)
-    return ("levels", "uint8", packed_nbytes(n, bits))  # 9..15 bits: planar, same total
-
-
-def _fixed_wire(p: Params, n: int) -> list[WireBuffer]:
-    """Fixed point: the codes, then the grid's exponent when delta is ``auto``."""
-    exponent: list[WireBuffer] = [("exponent", "int16", 1)] if p["delta"] == "auto" else []
-    return [_fixed_levels(n, p["bits"]), *exponent]
-
-
-def _topk_wire(p: Params, n: int) -> list[WireBuffer]:
-    """Top-k: the k kept values, then their int32 indices."""
-    k = topk_k(p["ratio"], n)
-    return [("values", "float32", k), ("indices", "int32", k)]
+_MX_NAMES = {"e4m3": "mxfp8-e4m3", "e5m2": "mxfp8-e5m2", "e3m2": "mxfp6-e3m2",
+             "e2m3": "mxfp6-e2m3", "e2m1": "mxfp4"}  # fmt: skip
 
 
 # -- entries ------------------------------------------------------------------------------------
@@ -271,7 +225,7 @@ QSGD = CompressorEntry(
         ("l2 norm", p["norm"] == "l2"), ("sign layout", p["layout"] == "sign"),
         ("buckets per tensor", p["align"] == "tensor")),
     nominal_bits=lambda p: float(p["bits"]),
-    wire=_qsgd_wire,
+    wire=wire.qsgd_wire,
     granularity=lambda p: "tensor" if p["align"] == "tensor" else "bucket",
     unbiased=lambda p: True,
     integer_levels=lambda p: _qsgd_integer(p),
@@ -321,7 +275,7 @@ ONEBIT = CompressorEntry(
         (f"bucket {p['bucket_size']}", not p["columns"] and (not brief or p["bucket_size"] != 64)),
         ("no error feedback", not p["error_feedback"])),
     nominal_bits=lambda p: 1.0,
-    wire=_onebit_wire,
+    wire=wire.onebit_wire,
     error_feedback=lambda p: bool(p["error_feedback"]),
     stateful=True,
     # columns: one bucket per column; the plan groups tensors by column length, so a column
@@ -355,7 +309,7 @@ FIXEDPOINT = CompressorEntry(
         (f"step {p['delta']:g}" if p["delta"] != "auto" else "", p["delta"] != "auto"),
         (_scope_name(p["scope"]), p["delta"] == "auto" and (not brief or p["scope"] != "layer"))),
     nominal_bits=lambda p: float(p["bits"]),
-    wire=_fixed_wire,
+    wire=wire.fixed_wire,
     unbiased=lambda p: True,  # within the representable range; values beyond it are clipped
     granularity=lambda p: _fixed_granularity(p),
     cross_check=lambda p: (
@@ -384,7 +338,7 @@ TOPK = CompressorEntry(
         (_scope_name(p["scope"]), not brief or p["scope"] != "layer"),
         ("no error feedback", not p["error_feedback"])),
     nominal_bits=lambda p: 64.0 * p["ratio"],
-    wire=_topk_wire,
+    wire=wire.topk_wire,
     error_feedback=lambda p: bool(p["error_feedback"]),
     stateful=True,
     granularity=lambda p: _per(p["scope"]),
@@ -432,29 +386,8 @@ ADAPTIVE = CompressorEntry(
     ),
 )  # fmt: skip
 
+
 # -- low-precision float wire formats (beyond the seeds: what hardware ships now) ------------
-# Element formats by name: (bits, exponent bits, mantissa bits, the smallest positive value as
-# a power of two, the largest value). The bit-level definitions (and the tables codecs use) are
-# qbench.compress.minifloat's; these are the numbers the planner needs without torch.
-ELEMENTS = {
-    "e4m3": (8, 4, 3, -9, 448.0), "e5m2": (8, 5, 2, -16, 57344.0),
-    "e3m2": (6, 3, 2, -4, 28.0), "e2m3": (6, 2, 3, -3, 7.5), "e2m1": (4, 2, 1, -1, 6.0),
-}  # fmt: skip
-MX_BLOCK = 32  # OCP MX v1.0: k = 32 elements share one scale
-NVFP4_BLOCK = 16
-_MX_NAMES = {"e4m3": "mxfp8-e4m3", "e5m2": "mxfp8-e5m2", "e3m2": "mxfp6-e3m2",
-             "e2m3": "mxfp6-e2m3", "e2m1": "mxfp4"}  # fmt: skip
-
-
-def integer_units(element: str) -> int | None:
-    """The largest element value in units of the format's smallest positive value: every value
-    of the format is an integer number of those units, so values on one shared scale sum exactly
-    as integers. None when it needs more than 31 bits with room for 2 ranks (E5M2)."""
-    _, _, _, low, top = ELEMENTS[element]
-    units = int(top * 2.0**-low)
-    return units if 2 * units < 2**31 else None
-
-
 def _rounding() -> Param:
     return Param(
         "rounding", "nearest", "nearest: round to nearest, ties to even (the specifications' "
@@ -482,33 +415,6 @@ def _float_unlabel(m: re.Match[str], first: int) -> Params:
         "rounding": "stochastic" if m[first] else "nearest",
         "error_feedback": bool(m[first + 1]),
     }
-
-
-def _fp8_wire(p: Params, n: int) -> list[WireBuffer]:
-    """FP8: one code byte per value, then the float32 scale of each block (block_size 0: one
-    for all n values, none for none)."""
-    return [
-        ("codes", "uint8", n),
-        ("scales", "float32", num_buckets(n, p["block_size"] or max(n, 1))),
-    ]
-
-
-def _mx_wire(p: Params, n: int) -> list[WireBuffer]:
-    """MX: the element codes bit-packed (8, 6 or 4 bits), then one E8M0 byte per 32 values."""
-    bits = ELEMENTS[p["element"]][0]
-    return [
-        ("codes", "uint8", packed_nbytes(n, bits)),
-        ("scales", "uint8", num_buckets(n, MX_BLOCK)),
-    ]
-
-
-def _nvfp4_wire(p: Params, n: int) -> list[WireBuffer]:
-    """NVFP4: 4-bit codes, one E4M3 byte per 16 values, then the float32 tensor scale."""
-    return [
-        ("codes", "uint8", packed_nbytes(n, 4)),
-        ("scales", "uint8", num_buckets(n, NVFP4_BLOCK)),
-        ("tensor_scale", "float32", 1),
-    ]
 
 
 def _float_integer(element: str) -> str | None:
@@ -540,7 +446,7 @@ FP8 = CompressorEntry(
         (f"block {p['block_size']}" if p["block_size"] else "per tensor", not brief or
          bool(p["block_size"])), *_float_details(p)),
     nominal_bits=lambda p: 8.0,
-    wire=_fp8_wire,
+    wire=wire.fp8_wire,
     error_feedback=lambda p: bool(p["error_feedback"]),
     # the scale maps max |x| onto the largest value, so nothing saturates (but for the fp32
     # rounding of that division, which can push the top value one step over: clamped)
@@ -568,7 +474,7 @@ MX = CompressorEntry(
     display=lambda p, brief: _named(
         _MX_NAMES[p["element"]].upper().replace("-E", " E"), *_float_details(p)),
     nominal_bits=lambda p: float(ELEMENTS[p["element"]][0]),
-    wire=_mx_wire,
+    wire=wire.mx_wire,
     error_feedback=lambda p: bool(p["error_feedback"]),
     # the specification's scale leaves max |x| / X in [2^emax, 2^(emax+1)), above the largest
     # element value: a block's largest values saturate, so no rounding mode is unbiased
@@ -588,7 +494,7 @@ NVFP4 = CompressorEntry(
     display=lambda p, brief: _named(
         "NVFP4", ("global tensor scale", p["scope"] == "global"), *_float_details(p)),
     nominal_bits=lambda p: 4.0,
-    wire=_nvfp4_wire,
+    wire=wire.nvfp4_wire,
     error_feedback=lambda p: bool(p["error_feedback"]),
     unbiased=lambda p: False,  # the block scale is rounded to E4M3: a block's top may saturate
     integer_levels=lambda p: None if p["scope"] == "global" else (
