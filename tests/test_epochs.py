@@ -16,6 +16,7 @@ from qbench.errors import UserError
 from qbench.run.loops import epochs
 from qbench.spec import scenario
 from qbench.spec.matrix import expand
+from qbench.spec.parts import LrSchedule
 from tests import cli
 from tests.distributed import here, launch
 
@@ -28,7 +29,7 @@ def test_epoch_keys_reach_the_run_spec() -> None:
     runs = expand(scenario.loads(text)).runs
     assert [r.workload.skew for r in runs] == [0.0, 0.8]
     assert {r.measurement.epochs for r in runs} == {3}
-    assert runs[0].workload.lr_schedule == {"every": 2, "gamma": 0.5}
+    assert runs[0].workload.lr_schedule == LrSchedule(every=2, gamma=0.5)
     assert runs[0].run_id != runs[1].run_id  # skew is part of the identity
 
 
@@ -77,12 +78,18 @@ def test_simulated_lowprec_is_refused_in_accuracy_runs() -> None:
 
 
 def test_lr_schedules() -> None:
-    assert epochs.lr_at(0.1, {}, 99) == 0.1
-    steps = {"milestones": [2, 4], "gamma": 0.1}
-    got = [epochs.lr_at(1.0, steps, e) for e in range(6)]
+    assert LrSchedule().lr(0.1, 99) == 0.1
+    steps = LrSchedule.of({"milestones": [2, 4], "gamma": 0.1})
+    got = [steps.lr(1.0, e) for e in range(6)]
     assert got == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01])
-    every = [epochs.lr_at(1.0, {"every": 2, "gamma": 0.5}, e) for e in range(5)]
+    every = [LrSchedule.of({"every": 2, "gamma": 0.5}).lr(1.0, e) for e in range(5)]
     assert every == pytest.approx([1, 1, 0.5, 0.5, 0.25])
+    assert [LrSchedule.of({"milestones": [1]}).lr(1.0, e) for e in range(2)] == [1.0, 0.1]
+
+
+def test_lr_schedule_gives_back_what_was_written() -> None:
+    for written in ({}, {"every": 30, "gamma": 1}, {"milestones": [30, 45]}):
+        assert LrSchedule.of(written).written() == written
 
 
 def _data(n: int) -> epochs.EpochData:

@@ -22,9 +22,9 @@ from qbench.spec.runspec import RunSpec
 from tests import shipped_results
 
 PARTS = (parts.Workload, parts.Method, parts.Placement, parts.Compute, parts.Measurement,
-         parts.Replay)  # fmt: skip
-FACTORY_FIELDS = {"model_params", "factory", "data", "optimizer", "loss", "lr_schedule"}
-"""The mappings left: a user factory's own parameters, and the epoch schedule."""
+         parts.Replay, parts.LrSchedule)  # fmt: skip
+FACTORY_FIELDS = {"model_params", "factory", "data", "optimizer", "loss"}
+"""The mappings left: a user factory's own parameters (and a zoo model's)."""
 OPEN_STRINGS = {"model", "dataset", "timeline", "codec_time"}
 """Strings whose values are open: a zoo model or a factory's label, a dataset, paths."""
 FLAT_KEYS = [

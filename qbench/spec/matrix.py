@@ -229,7 +229,8 @@ def _run_spec(sc: Scenario, p: _Point) -> RunSpec:
             model=p.model, dataset=p.dataset, batch_size=sc.batch_for(p.world_size), lr=lr,
             momentum=momentum, weight_decay=weight_decay, model_params=p.model_params,
             factory=p.workload, data=p.data, optimizer=optimizer, loss=dict(sc.loss),
-            lr_schedule=dict(sc.lr_schedule), skew=p.skew, target_accuracy=sc.target_accuracy,
+            lr_schedule=parts.LrSchedule.of(sc.lr_schedule), skew=p.skew,
+            target_accuracy=sc.target_accuracy,
         ),
         method=parts.Method(
             scheme=catalog.scheme({"name": p.scheme, **p.scheme_params}),

@@ -6,7 +6,7 @@ when its compute is replayed) and what is measured (:class:`Measurement`). Close
 ``Literal`` types, and the tuples the scenario checks against are read from them; compressors
 and schemes are the catalog's validated specs; the network is a checked ``Network``. Dicts are
 left only where a user's factory takes parameters of its own (a model, dataset, optimizer or
-loss factory, a zoo model's parameters) and for the epoch schedule.
+loss factory, a zoo model's parameters).
 """
 
 from __future__ import annotations
@@ -40,6 +40,41 @@ Factory = Mapping[str, Any]
 
 
 @dataclass(frozen=True, kw_only=True)
+class LrSchedule:
+    """Step decay of the learning rate by epoch (scenario ``lr_schedule``, checked by
+    ``qbench.spec.checks``); all None: a constant rate. What is unset stays unset, so that
+    :meth:`written` gives back the mapping the run id has always hashed."""
+
+    milestones: tuple[int, ...] | None = None
+    """Times ``gamma`` at each of these epochs passed (seed 001's ResNet schedule)."""
+    every: int | None = None
+    """Times ``gamma`` every this many epochs (seed 001's VGG schedule)."""
+    gamma: float | None = None
+    """The factor; 0.1 when unset."""
+
+    @classmethod
+    def of(cls, written: Mapping[str, Any]) -> LrSchedule:
+        ms = written.get("milestones")
+        return cls(milestones=None if ms is None else tuple(ms), every=written.get("every"),
+                   gamma=written.get("gamma"))  # fmt: skip
+
+    def written(self) -> dict[str, Any]:
+        """As a scenario writes it: the keys that are set."""
+        d = {"milestones": None if self.milestones is None else list(self.milestones),
+             "every": self.every, "gamma": self.gamma}  # fmt: skip
+        return {k: v for k, v in d.items() if v is not None}
+
+    def lr(self, base: float, epoch: int) -> float:
+        """The learning rate of ``epoch`` (0-based)."""
+        gamma = 0.1 if self.gamma is None else float(self.gamma)
+        if self.milestones is not None:
+            return base * gamma ** sum(epoch >= m for m in self.milestones)
+        if self.every is not None:
+            return base * gamma ** (epoch // self.every)
+        return base
+
+
+@dataclass(frozen=True, kw_only=True)
 class Workload:
     """What the run trains and with which optimizer."""
 
@@ -62,8 +97,7 @@ class Workload:
     """An optimizer other than SGD: name and parameters besides lr, momentum, weight_decay."""
     loss: Factory = field(default_factory=dict)
     """A loss other than cross entropy (``qbench.catalog.workloads.loss``)."""
-    lr_schedule: Mapping[str, Any] = field(default_factory=dict)
-    """Step decay by epoch (``milestones`` or ``every``, ``gamma``; ``spec.checks``)."""
+    lr_schedule: LrSchedule = field(default_factory=LrSchedule)
     skew: float = 0.0
     """Label skew of the training partitions (0 = IID)."""
     target_accuracy: float | None = None

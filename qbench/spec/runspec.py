@@ -23,7 +23,16 @@ from qbench.spec import codec_times
 from qbench.spec import network as net
 from qbench.spec.layers import LayerPolicy
 from qbench.spec.loop import LoopChoice, loop_for
-from qbench.spec.parts import REPLAY, Compute, Measurement, Method, Placement, Replay, Workload
+from qbench.spec.parts import (
+    REPLAY,
+    Compute,
+    LrSchedule,
+    Measurement,
+    Method,
+    Placement,
+    Replay,
+    Workload,
+)  # fmt: skip
 
 # Fields added after results existed: left out of the hash while they hold their default.
 _OPTIONAL_ID_FIELDS: dict[str, Any] = {
@@ -146,7 +155,7 @@ class RunSpec:
             "scheme_params": m.scheme_params, "network": p.network.written(),
             "model_params": w.model_params, "repeat": meas.repeat, "nodes": p.nodes,
             "device": p.device, "price_per_hour": p.price_per_hour, "epochs": meas.epochs,
-            "lr_schedule": w.lr_schedule, "weight_decay": w.weight_decay, "skew": w.skew,
+            "lr_schedule": w.lr_schedule.written(), "weight_decay": w.weight_decay, "skew": w.skew,
             "target_accuracy": w.target_accuracy, "compute": c.name, "norm": c.norm,
             "weight_bits": c.weight_bits, "rounding": c.rounding,
             "steps_per_epoch": meas.steps_per_epoch, "profile": meas.profile,
@@ -173,8 +182,9 @@ class RunSpec:
                 model=g("model"), dataset=g("dataset"), batch_size=g("batch_size"), lr=g("lr"),
                 momentum=g("momentum"), weight_decay=g("weight_decay"),
                 model_params=g("model_params"), factory=g("workload"), data=g("data"),
-                optimizer=g("optimizer"), loss=g("loss"), lr_schedule=g("lr_schedule"),
-                skew=g("skew"), target_accuracy=g("target_accuracy"),
+                optimizer=g("optimizer"), loss=g("loss"),
+                lr_schedule=LrSchedule.of(g("lr_schedule")), skew=g("skew"),
+                target_accuracy=g("target_accuracy"),
             ),
             method=Method(
                 scheme=catalog.scheme({"name": g("scheme"), **g("scheme_params")}),

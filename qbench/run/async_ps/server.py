@@ -99,7 +99,7 @@ class _Server:
         staleness = self.version - self.pulled.pop(push.worker)
         x, spec = self.r.params, self.r.spec
         epoch = self.version // self.per_epoch if self.per_epoch else 0
-        lr = epochs.lr_at(spec.workload.lr, spec.workload.lr_schedule, epoch)
+        lr = spec.workload.lr_schedule.lr(spec.workload.lr, epoch)
         if spec.workload.weight_decay:
             grad.add_(x, alpha=spec.workload.weight_decay)
         if self.velocity is None:
@@ -136,7 +136,7 @@ class _Server:
         r.epoch_rows.append({
             "run_id": r.spec.run_id, "epoch": epoch, "iteration": self.version,
             "train_time_s": begin - self.started - self.eval_s,
-            "lr": epochs.lr_at(r.spec.workload.lr, r.spec.workload.lr_schedule, epoch - 1),
+            "lr": r.spec.workload.lr_schedule.lr(r.spec.workload.lr, epoch - 1),
             "train_loss": train_loss, **scores, "grad_norm": gn if convex else math.nan,
             "bytes_sent": self.down_bytes, "consensus_distance": math.nan,
         })  # fmt: skip

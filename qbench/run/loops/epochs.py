@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -118,22 +117,6 @@ class EpochBatches:
             self.epoch = epoch
         idx = self.order[step * self.batch_size : (step + 1) * self.batch_size]
         return self.data.train_x[idx], self.data.train_y[idx]
-
-
-def lr_at(base: float, schedule: Mapping[str, Any], epoch: int) -> float:
-    """The learning rate of ``epoch`` (0-based) under ``schedule``:
-
-    * ``{}``: constant;
-    * ``{milestones: [100, 150], gamma: 0.1}``: times gamma at each milestone epoch passed
-      (seed 001's ResNet schedule);
-    * ``{every: 30, gamma: 0.5}``: times gamma every ``every`` epochs (seed 001's VGG schedule).
-    """
-    gamma = float(schedule.get("gamma", 0.1))
-    if "milestones" in schedule:
-        return base * gamma ** sum(epoch >= m for m in schedule["milestones"])
-    if "every" in schedule:
-        return base * gamma ** (epoch // int(schedule["every"]))
-    return base
 
 
 def averaged(model: nn.Module, comm: Comm) -> nn.Module:

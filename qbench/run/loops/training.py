@@ -143,9 +143,7 @@ class Training:
             and isinstance(batches, epochs.EpochBatches)
             and it % batches.steps == 0
         ):
-            lr = epochs.lr_at(
-                self.spec.workload.lr, self.spec.workload.lr_schedule, it // batches.steps
-            )
+            lr = self.spec.workload.lr_schedule.lr(self.spec.workload.lr, it // batches.steps)
             for group in self.opt.param_groups:
                 group["lr"] = lr
 
