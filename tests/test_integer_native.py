@@ -111,20 +111,21 @@ def test_the_units_kernels_refuse_bad_arguments_naming_the_call(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A non-zero return of qb_lf_units_* is an error naming the C function and its code."""
+    from qbench.compress.kernels import abi
     from qbench.compress.kernels import native_units as nu
-    from qbench.compress.kernels.abi import UnitsView
+    from qbench.compress.kernels.abi import LowFloatFormat
 
     lib = native.int_kernels()
-    no_block = UnitsView("mx", "e4m3", 0, False)
+    no_block = LowFloatFormat("mx", "e4m3", 0, False)
     with pytest.raises(RuntimeError) as e:
         nu.encode(lib, torch.ones(64), torch.ones(2), no_block, 0, 0, torch.int32)
     assert str(e.value) == "qb_lf_units_encode failed with code 1 (1: bad arguments)"
-    view = UnitsView("mx", "e4m3", 32, False)
+    view = LowFloatFormat("mx", "e4m3", 32, False)
     sums = torch.ones(64, dtype=torch.int32)
     with pytest.raises(RuntimeError) as e:  # zero ranks
         nu.decode(lib, sums, torch.ones(2), view, 0, torch.empty(64))
     assert str(e.value) == "qb_lf_units_decode failed with code 1 (1: bad arguments)"
-    monkeypatch.setitem(nu.LOWFLOAT_KINDS, "mx", 99)  # a scaling kind the library lacks
+    monkeypatch.setitem(abi.LOWFLOAT_KINDS, "mx", 99)  # a scaling kind the library lacks
     with pytest.raises(RuntimeError) as e:
         nu.divisors(lib, torch.ones(2), view)
     assert str(e.value) == "qb_lf_units_divisors failed with code 1 (1: bad arguments)"

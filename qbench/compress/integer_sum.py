@@ -31,7 +31,7 @@ import torch
 from qbench.compress import blockscale as bs
 from qbench.compress.base import Compressor, Key
 from qbench.compress.kernels import native
-from qbench.compress.kernels.abi import UnitsView
+from qbench.compress.kernels.abi import LowFloatFormat
 from qbench.compress.kernels.buckets import buckets as _buckets
 from qbench.compress.kernels.draws import uniform
 from qbench.compress.kernels.rng import MASK32, key_hash
@@ -127,7 +127,7 @@ class FloatUnits(IntegerSum):
         assert self.top == int(units[torch.isfinite(element.table)].max()), "catalog disagrees"
         self.blockwise = self.scaling.kind != "nvfp4"
         stochastic = comp.rounding == "stochastic"
-        self.kernel_view = UnitsView(self.scaling.kind, element.name, self.block, stochastic)
+        self.kernel_format = LowFloatFormat(self.scaling.kind, element.name, self.block, stochastic)
 
     def local_scales(self, x: torch.Tensor) -> torch.Tensor:
         """max |x| per block: one C pass on CPU float32, torch elsewhere (same values)."""
@@ -144,7 +144,7 @@ class FloatUnits(IntegerSum):
         kernels = native.kernels_for(scales) if scales.dtype == torch.float32 else None
         if kernels is None:
             return self.share_torch(scales)
-        return kernels.units_divisors(scales, self.kernel_view)
+        return kernels.units_divisors(scales, self.kernel_format)
 
     def encode(
         self, x: torch.Tensor, scales: torch.Tensor, key: Key, offset: int, dtype: torch.dtype
@@ -153,7 +153,7 @@ class FloatUnits(IntegerSum):
         kernels = native.kernels_for(x) if plain else None
         if kernels is None:
             return self.encode_torch(x, scales, key, offset, dtype)
-        return kernels.units_encode(x, scales, self.kernel_view, key_hash(key), offset, dtype)
+        return kernels.units_encode(x, scales, self.kernel_format, key_hash(key), offset, dtype)
 
     def decode(
         self, sums: torch.Tensor, scales: torch.Tensor, world_size: int, out: torch.Tensor
@@ -163,7 +163,7 @@ class FloatUnits(IntegerSum):
         kernels = native.kernels_for(sums) if plain and scales.device == sums.device else None
         if kernels is None:
             return self.decode_torch(sums, scales, world_size, out)
-        return kernels.units_decode(sums, scales, self.kernel_view, world_size, out)
+        return kernels.units_decode(sums, scales, self.kernel_format, world_size, out)
 
     def share_torch(self, scales: torch.Tensor) -> torch.Tensor:
         """The reference of share."""

@@ -20,6 +20,7 @@ from qbench.compress import blockscale as bs
 from qbench.compress import minifloat as mf
 from qbench.compress.base import Compressor, Key, Payload, require_finite
 from qbench.compress.kernels import bitpack, native
+from qbench.compress.kernels.abi import LowFloatFormat
 from qbench.compress.kernels.draws import uniform
 from qbench.compress.kernels.rng import key_hash
 
@@ -49,17 +50,9 @@ class ScaledFloat(Compressor):
         )  # else the reference, which broadcasts or fails as torch does
         if kernels is None or not plain:
             return self._encode_torch(grad, key, offset, name)
-        scaling = self.scaling
+        fmt, ef = self.kernel_format(grad.numel()), self.error_feedback
         enc = kernels.lowfloat_encode(
-            grad,
-            residual,
-            kind=scaling.kind,
-            element=scaling.element.name,
-            block=scaling.block_of(grad.numel()),
-            stochastic=self.rounding == "stochastic",
-            ef=self.error_feedback,
-            key_hash=key_hash(key),
-            offset=offset,
+            grad, residual, fmt, ef=ef, key_hash=key_hash(key), offset=offset
         )
         if enc is None:  # a NaN or inf in grad: the reference's error, the residual untouched
             require_finite(self.name, grad, None, offset)
@@ -106,21 +99,20 @@ class ScaledFloat(Compressor):
         self, payload: Payload, out: torch.Tensor | None, accumulate: bool = True
     ) -> torch.Tensor:
         n, scales = payload.numel, payload.buffers["scales"]
-        kernels = native.kernels_for(scales)
-        if kernels is None or not (out is None or native.can_accumulate(out, n, scales.device)):
+        kernels = native.decode_kernels(scales, out, n)
+        if kernels is None:
             return super()._decode_into(payload, out, accumulate)
         self._check_payload(payload)
-        scaling = self.scaling
+        codes, tensor_scale = payload.buffers["codes"], payload.buffers.get("tensor_scale")
         return kernels.lowfloat_decode(
-            payload.buffers["codes"],
-            scales,
-            payload.buffers.get("tensor_scale"),
-            n,
-            kind=scaling.kind,
-            element=scaling.element.name,
-            block=scaling.block_of(n),
-            out=out,
-            accumulate=accumulate,
+            codes, scales, tensor_scale, n, self.kernel_format(n), out=out, accumulate=accumulate
+        )
+
+    def kernel_format(self, numel: int) -> LowFloatFormat:
+        """The wire format of ``numel`` values as the compiled paths take it."""
+        scaling, stochastic = self.scaling, self.rounding == "stochastic"
+        return LowFloatFormat(
+            scaling.kind, scaling.element.name, scaling.block_of(numel), stochastic
         )
 
     def _check_payload(self, payload: Payload) -> None:

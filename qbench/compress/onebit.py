@@ -22,6 +22,7 @@ import torch
 
 from qbench.compress.base import Compressor, Key, Payload
 from qbench.compress.kernels import bitpack, native
+from qbench.compress.kernels.abi import check_payload
 from qbench.compress.kernels.buckets import buckets, num_buckets, tree_sum
 
 
@@ -65,18 +66,11 @@ class OneBit(Compressor):
         self, payload: Payload, out: torch.Tensor | None, accumulate: bool = True
     ) -> torch.Tensor:
         signs, means, n = payload.buffers["signs"], payload.buffers["means"], payload.numel
-        kernels = native.kernels_for(means)
-        if kernels is None or not (out is None or native.can_accumulate(out, n, means.device)):
+        kernels = native.decode_kernels(means, out, n)
+        if kernels is None:
             return super()._decode_into(payload, out, accumulate)
         want = (bitpack.packed_nbytes(n, 1), 2 * num_buckets(n, self.bucket_size))
-        got = (signs.numel(), means.numel())
-        if got != want or signs.dtype != torch.uint8 or means.dtype != torch.float32:
-            raise ValueError(
-                f"onebit: payload of {n} values needs {want[0]} uint8 signs and {want[1]} "
-                f"float32 means, got {got[0]} {signs.dtype} and {got[1]} {means.dtype}"
-            )
-        if signs.device != means.device:
-            raise ValueError(f"onebit: signs on {signs.device} but means on {means.device}")
+        check_payload("onebit", n, ("signs", signs), ("means", means), want)
         return kernels.onebit_decode(
             signs, means, n, bucket_size=self.bucket_size, out=out, accumulate=accumulate
         )

@@ -33,6 +33,7 @@ import torch
 
 from qbench.compress.base import Compressor, Key, Payload
 from qbench.compress.kernels import bitpack, native
+from qbench.compress.kernels.abi import QsgdFormat, check_payload
 from qbench.compress.kernels.buckets import buckets as _buckets
 from qbench.compress.kernels.buckets import tree_sum
 from qbench.compress.kernels.draws import uniform
@@ -54,13 +55,7 @@ class QSGD(Compressor):
             levels, scales = self._encode_torch(grad, key, offset)
         else:
             levels, scales = kernels.qsgd_encode(
-                grad,
-                bits=self.bits,
-                bucket_size=self.bucket_size,
-                layout=self.layout,
-                norm=self.norm,
-                key_hash=key_hash(key),
-                offset=offset,
+                grad, self.kernel_format, key_hash=key_hash(key), offset=offset
             )
         return Payload(numel=grad.numel(), buffers={"levels": levels, "scales": scales})
 
@@ -68,32 +63,20 @@ class QSGD(Compressor):
         self, payload: Payload, out: torch.Tensor | None, accumulate: bool = True
     ) -> torch.Tensor:
         levels, scales, n = payload.buffers["levels"], payload.buffers["scales"], payload.numel
-        kernels = native.kernels_for(scales)
-        if kernels is None or not (out is None or native.can_accumulate(out, n, scales.device)):
+        kernels = native.decode_kernels(scales, out, n)
+        if kernels is None:
             return super()._decode_into(payload, out, accumulate)
-        self._check_payload(levels, scales, n)
+        # The compiled paths read exactly these sizes: check them as unpack does for torch.
+        nbytes, nscales = (f.numel for f in self.wire_layout(n))
+        check_payload("qsgd", n, ("levels", levels), ("scales", scales), (nbytes, nscales))
         return kernels.qsgd_decode(
-            levels,
-            scales,
-            n,
-            bits=self.bits,
-            bucket_size=self.bucket_size,
-            layout=self.layout,
-            out=out,
-            accumulate=accumulate,
+            levels, scales, n, self.kernel_format, out=out, accumulate=accumulate
         )
 
-    def _check_payload(self, levels: torch.Tensor, scales: torch.Tensor, n: int) -> None:
-        # The compiled paths read exactly these sizes: check them as unpack does for torch.
-        want = tuple(f.numel for f in self.wire_layout(n))
-        got = (levels.numel(), scales.numel())
-        if got != want or levels.dtype != torch.uint8 or scales.dtype != torch.float32:
-            raise ValueError(
-                f"qsgd: payload of {n} values needs {want[0]} uint8 levels and {want[1]} float32 "
-                f"scales, got {got[0]} {levels.dtype} and {got[1]} {scales.dtype}"
-            )
-        if levels.device != scales.device:
-            raise ValueError(f"qsgd: levels on {levels.device} but scales on {scales.device}")
+    @property
+    def kernel_format(self) -> QsgdFormat:
+        """The wire format as the compiled paths take it."""
+        return QsgdFormat(self.bits, self.bucket_size, self.layout, self.norm)
 
     def _encode_torch(
         self, grad: torch.Tensor, key: Key, offset: int

@@ -12,25 +12,25 @@ so they are ordered with the surrounding torch work without synchronising. Selec
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
 import numpy as np
 import torch
 
-from qbench.catalog.compressors import ELEMENTS, packed_nbytes
 from qbench.compress.kernels import cuda_emulate
 from qbench.compress.kernels.abi import (
-    LAYOUTS,
-    LOWFLOAT_ELEMENTS,
-    LOWFLOAT_KINDS,
-    NORMS,
+    Empty,
     Kernels,
     LowFloatEncoded,
-    UnitsView,
+    LowFloatFormat,
+    QsgdFormat,
+    decode_target,
+    feedback,
     kernel_dir,
 )
-from qbench.compress.kernels.buckets import levels_nbytes, num_buckets, tree_width
+from qbench.compress.kernels.buckets import num_buckets, tree_width
 
 _SOURCES = {
     "qsgd.cu": ("qb_qsgd_encode_fused", "qb_qsgd_scales", "qb_qsgd_quantize", "qb_qsgd_decode"),
@@ -146,6 +146,11 @@ def _empty(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor
     return torch.empty(numel, dtype=dtype, device=device)
 
 
+def _on(device: torch.device) -> Empty:
+    """The allocator of output buffers on ``device``."""
+    return functools.partial(_empty, device=device)
+
+
 def _i64(x: int) -> np.int64:
     return np.int64(x)
 
@@ -166,55 +171,35 @@ class _CUDAKernels:
     """CuPy launches of kernels/*.cu; inputs made contiguous, outputs allocated with torch."""
 
     def qsgd_encode(
-        self,
-        grad: torch.Tensor,
-        *,
-        bits: int,
-        bucket_size: int,
-        layout: str,
-        norm: str,
-        key_hash: int,
-        offset: int,
+        self, grad: torch.Tensor, fmt: QsgdFormat, *, key_hash: int, offset: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         x, n, dev = grad.contiguous(), grad.numel(), grad.device
-        levels = _empty(levels_nbytes(n, bits), torch.uint8, dev)
-        scales = _empty(num_buckets(n, bucket_size), torch.float32, dev)
+        levels, scales = fmt.outputs(n, _on(dev))
         if n == 0:
             return levels, scales
-        shape = (_i64(n), _i64(bucket_size), _i32(bits), _i32(LAYOUTS[layout]))
-        key = (_u32(key_hash), _u32(offset))
+        bucket, bits, layout = _qsgd(fmt)
+        norm, key = _i32(fmt.norm_code), (_u32(key_hash), _u32(offset))
         args: tuple[Any, ...]
-        if bucket_size % 8 == 0:  # groups of 8 codes stay inside a bucket: one fused pass
-            threads = _bucket_threads(bucket_size // 8)
-            args = (x, *shape, _i32(NORMS[norm]), *key, levels, scales)
+        if fmt.bucket_size % 8 == 0:  # groups of 8 codes stay inside a bucket: one fused pass
+            threads = _bucket_threads(fmt.bucket_size // 8)
+            args = (x, _i64(n), bucket, bits, layout, norm, *key, levels, scales)
             _launch(dev, "qb_qsgd_encode_fused", scales.numel(), threads, args, 4 * threads)
             return levels, scales
-        threads = _bucket_threads(bucket_size)
-        args = (x, _i64(n), _i64(bucket_size), _i32(NORMS[norm]), scales)
+        threads = _bucket_threads(fmt.bucket_size)
+        args = (x, _i64(n), bucket, norm, scales)
         _launch(dev, "qb_qsgd_scales", scales.numel(), threads, args, 4 * threads)
-        args = (x, scales, *shape, *key, levels)
+        args = (x, scales, _i64(n), bucket, bits, layout, *key, levels)
         _launch(dev, "qb_qsgd_quantize", _group_blocks(n), _GROUP_THREADS, args, 0)
         return levels, scales
 
     def qsgd_decode(
-        self,
-        levels: torch.Tensor,
-        scales: torch.Tensor,
-        numel: int,
-        *,
-        bits: int,
-        bucket_size: int,
-        layout: str,
-        out: torch.Tensor | None,
-        accumulate: bool = True,
-    ) -> torch.Tensor:
-        accumulate = out is not None and accumulate
-        if out is None:
-            out = _empty(numel, torch.float32, scales.device)
+        self, levels: torch.Tensor, scales: torch.Tensor, numel: int, fmt: QsgdFormat, *,
+        out: torch.Tensor | None, accumulate: bool = True,
+    ) -> torch.Tensor:  # fmt: skip
+        out, add = decode_target(out, numel, accumulate, _on(scales.device))
         if numel:
             args: tuple[Any, ...] = (levels.contiguous(), scales.contiguous(), _i64(numel))
-            args += (_i64(bucket_size),)
-            args += (_i32(bits), _i32(LAYOUTS[layout]), out, _i32(accumulate))
+            args += (*_qsgd(fmt), out, _i32(add))
             _launch(scales.device, "qb_qsgd_decode", _group_blocks(numel), _GROUP_THREADS, args, 0)
         return out
 
@@ -224,11 +209,7 @@ class _CUDAKernels:
         g, n, dev = grad.contiguous(), grad.numel(), grad.device
         signs = _empty((n + 7) // 8, torch.uint8, dev)
         means = _empty(2 * num_buckets(n, bucket_size), torch.float32, dev)
-        new_residual = None
-        if ef:  # updated in place when the old residual is a plain buffer
-            plain = residual is not None and residual.is_contiguous()
-            new_residual = residual if plain else _empty(n, torch.float32, dev).view(g.shape)
-            residual = residual.contiguous() if residual is not None else None
+        residual, new_residual = feedback(residual, ef, lambda: _residual(n, g))
         if n == 0:
             return signs, means, new_residual
         r_in, r_out = _ptr_or_null(residual), _ptr_or_null(new_residual)
@@ -240,132 +221,93 @@ class _CUDAKernels:
         return signs, means, new_residual
 
     def onebit_decode(
-        self,
-        signs: torch.Tensor,
-        means: torch.Tensor,
-        numel: int,
-        *,
-        bucket_size: int,
-        out: torch.Tensor | None,
-        accumulate: bool = True,
-    ) -> torch.Tensor:
-        accumulate = out is not None and accumulate
-        if out is None:
-            out = _empty(numel, torch.float32, means.device)
+        self, signs: torch.Tensor, means: torch.Tensor, numel: int, *, bucket_size: int,
+        out: torch.Tensor | None, accumulate: bool = True,
+    ) -> torch.Tensor:  # fmt: skip
+        out, add = decode_target(out, numel, accumulate, _on(means.device))
         if numel:
             args: tuple[Any, ...] = (signs.contiguous(), means.contiguous(), _i64(numel))
-            args += (_i64(bucket_size), out, _i32(accumulate))
+            args += (_i64(bucket_size), out, _i32(add))
             _launch(means.device, "qb_onebit_decode", _group_blocks(numel), _GROUP_THREADS, args, 0)
         return out
 
     def lowfloat_encode(
-        self,
-        grad: torch.Tensor,
-        residual: torch.Tensor | None,
-        *,
-        kind: str,
-        element: str,
-        block: int,
-        stochastic: bool,
-        ef: bool,
-        key_hash: int,
-        offset: int,
-    ) -> LowFloatEncoded | None:
+        self, grad: torch.Tensor, residual: torch.Tensor | None, fmt: LowFloatFormat, *,
+        ef: bool, key_hash: int, offset: int,
+    ) -> LowFloatEncoded | None:  # fmt: skip
         g, n, dev = grad.contiguous(), grad.numel(), grad.device
-        codes = _empty(packed_nbytes(n, ELEMENTS[element][0]), torch.uint8, dev)
-        nblocks = num_buckets(n, block)
-        scales = _empty(nblocks, torch.float32 if kind == "fp8" else torch.uint8, dev)
-        tensor_scale = _empty(1, torch.float32, dev) if kind == "nvfp4" else None
-        new_residual = None
-        if ef:  # updated in place when the old residual is a plain buffer
-            plain = residual is not None and residual.is_contiguous()
-            new_residual = residual if plain else _empty(n, torch.float32, dev).view(g.shape)
-            residual = residual.contiguous() if residual is not None else None
-        else:
-            residual = None
+        codes, scales, tensor_scale = fmt.outputs(n, _on(dev))
+        residual, new_residual = feedback(residual, ef, lambda: _residual(n, g))
         if n == 0:
             if tensor_scale is not None:
                 tensor_scale.fill_(1.0)  # blockscale: the scale of no values
             return LowFloatEncoded(codes, scales, tensor_scale, new_residual)
+        nblocks, block = scales.numel(), _i64(fmt.block)
         maxes = torch.zeros(nblocks, dtype=torch.int32, device=dev)
         words = torch.zeros(2, dtype=torch.int32, device=dev)  # NaN / inf seen; NVFP4's top
         r_in, ts = _ptr_or_null(residual), _ptr_or_null(tensor_scale)
-        args: tuple[Any, ...] = (g, r_in, _i64(n), _i64(block), maxes, words)
+        args: tuple[Any, ...] = (g, r_in, _i64(n), block, maxes, words)
         _launch(dev, "qb_lf_maxes", -(-n // _LF_RUN // _GROUP_THREADS), _GROUP_THREADS, args, 0)
         if words[0].item():  # before anything is written, as the reference refuses it
             return None
-        codec = (_i32(LOWFLOAT_KINDS[kind]), _i32(LOWFLOAT_ELEMENTS[element]))
-        if kind == "nvfp4":
+        if fmt.kind == "nvfp4":
             threads = _bucket_threads(nblocks)
             args = (maxes, _i64(nblocks), words)
             _launch(dev, "qb_lf_top", -(-nblocks // threads), threads, args, 4 * threads)
-        args = (maxes, _i64(nblocks), *codec, words, scales, ts)
+        args = (maxes, _i64(nblocks), *_enums(fmt), words, scales, ts)
         _launch(dev, "qb_lf_scales", -(-nblocks // _GROUP_THREADS), _GROUP_THREADS, args, 0)
-        args = (g, r_in, _ptr_or_null(new_residual), _i32(ef), _i64(n), *codec, _i64(block))
-        args += (_i32(stochastic), _u32(key_hash), _u32(offset), scales, ts, codes)
+        args = (g, r_in, _ptr_or_null(new_residual), _i32(ef), _i64(n), *_enums(fmt), block)
+        args += (_i32(fmt.stochastic), _u32(key_hash), _u32(offset), scales, ts, codes)
         _launch(dev, "qb_lf_quantize", _group_blocks(n), _GROUP_THREADS, args, 0)
         return LowFloatEncoded(codes, scales, tensor_scale, new_residual)
 
     def lowfloat_decode(
-        self,
-        codes: torch.Tensor,
-        scales: torch.Tensor,
-        tensor_scale: torch.Tensor | None,
-        numel: int,
-        *,
-        kind: str,
-        element: str,
-        block: int,
-        out: torch.Tensor | None,
-        accumulate: bool = True,
-    ) -> torch.Tensor:
-        accumulate = out is not None and accumulate
-        if out is None:
-            out = _empty(numel, torch.float32, scales.device)
+        self, codes: torch.Tensor, scales: torch.Tensor, tensor_scale: torch.Tensor | None,
+        numel: int, fmt: LowFloatFormat, *, out: torch.Tensor | None, accumulate: bool = True,
+    ) -> torch.Tensor:  # fmt: skip
+        out, add = decode_target(out, numel, accumulate, _on(scales.device))
         if numel:
             ts = _ptr_or_null(tensor_scale.contiguous() if tensor_scale is not None else None)
             args: tuple[Any, ...] = (codes.contiguous(), scales.contiguous(), ts, _i64(numel))
-            args += (_i32(LOWFLOAT_KINDS[kind]), _i32(LOWFLOAT_ELEMENTS[element]), _i64(block))
-            args += (out, _i32(accumulate))
+            args += (*_enums(fmt), _i64(fmt.block), out, _i32(add))
             _launch(scales.device, "qb_lf_decode", _group_blocks(numel), _GROUP_THREADS, args, 0)
         return out
 
-    def units_divisors(self, amax: torch.Tensor, view: UnitsView) -> torch.Tensor:
+    def units_divisors(self, amax: torch.Tensor, fmt: LowFloatFormat) -> torch.Tensor:
         nblocks, dev = amax.numel(), amax.device
         divisors = _empty(nblocks, torch.float32, dev)
         if nblocks:
             maxes = amax.contiguous()
             words = torch.zeros(2, dtype=torch.int32, device=dev)  # words[1]: the largest
-            if view.kind == "nvfp4":  # amax >= 0: its bits order as the floats
+            if fmt.kind == "nvfp4":  # amax >= 0: its bits order as the floats
                 threads = _bucket_threads(nblocks)
                 args: tuple[Any, ...] = (maxes.view(torch.int32), _i64(nblocks), words)
                 _launch(dev, "qb_lf_top", -(-nblocks // threads), threads, args, 4 * threads)
-            args = (maxes, _i64(nblocks), _i32(LOWFLOAT_KINDS[view.kind]))
-            args += (_i32(LOWFLOAT_ELEMENTS[view.element]), words, divisors)
+            args = (maxes, _i64(nblocks), *_enums(fmt), words, divisors)
             grid = -(-nblocks // _GROUP_THREADS)
             _launch(dev, "qb_lf_units_divisors", grid, _GROUP_THREADS, args, 0)
         return divisors
 
     def units_encode(
-        self, x: torch.Tensor, divisors: torch.Tensor, view: UnitsView, key_hash: int,
+        self, x: torch.Tensor, divisors: torch.Tensor, fmt: LowFloatFormat, key_hash: int,
         offset: int, dtype: torch.dtype,
     ) -> torch.Tensor:  # fmt: skip
         n, dev = x.numel(), x.device
         q = _empty(n, dtype, dev)
         if n:
             args: tuple[Any, ...] = (x.contiguous(), divisors.contiguous(), _i64(n))
-            args += (*_units(view), _u32(key_hash), _u32(offset), q, _i32(q.element_size()))
+            args += (*_units(fmt), _u32(key_hash), _u32(offset), q, _i32(q.element_size()))
             grid = -(-n // _GROUP_THREADS)
             _launch(dev, "qb_lf_units_encode", grid, _GROUP_THREADS, args, 0)
         return q
 
     def units_decode(
-        self, sums: torch.Tensor, divisors: torch.Tensor, view: UnitsView, world_size: int,
+        self, sums: torch.Tensor, divisors: torch.Tensor, fmt: LowFloatFormat, world_size: int,
         out: torch.Tensor,
     ) -> torch.Tensor:  # fmt: skip
         n = sums.numel()
         if n:
-            element, block, _ = _units(view)
+            element, block, _ = _units(fmt)
             width = _i32(sums.element_size())
             args: tuple[Any, ...] = (sums.contiguous(), width, divisors.contiguous(), _i64(n))
             args += (element, block, _i32(world_size), out)
@@ -374,9 +316,28 @@ class _CUDAKernels:
         return out
 
 
-def _units(view: UnitsView) -> tuple[np.int32, np.int64, np.int32]:
-    """The view's kernel arguments: element, block, stochastic."""
-    return _i32(LOWFLOAT_ELEMENTS[view.element]), _i64(view.block), _i32(view.stochastic)
+# The formats' parameters as the .cu kernels declare them: CuPy passes each argument with its
+# own type's size, so an int32 parameter needs an np.int32 (cuda_args).
+def _qsgd(fmt: QsgdFormat) -> tuple[np.int64, np.int32, np.int32]:
+    """bucket_size, bits, layout: what every qsgd.cu kernel takes, in this order."""
+    bucket_size, bits, layout = fmt.codec
+    return _i64(bucket_size), _i32(bits), _i32(layout)
+
+
+def _enums(fmt: LowFloatFormat) -> tuple[np.int32, np.int32]:
+    """The kind and the element, as lowfloat.cu numbers them."""
+    kind, element = fmt.enums
+    return _i32(kind), _i32(element)
+
+
+def _units(fmt: LowFloatFormat) -> tuple[np.int32, np.int64, np.int32]:
+    """The integer view's kernel arguments: element, block, stochastic."""
+    return _i32(fmt.element_code), _i64(fmt.block), _i32(fmt.stochastic)
+
+
+def _residual(numel: int, like: torch.Tensor) -> torch.Tensor:
+    """A fresh buffer for error feedback's new residual, shaped as the gradient."""
+    return _empty(numel, torch.float32, like.device).view(like.shape)
 
 
 CUDA: Kernels = _CUDAKernels()

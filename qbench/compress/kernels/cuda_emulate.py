@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from qbench.catalog import toolchain
-from qbench.compress.kernels.abi import cache_dir, kernel_dir
+from qbench.compress.kernels.abi import cache_dir, kernel_dir, restored
 from qbench.compress.kernels.cuda_args import Marshalled, marshal
 from qbench.errors import UserError
 
@@ -71,13 +71,9 @@ def set_mode(name: str) -> None:
 @contextlib.contextmanager
 def emulation(name: str = "emulate") -> Iterator[None]:
     """Run a block in another mode (tests), restoring the previous one."""
-    global _mode
-    previous = _mode
-    set_mode(name)
-    try:
+    with restored(globals(), "_mode"):
+        set_mode(name)
         yield
-    finally:
-        _mode = previous
 
 
 def _check_mode(name: str, where: str) -> str:

@@ -46,19 +46,18 @@ from pathlib import Path
 import torch
 
 from qbench.catalog import toolchain
-from qbench.catalog.compressors import ELEMENTS, packed_nbytes
 from qbench.compress.base import Key
 from qbench.compress.kernels import native_units, rng
 from qbench.compress.kernels.abi import (
-    LAYOUTS,
-    LOWFLOAT_ELEMENTS,
-    LOWFLOAT_KINDS,
-    NORMS,
     Kernels,
     LowFloatEncoded,
-    UnitsView,
+    LowFloatFormat,
+    QsgdFormat,
     cache_dir,
+    decode_target,
+    feedback,
     kernel_dir,
+    restored,
 )
 from qbench.compress.kernels.buckets import levels_nbytes, num_buckets
 from qbench.errors import UserError
@@ -94,13 +93,9 @@ def get_backend() -> str:
 @contextlib.contextmanager
 def backend(name: str) -> Iterator[None]:
     """Run a block with another backend (tests, benchmarks), restoring the previous one."""
-    global _backend
-    previous = _backend
-    set_backend(name)
-    try:
+    with restored(globals(), "_backend"):
+        set_backend(name)
         yield
-    finally:
-        _backend = previous
 
 
 def _check_backend(name: str, where: str) -> str:
@@ -128,6 +123,16 @@ def can_accumulate(out: torch.Tensor, numel: int, device: torch.device) -> bool:
     ``out.add_`` / ``out.copy_``)."""
     plain = out.dtype == torch.float32 and out.is_contiguous() and out.device == device
     return plain and out.dim() == 1 and out.numel() == numel
+
+
+def decode_kernels(t: torch.Tensor, out: torch.Tensor | None, numel: int) -> Kernels | None:
+    """The compiled path that decodes a payload holding ``t`` (fresh values when ``out`` is
+    None), or None for the codec's generic decode: the torch reference, or an ``out`` the kernels
+    cannot take."""
+    kernels = kernels_for(t)
+    if kernels is None or not (out is None or can_accumulate(out, numel, t.device)):
+        return None
+    return kernels
 
 
 def _compiled_for(device: torch.device) -> tuple[Kernels | None, str]:
@@ -320,7 +325,6 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 _NONFINITE = 3  # qb_lowfloat_encode: a gradient value is NaN or inf
-ELEMENT_BITS = {name: spec[0] for name, spec in ELEMENTS.items()}  # code width per element
 
 
 def _check(rc: int, what: str) -> None:
@@ -432,20 +436,12 @@ class _CPUKernels:
     scale and the error feedback's all-or-nothing NaN check span the whole tensor)."""
 
     def qsgd_encode(
-        self,
-        grad: torch.Tensor,
-        *,
-        bits: int,
-        bucket_size: int,
-        layout: str,
-        norm: str,
-        key_hash: int,
-        offset: int,
+        self, grad: torch.Tensor, fmt: QsgdFormat, *, key_hash: int, offset: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         lib, x, n = _library(), grad.contiguous(), grad.numel()
-        levels = _empty(levels_nbytes(n, bits), torch.uint8)
-        scales = _empty(num_buckets(n, bucket_size))
-        codec = (bucket_size, bits, LAYOUTS[layout], NORMS[norm], key_hash)
+        levels, scales = fmt.outputs(n, _empty)
+        bits, bucket_size = fmt.bits, fmt.bucket_size
+        codec = (*fmt.codec, fmt.norm_code, key_hash)  # the same for every range
         x_at, levels_at, scales_at = x.data_ptr(), levels.data_ptr(), scales.data_ptr()
 
         def encode(a: int, b: int) -> int:  # values [a, b): their draws, codes and scales
@@ -457,25 +453,16 @@ class _CPUKernels:
         return levels, scales
 
     def qsgd_decode(
-        self,
-        levels: torch.Tensor,
-        scales: torch.Tensor,
-        numel: int,
-        *,
-        bits: int,
-        bucket_size: int,
-        layout: str,
-        out: torch.Tensor | None,
-        accumulate: bool = True,
-    ) -> torch.Tensor:
-        lib, add = _library(), int(out is not None and accumulate)
-        out = _empty(numel) if out is None else out
+        self, levels: torch.Tensor, scales: torch.Tensor, numel: int, fmt: QsgdFormat, *,
+        out: torch.Tensor | None, accumulate: bool = True,
+    ) -> torch.Tensor:  # fmt: skip
+        lib, (out, add) = _library(), decode_target(out, numel, accumulate, _empty)
         lv, sc, out_at = levels.contiguous(), scales.contiguous(), out.data_ptr()
-        codec = (bucket_size, bits, LAYOUTS[layout])
+        bits, bucket_size, codec = fmt.bits, fmt.bucket_size, fmt.codec
 
         def decode(a: int, b: int) -> int:
             ins = (lv.data_ptr() + levels_nbytes(a, bits), sc.data_ptr() + 4 * (a // bucket_size))
-            return int(lib.qb_qsgd_decode(*ins, b - a, *codec, out_at + 4 * a, add))
+            return int(lib.qb_qsgd_decode(*ins, b - a, *codec, out_at + 4 * a, int(add)))
 
         _split(numel, _align(bucket_size), decode, "qsgd decode")
         return out
@@ -486,11 +473,7 @@ class _CPUKernels:
         lib, g, n = _library(), grad.contiguous(), grad.numel()
         signs = _empty((n + 7) // 8, torch.uint8)
         means = _empty(2 * num_buckets(n, bucket_size))
-        new_residual = None
-        if ef:  # updated in place when the old residual is a plain float32 buffer
-            plain = residual is not None and residual.is_contiguous()
-            new_residual = residual if plain else _empty(n)
-            residual = residual.contiguous() if residual is not None else None
+        residual, new_residual = feedback(residual, ef, lambda: _empty(n))
         r_in, r_out = _ptr(residual), _ptr(new_residual)
 
         def encode(a: int, b: int) -> int:  # values [a, b): their residuals, signs and means
@@ -502,96 +485,62 @@ class _CPUKernels:
         return signs, means, new_residual
 
     def onebit_decode(
-        self,
-        signs: torch.Tensor,
-        means: torch.Tensor,
-        numel: int,
-        *,
-        bucket_size: int,
-        out: torch.Tensor | None,
-        accumulate: bool = True,
-    ) -> torch.Tensor:
-        lib, add = _library(), int(out is not None and accumulate)
-        out = _empty(numel) if out is None else out
+        self, signs: torch.Tensor, means: torch.Tensor, numel: int, *, bucket_size: int,
+        out: torch.Tensor | None, accumulate: bool = True,
+    ) -> torch.Tensor:  # fmt: skip
+        lib, (out, add) = _library(), decode_target(out, numel, accumulate, _empty)
         s, m, out_at = signs.contiguous(), means.contiguous(), out.data_ptr()
 
         def decode(a: int, b: int) -> int:
             ins = (s.data_ptr() + a // 8, m.data_ptr() + 8 * (a // bucket_size))
-            return int(lib.qb_onebit_decode(*ins, b - a, bucket_size, out_at + 4 * a, add))
+            return int(lib.qb_onebit_decode(*ins, b - a, bucket_size, out_at + 4 * a, int(add)))
 
         _split(numel, _align(bucket_size), decode, "onebit decode")
         return out
 
     def lowfloat_encode(
-        self,
-        grad: torch.Tensor,
-        residual: torch.Tensor | None,
-        *,
-        kind: str,
-        element: str,
-        block: int,
-        stochastic: bool,
-        ef: bool,
-        key_hash: int,
-        offset: int,
-    ) -> LowFloatEncoded | None:
+        self, grad: torch.Tensor, residual: torch.Tensor | None, fmt: LowFloatFormat, *,
+        ef: bool, key_hash: int, offset: int,
+    ) -> LowFloatEncoded | None:  # fmt: skip
         lib, g, n = _library(), grad.contiguous(), grad.numel()
-        bits = ELEMENT_BITS[element]
-        codes = _empty(packed_nbytes(n, bits), torch.uint8)
-        scale_type = torch.float32 if kind == "fp8" else torch.uint8
-        scales = _empty(num_buckets(n, block), scale_type)
-        tensor_scale = _empty(1) if kind == "nvfp4" else None
-        new_residual = None
-        if ef:  # updated in place when the old residual is a plain float32 buffer
-            plain = residual is not None and residual.is_contiguous()
-            new_residual = residual if plain else _empty(n)
-            residual = residual.contiguous() if residual is not None else None
+        codes, scales, tensor_scale = fmt.outputs(n, _empty)
+        residual, new_residual = feedback(residual, ef, lambda: _empty(n))
         rc = lib.qb_lowfloat_encode(
-            *(_ptr(g), _ptr(residual), _ptr(new_residual), int(ef), n, LOWFLOAT_KINDS[kind]),
-            *(LOWFLOAT_ELEMENTS[element], block, int(stochastic), key_hash, offset & rng.MASK32),
+            *(_ptr(g), _ptr(residual), _ptr(new_residual), int(ef), n, *fmt.enums, fmt.block),
+            *(int(fmt.stochastic), key_hash, offset & rng.MASK32),
             *(_ptr(codes), _ptr(scales), _ptr(tensor_scale)),
         )
         if rc == _NONFINITE:
             return None
-        _check(rc, f"{kind} encode")
+        _check(rc, f"{fmt.kind} encode")
         return LowFloatEncoded(codes, scales, tensor_scale, new_residual)
 
     def lowfloat_decode(
-        self,
-        codes: torch.Tensor,
-        scales: torch.Tensor,
-        tensor_scale: torch.Tensor | None,
-        numel: int,
-        *,
-        kind: str,
-        element: str,
-        block: int,
-        out: torch.Tensor | None,
-        accumulate: bool = True,
-    ) -> torch.Tensor:
-        lib, accumulate = _library(), out is not None and accumulate
-        out = _empty(numel) if out is None else out
+        self, codes: torch.Tensor, scales: torch.Tensor, tensor_scale: torch.Tensor | None,
+        numel: int, fmt: LowFloatFormat, *, out: torch.Tensor | None, accumulate: bool = True,
+    ) -> torch.Tensor:  # fmt: skip
+        lib, (out, add) = _library(), decode_target(out, numel, accumulate, _empty)
         c, s = codes.contiguous(), scales.contiguous()
         t = tensor_scale.contiguous() if tensor_scale is not None else None
-        args = (numel, LOWFLOAT_KINDS[kind], LOWFLOAT_ELEMENTS[element], block)
-        rc = lib.qb_lowfloat_decode(_ptr(c), _ptr(s), _ptr(t), *args, _ptr(out), int(accumulate))
-        _check(rc, f"{kind} decode")
+        args = (numel, *fmt.enums, fmt.block)
+        rc = lib.qb_lowfloat_decode(_ptr(c), _ptr(s), _ptr(t), *args, _ptr(out), int(add))
+        _check(rc, f"{fmt.kind} decode")
         return out
 
-    def units_divisors(self, amax: torch.Tensor, view: UnitsView) -> torch.Tensor:
-        return native_units.divisors(_library(), amax, view)
+    def units_divisors(self, amax: torch.Tensor, fmt: LowFloatFormat) -> torch.Tensor:
+        return native_units.divisors(_library(), amax, fmt)
 
     def units_encode(
-        self, x: torch.Tensor, divisors: torch.Tensor, view: UnitsView, key_hash: int,
+        self, x: torch.Tensor, divisors: torch.Tensor, fmt: LowFloatFormat, key_hash: int,
         offset: int, dtype: torch.dtype,
     ) -> torch.Tensor:  # fmt: skip
-        return native_units.encode(_library(), x, divisors, view, key_hash, offset, dtype)
+        return native_units.encode(_library(), x, divisors, fmt, key_hash, offset, dtype)
 
     def units_decode(
-        self, sums: torch.Tensor, divisors: torch.Tensor, view: UnitsView, world_size: int,
+        self, sums: torch.Tensor, divisors: torch.Tensor, fmt: LowFloatFormat, world_size: int,
         out: torch.Tensor,
     ) -> torch.Tensor:  # fmt: skip
-        return native_units.decode(_library(), sums, divisors, view, world_size, out)
+        return native_units.decode(_library(), sums, divisors, fmt, world_size, out)
 
 
 def _library() -> ctypes.CDLL:
