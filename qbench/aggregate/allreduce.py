@@ -44,11 +44,7 @@ class AllReduce(Aggregator):
 
     def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
         if not self.cast:
-            self.comm.allreduce_(grad)
-            timer.mark("comm")
-            grad.div_(self.comm.world_size)
-            timer.mark("decode")
-            return grad
+            return fp32_mean(self.comm, grad, timer)
         payload = self.compressor.encode(grad, step=step, rank=self.comm.rank, offset=self.offset)
         values = payload.buffers["values"]
         timer.mark("encode")
@@ -58,3 +54,13 @@ class AllReduce(Aggregator):
         grad.copy_(values).div_(self.comm.world_size)
         timer.mark("decode")
         return grad
+
+
+def fp32_mean(comm: Comm, grad: torch.Tensor, timer: PhaseTimer) -> torch.Tensor:
+    """The uncompressed path: ``grad`` summed in place over the ranks (comm), then / K
+    (decode)."""
+    comm.allreduce_(grad)
+    timer.mark("comm")
+    grad.div_(comm.world_size)
+    timer.mark("decode")
+    return grad

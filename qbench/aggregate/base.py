@@ -5,12 +5,13 @@ from __future__ import annotations
 import bisect
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from functools import cached_property
 from typing import ClassVar
 
 import torch
 
 from qbench.comm.base import Comm
-from qbench.compress import Compressor
+from qbench.compress import Compressor, Payload
 from qbench.timing import PhaseTimer
 
 
@@ -22,7 +23,8 @@ class Aggregator(ABC):
     ``tensors``: the sizes of the parameter tensors the slice is made of (the layer plan's
     group), so that per-tensor compressors encode each on its own (:meth:`pieces`); default one
     tensor. After each call ``payload_bytes`` holds the bytes of this rank's own encoded
-    gradient.
+    gradient. What several schemes share is here as well: ``fixed`` and ``wire_size`` (no size
+    exchange needed), ``encode_slice`` and ``mean_of`` (K payloads laid end to end).
     """
 
     name: ClassVar[str]
@@ -41,6 +43,13 @@ class Aggregator(ABC):
         self.payload_bytes = 4 * numel
         self.overlapped = False
         """True when encode / comm / decode interleave, so only the iteration time is real."""
+        self.fixed = compressor.fixed_size
+        """The payload's length alone fixes its bytes, so receivers need no size exchange."""
+
+    @cached_property
+    def wire_size(self) -> int:
+        """Bytes of the whole slice's payload when ``fixed``, else 0."""
+        return self.compressor.wire_nbytes(self.numel, self.pieces()) if self.fixed else 0
 
     @abstractmethod
     def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
@@ -71,6 +80,29 @@ class Aggregator(ABC):
         if self.compressor.granularity != "tensor" or align == 1:
             return split_ranges(numel, parts, align)
         return split_ranges(numel, parts, align, self.pieces(start, start + numel))
+
+    def encode_slice(self, values: torch.Tensor, step: int, name: str, stream: int = 0) -> Payload:
+        """This rank's payload of ``values``, the whole slice: keyed by the slice's offset, cut
+        at its tensors; ``name`` is the error-feedback slot."""
+        return self.compressor.encode(
+            values, step=step, rank=self.comm.rank, stream=stream, offset=self.offset, name=name,
+            pieces=self.pieces(),
+        )  # fmt: skip
+
+    def mean_of(
+        self, received: torch.Tensor, sizes: Sequence[int], acc: torch.Tensor,
+        pieces: Sequence[int] | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """The mean over the K ranks of the payloads laid end to end in ``received`` (``sizes``
+        bytes each), each of ``acc``'s length cut into ``pieces`` (default: the slice's), added
+        into ``acc`` (zeroed by the caller) and divided by K."""
+        c = self.compressor
+        pieces = self.pieces() if pieces is None else pieces
+        pos = 0
+        for size in sizes:
+            c.decode(c.from_wire(received[pos : pos + size], acc.numel(), pieces), out=acc)
+            pos += size
+        return acc.div_(self.comm.world_size)
 
 
 def split_ranges(

@@ -37,16 +37,17 @@ from collections.abc import Sequence
 import torch
 
 from qbench.aggregate import topology as graphs
-from qbench.aggregate.base import Aggregator
+from qbench.aggregate.decentralized import Decentralized, allreduce_uncounted
 from qbench.comm.base import Comm
-from qbench.compress import Compressor, Payload
+from qbench.compress import Compressor
 from qbench.timing import PhaseTimer
 
 STREAM = 2  # rounding draws apart from the other schemes' encodes (0: gradients, 1: owners)
 
 
-class Gossip(Aggregator):
+class Gossip(Decentralized):
     name = "gossip"
+    stream = STREAM
 
     def __init__(
         self,
@@ -66,36 +67,16 @@ class Gossip(Aggregator):
         self.graph = graphs.build(topology, comm.world_size)
         self.algorithm, self.gamma = algorithm, gamma
         self.self_weight, self.weights = self.graph.weights(comm.rank)
-        self.peers = list(self.weights)  # ascending ranks, the order alltoallv delivers them in
-        self.fixed = compressor.fixed_size
-        self.wire_size = compressor.wire_nbytes(numel, self.pieces()) if self.fixed else 0
+        self.peers = list(self.weights)  # ascending ranks
         self._mix = {"dpsgd": self._dpsgd, "choco": self._choco, "deepsqueeze": self._deepsqueeze}[
             algorithm
         ]
-        self._buffers: dict[str, torch.Tensor] = {}
-        self._params: torch.Tensor | None = None
-
-    def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
-        return grad  # each rank steps its own model; the mixing is in after_step
 
     def after_step(self, params: torch.Tensor, step: int, timer: PhaseTimer) -> None:
         self._params = params
         if not self.peers:
             return  # one rank: W = [1], every algorithm leaves x as it is
         self._mix(params, step, timer)
-
-    def metrics(self) -> dict[str, float]:
-        """This rank's squared distance to the mean model over this slice, ``consensus_sq``;
-        the worker sums it over slices and calls :func:`consensus_distance`."""
-        x = self._params
-        if x is None:
-            return {}
-        mean = self._buffer("mean", x).copy_(x)
-        sent = self.comm.bytes_sent
-        self.comm.allreduce_(mean)
-        self.comm.bytes_sent = sent  # a measurement, not training traffic
-        diff = mean.div_(-self.comm.world_size).add_(x)
-        return {"consensus_sq": float(torch.dot(diff, diff))}
 
     # -- algorithms ---------------------------------------------------------------------------
     def _dpsgd(self, x: torch.Tensor, step: int, timer: PhaseTimer) -> None:
@@ -138,42 +119,17 @@ class Gossip(Aggregator):
         timer.mark("decode")
 
     # -- helpers ------------------------------------------------------------------------------
-    def _encode(self, t: torch.Tensor, step: int) -> Payload:
-        c, rank = self.compressor, self.comm.rank
-        payload = c.encode(
-            t, step=step, rank=rank, stream=STREAM, offset=self.offset, name="gossip",
-            pieces=self.pieces(),
-        )  # fmt: skip
-        self.payload_bytes = payload.nbytes
-        return payload
+    def _exchange(self, wire: torch.Tensor) -> dict[int, torch.Tensor]:
+        """Send ``wire`` to every neighbour; what each neighbour sent, by rank."""
+        return self.exchange(
+            dict.fromkeys(self.peers, wire), self.weights, self.wire_size, wire.device
+        )
 
-    def _exchange(self, wire: torch.Tensor) -> list[torch.Tensor]:
-        """Send ``wire`` to every neighbour; what each neighbour sent, in ``peers`` order."""
-        k, n = self.comm.world_size, wire.numel()
-        sizes = self._recv_sizes(n, wire.device)
-        send_counts = [n if j in self.weights else 0 for j in range(k)]
-        recv_counts = [sizes.get(j, 0) for j in range(k)]
-        got = self.comm.alltoallv(wire.repeat(len(self.peers)), send_counts, recv_counts)
-        return list(got.split([sizes[j] for j in self.peers]))
-
-    def _recv_sizes(self, own: int, device: torch.device) -> dict[int, int]:
-        if self.fixed:
-            return dict.fromkeys(self.peers, self.wire_size)
-        counts = [8 if j in self.weights else 0 for j in range(self.comm.world_size)]
-        mine = torch.full((len(self.peers),), own, dtype=torch.int64, device=device)
-        got = self.comm.alltoallv(mine.view(torch.uint8), counts, counts)
-        return dict(zip(self.peers, got.view(torch.int64).tolist(), strict=True))
-
-    def _add_neighbours(self, acc: torch.Tensor, received: list[torch.Tensor]) -> None:
+    def _add_neighbours(self, acc: torch.Tensor, received: dict[int, torch.Tensor]) -> None:
         """acc += sum over neighbours j of W_ij C(.)_j, decoded from their wire buffers."""
         c = self.compressor
-        for j, buf in zip(self.peers, received, strict=True):
+        for j, buf in received.items():
             acc.add_(c.decode(c.from_wire(buf, self.numel, self.pieces())), alpha=self.weights[j])
-
-    def _buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
-        if name not in self._buffers:
-            self._buffers[name] = torch.zeros_like(like)
-        return self._buffers[name]
 
 
 def consensus_distance(comm: Comm, squares: Sequence[float], device: torch.device) -> float:
@@ -181,7 +137,5 @@ def consensus_distance(comm: Comm, squares: Sequence[float], device: torch.devic
     of every slice: sqrt of their sum, averaged with one scalar allreduce (not counted in
     ``bytes_sent``). Every rank must call it, with its slices' values."""
     t = torch.tensor([math.sqrt(sum(squares))], dtype=torch.float64, device=device)
-    sent = comm.bytes_sent
-    comm.allreduce_(t)
-    comm.bytes_sent = sent
+    allreduce_uncounted(comm, t)
     return float(t) / comm.world_size

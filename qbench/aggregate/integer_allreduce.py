@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from qbench.aggregate.allreduce import fp32_mean
 from qbench.aggregate.base import Aggregator, split_ranges
 from qbench.catalog.schemes.traffic import integer_sum_bytes
 from qbench.comm.base import Comm, Pending
@@ -90,13 +91,8 @@ class IntegerAllReduce(Aggregator):
         self.overlapped = len(self.chunks) > 1
 
     def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
-        k = self.comm.world_size
         if self.fp32:
-            self.comm.allreduce_(grad)
-            timer.mark("comm")
-            grad.div_(k)
-            timer.mark("decode")
-            return grad
+            return fp32_mean(self.comm, grad, timer)
         key = Key(seed=self.compressor.seed, step=step, rank=self.comm.rank, stream=0)
         if self.overlapped and self.view.blockwise:
             self._pipelined(grad, key, None)
@@ -115,7 +111,7 @@ class IntegerAllReduce(Aggregator):
         timer.mark("encode")
         self.comm.allreduce_(q)
         timer.mark("comm")
-        self.view.decode(q, scales, k, grad)
+        self.view.decode(q, scales, self.comm.world_size, grad)
         timer.mark("decode")
         return grad
 

@@ -48,18 +48,15 @@ class ParameterServer(Aggregator):
         self.down = from_spec(down or "none", seed=compressor.seed)
 
     def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
-        c, rank = self.compressor, self.comm.rank
-        wire = c.encode(
-            grad, step=step, rank=rank, offset=self.offset, name="up", pieces=self.pieces()
-        ).to_wire()
+        wire = self.encode_slice(grad, step, "up").to_wire()
         timer.mark("encode")
         self.payload_bytes = wire.numel()
-        received, sizes = self._gather(wire, c)
+        received, sizes = self._gather(wire)
         timer.mark("comm")
         down = torch.empty(0, dtype=torch.uint8, device=grad.device)
-        if rank == SERVER:
+        if self.comm.rank == SERVER:
             # Nothing is read from ``wire`` any more, so grad's storage (it may alias) is free.
-            mean = self._mean_of(received, sizes, grad.zero_())
+            mean = self.mean_of(received, sizes, grad.zero_())
             timer.mark("decode")
             down = self.down.encode(
                 mean, step=step, rank=SERVER, stream=1, offset=self.offset, name="down",
@@ -72,11 +69,11 @@ class ParameterServer(Aggregator):
         timer.mark("decode")
         return out
 
-    def _gather(self, wire: torch.Tensor, c: Compressor) -> tuple[torch.Tensor, list[int]]:
+    def _gather(self, wire: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
         """Every rank's ``wire`` to the server; returns what it received and the sizes."""
         k = self.comm.world_size
-        if c.fixed_size:
-            sizes = [c.wire_nbytes(self.numel, self.pieces())] * k
+        if self.fixed:
+            sizes = [self.wire_size] * k
         else:
             size = torch.tensor([wire.numel()], dtype=torch.int64, device=wire.device)
             got = self._to_server(size.view(torch.uint8), [8] * k)
@@ -89,16 +86,6 @@ class ParameterServer(Aggregator):
         send_counts = [send.numel() if j == SERVER else 0 for j in range(k)]
         recv_counts = sizes if rank == SERVER else [0] * k
         return self.comm.alltoallv(send, send_counts, recv_counts)
-
-    def _mean_of(self, received: torch.Tensor, sizes: list[int], acc: torch.Tensor) -> torch.Tensor:
-        pos = 0
-        for size in sizes:
-            self.compressor.decode(
-                self.compressor.from_wire(received[pos : pos + size], self.numel, self.pieces()),
-                out=acc,
-            )
-            pos += size
-        return acc.div_(self.comm.world_size)
 
     def _broadcast(self, down: torch.Tensor) -> torch.Tensor:
         """The server's ``down`` bytes on every rank (the server sends K-1 copies)."""

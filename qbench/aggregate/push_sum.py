@@ -45,7 +45,7 @@ from collections.abc import Sequence
 import torch
 
 from qbench.aggregate import directed
-from qbench.aggregate.base import Aggregator
+from qbench.aggregate.decentralized import Decentralized
 from qbench.catalog.schemes import qgm_beta
 from qbench.comm.base import Comm
 from qbench.compress import Compressor, Payload
@@ -55,8 +55,9 @@ STREAM = 3  # rounding draws apart from other encodes (0: gradients, 1: owners, 
 WEIGHT = 4  # bytes of the fp32 push-sum weight appended to every message
 
 
-class PushSum(Aggregator):
+class PushSum(Decentralized):
     name = "push-sum"
+    stream = STREAM
 
     def __init__(
         self,
@@ -80,13 +81,7 @@ class PushSum(Aggregator):
         """This rank's mixing at each step of the period; tests swap in other column-stochastic
         schedules (the real graphs are also row-stochastic, so w would stay 1)."""
         self.weight = 1.0
-        self.fixed = compressor.fixed_size
         self._copies: dict[tuple[str, int], torch.Tensor] = {}  # choco's x_hat per edge
-        self._buffers: dict[str, torch.Tensor] = {}
-        self._params: torch.Tensor | None = None
-
-    def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
-        return grad  # each rank steps its own model; the mixing is in after_step
 
     def after_step(self, params: torch.Tensor, step: int, timer: PhaseTimer) -> None:
         self._params = params
@@ -101,19 +96,6 @@ class PushSum(Aggregator):
         if self.beta and before is not None:
             u = self._buffer("u", x)
             u.mul_(self.beta).add_(before.sub_(params), alpha=1.0 - self.beta)
-
-    def metrics(self) -> dict[str, float]:
-        """This rank's squared distance of z_i to the mean model over this slice,
-        ``consensus_sq``; the worker combines slices with gossip's ``consensus_distance``."""
-        z = self._params
-        if z is None:
-            return {}
-        mean = self._buffer("mean", z).copy_(z)
-        sent = self.comm.bytes_sent
-        self.comm.allreduce_(mean)
-        self.comm.bytes_sent = sent  # a measurement, not training traffic
-        diff = mean.div_(-self.comm.world_size).add_(z)
-        return {"consensus_sq": float(torch.dot(diff, diff))}
 
     # -- algorithms ---------------------------------------------------------------------------
     def _numerator(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -159,15 +141,6 @@ class PushSum(Aggregator):
         timer.mark("decode")
 
     # -- helpers ------------------------------------------------------------------------------
-    def _encode(self, t: torch.Tensor, step: int) -> Payload:
-        c, rank = self.compressor, self.comm.rank
-        payload = c.encode(
-            t, step=step, rank=rank, stream=STREAM, offset=self.offset, name="push-sum",
-            pieces=self.pieces(),
-        )  # fmt: skip
-        self.payload_bytes = payload.nbytes
-        return payload
-
     def _message(self, wire: torch.Tensor) -> torch.Tensor:
         """The payload's wire bytes followed by the fp32 push-sum weight."""
         w = torch.tensor([self.weight], dtype=torch.float32, device=wire.device)
@@ -177,30 +150,8 @@ class PushSum(Aggregator):
         self, messages: dict[int, torch.Tensor], inn: dict[int, float], device: torch.device
     ) -> dict[int, tuple[Payload, float]]:
         """Send ``messages[k]`` to each out-peer k; (payload, weight) from each in-peer."""
-        k = self.comm.world_size
-        sizes = self._recv_sizes(messages, inn, device)
-        send_counts = [messages[j].numel() if j in messages else 0 for j in range(k)]
-        recv_counts = [sizes.get(j, 0) for j in range(k)]
-        parts = [messages[j] for j in sorted(messages)]  # alltoallv wants destination order
-        send = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=device)
-        got = self.comm.alltoallv(send, send_counts, recv_counts)
-        peers = sorted(inn)  # alltoallv delivers in source rank order
-        chunks = got.split([sizes[j] for j in peers])
-        return {j: self._unpack(b) for j, b in zip(peers, chunks, strict=True)}
-
-    def _recv_sizes(
-        self, messages: dict[int, torch.Tensor], inn: dict[int, float], device: torch.device
-    ) -> dict[int, int]:
-        if self.fixed:
-            return dict.fromkeys(
-                inn, self.compressor.wire_nbytes(self.numel, self.pieces()) + WEIGHT
-            )
-        k = self.comm.world_size
-        mine = [messages[j].numel() for j in sorted(messages)]
-        sizes = torch.tensor(mine, dtype=torch.int64, device=device).view(torch.uint8)
-        send_counts = [8 if j in messages else 0 for j in range(k)]
-        got = self.comm.alltoallv(sizes, send_counts, [8 if j in inn else 0 for j in range(k)])
-        return dict(zip(sorted(inn), got.view(torch.int64).tolist(), strict=True))
+        got = self.exchange(messages, inn, self.wire_size + WEIGHT, device)
+        return {j: self._unpack(b) for j, b in got.items()}
 
     def _unpack(self, buf: torch.Tensor) -> tuple[Payload, float]:
         weight = float(buf[-WEIGHT:].clone().view(torch.float32))
@@ -211,11 +162,6 @@ class PushSum(Aggregator):
         if (end, peer) not in self._copies:
             self._copies[end, peer] = torch.zeros_like(like)
         return self._copies[end, peer]
-
-    def _buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
-        if name not in self._buffers:
-            self._buffers[name] = torch.zeros_like(like)
-        return self._buffers[name]
 
 
 def _resolve(algorithm: str, compressor: str, gamma: float) -> str:

@@ -45,7 +45,6 @@ class ReduceBroadcast(Aggregator):
         *, tensors: Sequence[int] | None = None,
     ) -> None:  # fmt: skip
         super().__init__(comm, compressor, numel, offset, tensors=tensors)
-        self.fixed = compressor.fixed_size
         chunks = [self._chunk(a, b - a) for a, b in self.split(numel, overlap) if b > a]
         self.chunks = chunks or [self._chunk(0, 0)]
         self.overlapped = len(self.chunks) > 1
@@ -166,14 +165,7 @@ class ReduceBroadcast(Aggregator):
         acc = self._acc.get(n)
         if acc is None or acc.device != received.device:
             acc = self._acc[n] = torch.empty(n, dtype=torch.float32, device=received.device)
-        acc.zero_()
-        pos = 0
-        for size in sizes:
-            self.compressor.decode(
-                self.compressor.from_wire(received[pos : pos + size], n, pieces), out=acc
-            )
-            pos += size
-        return acc.div_(self.comm.world_size)
+        return self.mean_of(received, sizes, acc.zero_(), pieces)
 
     def _unpack_all(
         self, gathered: torch.Tensor, ch: _Chunk, sizes: list[int], out: torch.Tensor

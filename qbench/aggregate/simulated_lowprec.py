@@ -38,20 +38,15 @@ class SimulatedLowPrec(Aggregator):
         tensors: Sequence[int] | None = None,
     ) -> None:  # fmt: skip
         super().__init__(comm, compressor, numel, offset, tensors=tensors)
-        self.fixed = compressor.fixed_size
         self._buffer = torch.zeros(0, dtype=torch.float32)
 
     def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
-        c = self.compressor
-        payload = c.encode(
-            grad, step=step, rank=self.comm.rank, offset=self.offset, name="own",
-            pieces=self.pieces(),
-        )  # fmt: skip
+        payload = self.encode_slice(grad, step, "own")
         timer.mark("encode")
         nbytes = payload.nbytes if self.fixed else self._max_over_ranks(payload.nbytes, grad)
         self.comm.allreduce_(self._zeros(-(-nbytes // 4), grad.device))
         timer.mark("comm")
-        own = c.decode(payload)
+        own = self.compressor.decode(payload)
         timer.mark("decode")
         self.payload_bytes = payload.nbytes
         return own
