@@ -510,8 +510,9 @@ def test_auto_is_checked_after_a_named_scheme() -> None:
     [("auto", {"name": "none"}, "allreduce"), ("auto", {"name": "qsgd", "bits": 4},
       "reduce-broadcast"), ("allgather", {"name": "qsgd", "bits": 4}, "allgather")],
 )  # fmt: skip
-def test_resolve_scheme(scheme: str, comp: dict[str, Any], want: str) -> None:
-    assert matrix.resolve_scheme(scheme, comp) == want
+def test_auto_resolves_by_compressor(scheme: str, comp: dict[str, Any], want: str) -> None:
+    text = f"name: s\nmodel: mlp\nscheme: [{scheme}]\ncompressor: [{json.dumps(comp)}]\n"
+    assert {r.method.scheme.name for r in expand(text).runs} == {want}
 
 
 # Accuracy mode with the user's own model, data, optimizer and loss: the fields FULL leaves at

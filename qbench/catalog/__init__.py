@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import yaml
@@ -27,9 +28,9 @@ from qbench.catalog.schemes import CODEC_PARAMS, SCHEMES, SchemeEntry
 from qbench.errors import UserError, choice_error
 
 __all__ = [
-    "COMPRESSORS", "GRANULARITIES", "SCHEMES", "CompressorSpec", "SchemeSpec", "compressor",
-    "compressor_label", "from_label", "register_compressor", "register_scheme", "scheme",
-    "scheme_from_label", "scheme_label",
+    "COMPRESSORS", "FP32", "GRANULARITIES", "SCHEMES", "CompressorSpec", "SchemeSpec", "codecs",
+    "compressor", "compressor_label", "from_label", "register_compressor", "register_scheme",
+    "scheme", "scheme_from_label", "scheme_label",
 ]  # fmt: skip
 
 
@@ -89,10 +90,35 @@ class SchemeSpec:
         if self.entry.display is None:
             return self.entry.name
         params = dict(self.params)
-        for key in CODEC_PARAMS:
-            if params.get(key):
-                params[key] = compressor(params[key]).display(brief=True)
+        for key, codec in self.codecs.items():
+            params[key] = codec.display(brief=True)
         return self.entry.display(params)
+
+    @property
+    def codecs(self) -> dict[str, CompressorSpec]:
+        """The compressors the scheme takes as parameters (``down``, ``all_gather``), set ones
+        only: validated when the scheme was, so this cannot fail."""
+        return codecs(self.params)
+
+    def replaced(self, **changes: Any) -> SchemeSpec:
+        """The same scheme with some parameters as written changed, validated again."""
+        return scheme({**self.given, **changes})
+
+    @property
+    def is_default(self) -> bool:
+        """Whether every parameter is the scheme's default."""
+        return self.params == _default_params(self.name)
+
+
+@cache
+def _default_params(name: str) -> dict[str, Any]:
+    """A scheme's parameters when none is given (names are never re-registered: cached)."""
+    return scheme({"name": name}).params
+
+
+def codecs(params: Mapping[str, Any]) -> dict[str, CompressorSpec]:
+    """A scheme's codec parameters among ``params`` (validated mappings), as specs."""
+    return {k: compressor(params[k]) for k in CODEC_PARAMS if params.get(k)}
 
 
 def register_compressor(entry: CompressorEntry) -> None:
@@ -221,3 +247,8 @@ def _short(v: Any) -> str:
     if isinstance(v, dict):
         return compressor_label(v) if "name" in v else "-".join(map(str, v.values()))
     return str(v)
+
+
+FP32 = compressor("none")
+"""The uncompressed compressor (label ``fp32``): full-precision values on the wire, every
+report's and the cost model's baseline."""

@@ -74,11 +74,10 @@ def build(name: str, *, seed: int = 0, **params: Any) -> Compressor:
 
 
 def from_spec(spec: Any, *, seed: int = 0) -> Compressor:
-    """Build from a spec as a scenario or the command line writes it (``qsgd``,
-    ``qsgd:bits=4``, ``{name: qsgd, bits: 4}``); ``seed`` is the run's."""
-    checked = catalog.compressor(spec)
-    codec = _codec(checked.entry)
-    return codec(seed=seed, **{k: v for k, v in checked.given.items() if k != "name"})
+    """Build from a validated ``catalog.CompressorSpec`` (a run's), or from a spec as a user
+    writes it (``qsgd``, ``qsgd:bits=4``, ``{name: qsgd, bits: 4}``); ``seed`` is the run's."""
+    checked = spec if isinstance(spec, catalog.CompressorSpec) else catalog.compressor(spec)
+    return _codec(checked.entry)(seed=seed, spec=checked)
 
 
 def _codec(entry: catalog.CompressorEntry) -> type[Compressor]:

@@ -94,8 +94,13 @@ class Compressor:
 
     name: ClassVar[str] = "base"
 
-    def __init__(self, *, seed: int = 0, **params: Any) -> None:
-        self.spec = catalog.compressor({"name": self.name, **params})
+    def __init__(
+        self, *, seed: int = 0, spec: catalog.CompressorSpec | None = None, **params: Any
+    ) -> None:
+        if spec is not None and params:
+            raise TypeError(f"{self.name}: give a validated spec or parameters, not both")
+        # a run's spec was validated when its scenario or record was read: not again
+        self.spec = spec or catalog.compressor({"name": self.name, **params})
         self.seed = seed
         self.state: dict[str, torch.Tensor] = {}
         for key, value in self.spec.params.items():

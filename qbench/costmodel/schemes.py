@@ -4,7 +4,7 @@ A scheme is the catalog's (``qbench.catalog.scheme``: the one spec syntax, valid
 catalog's rules) as the model sees it, ``Scheme.of(spec)``: a run's recorded spec
 (``qbench.records.view``), a bench JSON row's label read back by the catalog
 (``inputs.bench_scheme``), or ``--scheme reduce-broadcast:overlap=16``
-(``qbench.cli.cost_configs.scheme_option``). DDP runs, which communicate bucket by bucket
+(``qbench.cli.cost.configs.scheme_option``). DDP runs, which communicate bucket by bucket
 during backward (``qbench.costmodel.overlap``), are ``ddp`` or
 ``reduce-broadcast:backward=true``. The model's only scheme of its own is ``lowprec-allreduce``,
 the *projected* NCCL with native low-precision reduction, not measurable yet: its predictions
@@ -48,7 +48,7 @@ def _levelled(name: str) -> bool:
     """Whether the scheme's traffic names its levels (inside a node, between nodes): such a
     scheme is timed from the one-level fits, never fitted itself (qbench.costmodel.levels)."""
     of = declared(name)
-    return of is not None and traffic.names_levels(of, catalog.compressor("none"))
+    return of is not None and traffic.names_levels(of, catalog.FP32)
 
 
 SCHEMES = (
@@ -91,17 +91,23 @@ class Scheme:
         """The catalog's validated scheme (a run's recorded spec, ``qbench.records.view``) as
         the model sees it; UserError for a scheme the model has no formulas for."""
         name, p = spec.name, spec.params
+        given = spec.given.get("bucket_cap_mb")  # the label names the cap only when given
+        cap = None if given is None else float(given)
+        levels: dict[str, str] = {k: str(p[k]) for k in ("intra", "inter") if k in p}
+        backward = bool(p.get("backward")) or name == DDP
+        return cls._timed(name, int(p.get("overlap", 1)), backward, cap, levels)
+
+    @classmethod
+    def _timed(
+        cls, name: str, overlap: int, backward: bool, cap: float | None, levels: dict[str, str]
+    ) -> Scheme:
+        """The scheme as the model times it; UserError for what it has no formulas for."""
         if name != DDP and declared(name) is None:
             raise UserError(f"the cost model has no scheme {name!r}; valid: {', '.join(SCHEMES)}")
-        backward = bool(p.get("backward")) or name == DDP
-        overlap = int(p.get("overlap", 1))
         if backward and overlap > 1:
             raise UserError(f"scheme {name}: the cost model has no per-bucket pipeline")
         if backward and _levelled(name):
             raise UserError(f"scheme {name}: the cost model has no per-bucket {name}")
-        given = spec.given.get("bucket_cap_mb")  # the label names the cap only when given
-        cap = None if given is None else float(given)
-        levels = {k: str(p[k]) for k in ("intra", "inter") if k in p}
         name = spelling.canonical(name, {"backward": backward}, NONE.name)[0]
         return cls(name, overlap, backward, cap, **levels)
 
@@ -151,8 +157,7 @@ class Scheme:
                     f"scheme {self.label}: only {', '.join(BACKWARD_SCHEMES)} run per bucket "
                     "during backward"
                 )
-            pipelined = {"overlap": self.overlap} if self.overlap > 1 else {}
-            return Scheme.of(catalog.scheme({"name": self.name, **pipelined, "backward": True}))
+            return Scheme._timed(self.name, self.overlap, True, None, {})
         if overlap == FLAT:
             raise UserError(f"scheme {self.label} communicates during backward, not `overlap none`")
         raise UserError(f"overlap must be {BACKWARD} or {FLAT}, got {overlap!r}")
@@ -162,8 +167,7 @@ ALLREDUCE = Scheme("allreduce")
 """fp32 allreduce of one flat gradient: the baseline of every prediction."""
 
 
-NONE = catalog.compressor("none")
-"""The uncompressed compressor (label ``fp32``): full-precision values on the wire."""
+NONE = catalog.FP32
 
 
 def full_precision(compressor: catalog.CompressorSpec) -> bool:

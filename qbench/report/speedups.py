@@ -25,7 +25,6 @@ import math
 import pandas as pd
 
 from qbench import catalog
-from qbench.catalog.schemes import CODEC_PARAMS
 from qbench.report import intervals, names
 
 RATIOS = ("speedup_vs_fp32", "speedup_vs_flat_fp32", "scalability", "speedup_vs_best")
@@ -102,8 +101,7 @@ def _is_uncompressed(compressor_name: object, scheme: catalog.SchemeSpec | None)
         return True
     # a scheme's own codec (fsdp's parameter all-gather, a parameter server's way down) that
     # is not a plain cast makes the run compressed, whatever the gradient's compressor
-    own = (scheme.params.get(k) for k in CODEC_PARAMS)
-    coded = any(c and not catalog.compressor(c).entry.uncompressed for c in own)
+    coded = any(not c.entry.uncompressed for c in scheme.codecs.values())
     return scheme.entry.reduces and not coded
 
 

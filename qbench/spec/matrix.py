@@ -64,14 +64,26 @@ class _Point:
     weight_bits: int
 
 
+@dataclass(frozen=True)
+class _Parsed:
+    """The scenario's entries, validated once: what its points are made of."""
+
+    models: list[user.Model]
+    """Each model with its normalised parameters."""
+    compressors: list[catalog.CompressorSpec]
+    """The compressor axis, in order."""
+    overrides: tuple[catalog.CompressorSpec, ...]
+    """The layer policy's per-layer compressors."""
+
+
 def expand(sc: Scenario) -> Matrix:
     """Cross-product of the scenario's axes; validates names and parameters first."""
-    models_ = _check(sc)
+    parsed = _check(sc)
     runs: list[RunSpec] = []
     excluded: list[Excluded] = []
     seen: set[str] = set()
-    for point in _points(sc, models_):
-        why = _why_excluded(sc, point)
+    for point in _points(sc, parsed):
+        why = _why_excluded(sc, point, parsed.overrides)
         if why:
             excluded.append(Excluded(_describe(point), why))
             continue
@@ -118,43 +130,42 @@ def cover(runs: list[RunSpec]) -> tuple[list[RunSpec], list[RunSpec]]:
     return kept, dropped
 
 
-def _check(sc: Scenario) -> list[user.Model]:
-    """Every name and parameter of the scenario validated (UserError naming the bad one);
-    returns the models with their normalised parameters."""
+def _check(sc: Scenario) -> _Parsed:
+    """Every name and parameter of the scenario validated (UserError naming the bad one), and
+    the entries the points are made of."""
     model_entries = [user.model(m) for m in sc.model]
     user.datasets_of(sc)
-    for c in (*sc.compressor, *sc.layers.overrides.values()):
-        catalog.compressor(c)
+    compressors = [catalog.compressor(c) for c in sc.compressor]
+    overrides = tuple(catalog.compressor(c) for c in sc.layers.overrides.values())
     for s in sc.scheme:
         if s["name"] != "auto":
             catalog.scheme(s)
             continue
-        for comp in sc.compressor:  # auto: the parameters must suit what it resolves to
-            resolved = spelling.resolve_auto(catalog.compressor(comp))
+        for comp in compressors:  # auto: the parameters must suit what it resolves to
+            resolved = spelling.resolve_auto(comp)
             try:
                 catalog.scheme({**s, "name": resolved})
             except UserError as e:
                 raise UserError(
-                    f"scheme auto is {resolved} for compressor {comp['name']}, and {e}; "
+                    f"scheme auto is {resolved} for compressor {comp.name}, and {e}; "
                     f"name the scheme, e.g. `scheme: [{{name: reduce-broadcast, overlap: 4}}]`"
                 ) from None
-    return model_entries
+    return _Parsed(model_entries, compressors, overrides)
 
 
-def _points(sc: Scenario, model_entries: list[user.Model]) -> Iterator[_Point]:
+def _points(sc: Scenario, parsed: _Parsed) -> Iterator[_Point]:
     # Nested products (same order as one flat product): typed, where an 11-way one is not.
     places = list(itertools.product(sc.world_size, sc.nodes, sc.backend, sc.device))
-    variants = list(itertools.product(sc.compressor, sc.scheme))
+    variants = list(itertools.product(parsed.compressors, sc.scheme))
     draws = list(itertools.product(sc.seed, range(sc.repeats), sc.skew, sc.compute, sc.weights))
     data_entries = user.datasets_of(sc)
-    models_ = zip(sc.model, model_entries, strict=True)
+    models_ = zip(sc.model, parsed.models, strict=True)
     axes = itertools.product(models_, data_entries, sc.network, places, variants, draws)
     for (written, (model, mparams, factory)), (dataset, data), net, place, variant, draw in axes:
-        comp, scheme_spec = variant
+        spec, scheme_spec = variant
         ws, nodes, backend, dev = place
         nodes = int(net.get("nodes", nodes))  # a cluster setting names its nodes
         seed, rep, skew, compute, weights = draw
-        spec = catalog.compressor(comp)
         name = spelling.resolve_auto(spec) if scheme_spec["name"] == "auto" else scheme_spec["name"]
         scheme, params = spelling.canonical(name, _params(scheme_spec), spec.name)
         yield _Point(
@@ -164,12 +175,14 @@ def _points(sc: Scenario, model_entries: list[user.Model]) -> Iterator[_Point]:
         )  # fmt: skip
 
 
-def _why_excluded(sc: Scenario, p: _Point) -> str | None:
+def _why_excluded(
+    sc: Scenario, p: _Point, overrides: tuple[catalog.CompressorSpec, ...]
+) -> str | None:
     """The first reason the combination cannot run (``rules.why_not``), else why the
     scenario's include / exclude drop it, or None."""
     candidate = rules.Candidate(
         backend=p.backend, scheme=p.scheme, params=p.scheme_params, compressor=p.compressor,
-        overrides=tuple(catalog.compressor(c) for c in sc.layers.overrides.values()),
+        overrides=overrides,
         world_size=p.world_size, nodes=p.nodes, network=p.network, launcher=sc.launcher,
         device=p.device, gpus_per_node=sc.gpus_per_node, accuracy=bool(sc.epochs),
         momentum=user.optimizer(sc)[1], optimizer=user.optimizer(sc)[3].get("name", ""),
@@ -294,11 +307,6 @@ def _layers_for(comp: dict[str, Any], sc: Scenario) -> dict[str, Any]:
     if comp["name"] == "none" and not sc.layers.overrides:
         return {}
     return sc.layers.to_dict()
-
-
-def resolve_scheme(scheme: str, comp: dict[str, Any]) -> str:
-    """``auto`` resolved for ``comp`` (see ``catalog.spelling.resolve_auto``)."""
-    return spelling.resolve_auto(catalog.compressor(comp)) if scheme == "auto" else scheme
 
 
 incompatibility = rules.incompatibility

@@ -16,16 +16,13 @@ marker from ``qbench.report.plots.styles`` (dashed: sent after backward, not per
 from __future__ import annotations
 
 import math
-from functools import cache
 from pathlib import Path
-from typing import Any
 
 import matplotlib
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from qbench import catalog
 from qbench.catalog.schemes import spelling
 from qbench.report import names, plots
 from qbench.report.plots import styles
@@ -64,12 +61,7 @@ def _is_ddp_fp32(scheme: object, compressor: object) -> bool:
     spec, comp = names.scheme_spec(scheme), names.compressor_spec(compressor)
     if spec is None or comp is None:
         return False
-    return (spec.name, spec.params, comp.name) == (spelling.DDP, _ddp_defaults(), "none")
-
-
-@cache
-def _ddp_defaults() -> dict[str, Any]:
-    return catalog.scheme({"name": spelling.DDP}).params
+    return spec.name == spelling.DDP and spec.is_default and comp.name == "none"
 
 
 def _per_bucket(scheme: object) -> bool:

@@ -74,7 +74,7 @@ class DDPRun(Training):
         return ddp
 
     def _torch_state(self) -> TorchHookState:
-        c = from_spec(self.spec.method.compressor.given)
+        c = from_spec(self.spec.method.compressor)
         params = c.hook_params() if isinstance(c, PowerSGD) else {}
         return make_state(c.name, self.comm, params, self.spec.measurement.seed)
 

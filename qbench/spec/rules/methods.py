@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from qbench import catalog
-from qbench.catalog.schemes import BACKWARD, CODEC_PARAMS, TORCH_HOOKS, torus_rows
+from qbench.catalog.schemes import BACKWARD, TORCH_HOOKS, torus_rows
 from qbench.catalog.schemes.spelling import DDP, FSDP, overlap
 from qbench.spec.rules.candidate import Candidate
 
@@ -215,8 +215,7 @@ def _replayed(c: Candidate) -> str | None:
             f"model's work, so it would compute for real under a replay label; use "
             f"`compute: fp32` for {c.scheme}"
         )
-    own = [(f"{k}: ", catalog.compressor(v)) for k, v in c.params.items()
-           if k in CODEC_PARAMS and v]  # fmt: skip
+    own = [(f"{k}: ", codec) for k, codec in catalog.codecs(c.params).items()]
     for where, comp in (*(("", comp) for comp in c.compressors), *own):
         if comp.entry.sized_by_data:
             return (
