@@ -36,16 +36,20 @@ class PhaseTimer:
     """Accumulates seconds per phase within one iteration: ``mark(phase)`` closes a phase."""
 
     def __init__(
-        self, device: torch.device, stretch: float = 1.0, pacing: Pacing | None = None
+        self,
+        device: torch.device,
+        stretch: Callable[[float], float] | None = None,
+        pacing: Pacing | None = None,
     ) -> None:
-        """``stretch``: time dilation (qbench.run.replay): each encode and decode phase is
-        padded by a sleep to ``stretch`` times its length, so that codecs slow down with the
-        links and the replayed compute, and reports that divide by it see their real time;
+        """``stretch``: time dilation, the run's clock (``qbench.spec.parts.Replay.stretched``;
+        None: undilated): each encode and decode phase is padded by a sleep to the length the
+        clock stretches it to, so that codecs slow down with the links and the replayed
+        compute, and reports that undo the dilation see their real time;
         ``pacing``: less what replayed codec calls already paced (and reset at every mark)."""
         self._sync = _sync_for(device)
         self._pacing = pacing or Pacing()
-        self._stretch = stretch
-        self._stretched = STRETCHED if stretch != 1 else ()  # decided once, not per mark
+        self._stretch = stretch or float
+        self._stretched = STRETCHED if stretch else ()  # decided once, not per mark
         self.totals = dict.fromkeys(PHASES, 0.0)
         self._start = self._last = self._excluded = 0.0
 
@@ -62,7 +66,7 @@ class PhaseTimer:
         now = time.perf_counter()
         if phase in self._stretched:
             unpaced = max(0.0, now - self._last - self._pacing.paced_s)
-            time.sleep((self._stretch - 1) * unpaced)
+            time.sleep(self._stretch(unpaced) - unpaced)
             now = time.perf_counter()
         self._pacing.paced_s = 0.0
         self.totals[phase] += now - self._last

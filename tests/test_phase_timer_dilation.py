@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from qbench import timing
+from qbench.spec.parts import Replay
 from qbench.timing import Pacing, PhaseTimer
 from tests.fake_clock import FakeClock
 
@@ -20,7 +21,7 @@ def _timer(
 ) -> tuple[PhaseTimer, FakeClock]:
     clock = FakeClock(now=10.0)  # far from 0: a sign error on the clock's reading shows
     monkeypatch.setattr(timing, "time", clock)
-    timer = PhaseTimer(CPU, stretch=stretch, pacing=pacing)
+    timer = PhaseTimer(CPU, stretch=Replay(dilation=stretch).stretch, pacing=pacing)
     timer.start()
     return timer, clock
 

@@ -18,6 +18,7 @@ from qbench.run import replay
 from qbench.run.replay.loops import GradBucket, ReplayDDPRun, ReplayRun
 from qbench.spec import scenario
 from qbench.spec.matrix import expand
+from qbench.spec.parts import Replay
 from qbench.timing import PhaseTimer
 from tests import fake_clock
 
@@ -192,9 +193,9 @@ def test_a_dilated_timeline_stretches_every_time_it_holds() -> None:
     samples = ((0.01, 0.02, 0.003), (0.012, 0.025, 0.004))
     tl = replay.Timeline(0.01, 0.02, 0.003, (replay.ParamTime("w", 4, 0.015),), "s", "cpu", 2,
                          samples)  # fmt: skip
-    slow = tl.dilated(10)
+    slow = tl.on(Replay(dilation=10))
     assert (slow.forward_s, slow.backward_s, slow.step_s) == pytest.approx((0.1, 0.2, 0.03))
-    assert slow.params[0].ready_s == pytest.approx(0.15) and tl.dilated(1) is tl
+    assert slow.params[0].ready_s == pytest.approx(0.15) and tl.on(Replay()) is tl
     flat = [t for sample in slow.samples for t in sample]
     assert flat == pytest.approx([0.1, 0.2, 0.03, 0.12, 0.25, 0.04])
     assert tl.samples == samples  # the recorded timeline keeps the real times
@@ -205,7 +206,7 @@ def test_the_timer_pads_codec_phases_to_exactly_d_times(monkeypatch: pytest.Monk
     (D - 1) x its length, not D x), a decode of 10 ms 50 ms; the link is slowed by shaping,
     not by the timer, so comm keeps its 20 ms; the iteration is their sum."""
     clock = fake_clock.install(monkeypatch)
-    timer = PhaseTimer(torch.device("cpu"), stretch=5.0)
+    timer = PhaseTimer(torch.device("cpu"), stretch=Replay(dilation=5.0).stretch)
     timer.start()
     for phase, took in (("compute", 0.03), ("encode", 0.02), ("comm", 0.02), ("decode", 0.01)):
         clock.advance(took)
@@ -281,7 +282,6 @@ def test_reports_divide_dilated_times() -> None:
 
     from qbench.records.view import clock
     from qbench.report.stats import _undilated
-    from qbench.spec.parts import Replay
 
     frame = pd.DataFrame({"t_iteration": [1.0, 2.0], "t_comm": [0.5, 1.0], "bytes_sent": [8, 8]})
     out = _undilated(frame.copy(), Replay(dilation=10))

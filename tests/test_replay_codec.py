@@ -20,6 +20,7 @@ from qbench.run.replay.loops import ReplayRun
 from qbench.spec import scenario
 from qbench.spec.codec_times import SCHEMA, CodecTimes
 from qbench.spec.matrix import expand
+from qbench.spec.parts import Replay
 from qbench.timing import Pacing, PhaseTimer
 from tests import fake_clock
 
@@ -108,7 +109,7 @@ def test_a_call_lasts_the_replayed_time_and_returns_the_real_payload(
     times = CodecTimes.read(_file(tmp_path, {1024: 0.02}))
     inner, ref = (from_spec({"name": "qsgd", "bits": 4}, seed=1) for _ in range(2))
     pacing = Pacing()
-    codec = ReplayedCodec(inner, times, dilation=2.0, pacing=pacing)
+    codec = ReplayedCodec(inner, times, Replay(dilation=2.0), pacing=pacing)
     grad = torch.randn(1000, generator=torch.Generator().manual_seed(0))
     clock = fake_clock.install(monkeypatch)
     t0 = clock.now
@@ -133,7 +134,7 @@ def test_a_codec_the_file_lacks_keeps_its_own_time_stretched(
     monkeypatch.setattr(inner, "encode", lambda g, **kw: (clock.advance(0.03), real(g, **kw))[1])
     pacing = Pacing()
     t0 = clock.now
-    ReplayedCodec(inner, times, dilation=3.0, pacing=pacing).encode(torch.randn(1000))
+    ReplayedCodec(inner, times, Replay(dilation=3.0), pacing=pacing).encode(torch.randn(1000))
     assert clock.now - t0 == pytest.approx(0.09, abs=1e-9)
     assert pacing.paced_s == pytest.approx(0.09, abs=1e-9) and pacing.overruns == 0
 
@@ -141,7 +142,7 @@ def test_a_codec_the_file_lacks_keeps_its_own_time_stretched(
 def test_a_real_codec_slower_than_the_replayed_time_is_counted(tmp_path: Path) -> None:
     times = CodecTimes.read(_file(tmp_path, {1024: 1e-12}))
     pacing = Pacing()
-    codec = ReplayedCodec(from_spec({"name": "qsgd", "bits": 4}), times, 1.0, pacing)
+    codec = ReplayedCodec(from_spec({"name": "qsgd", "bits": 4}), times, Replay(), pacing)
     payload = codec.encode(torch.randn(1000))
     codec.decode(payload)
     assert pacing.overruns == 2
@@ -155,7 +156,7 @@ def test_the_timer_stretches_only_what_no_replayed_call_paced(
     unpaced part: 55 ms); the next phase starts with nothing paced and is stretched whole."""
     clock = fake_clock.install(monkeypatch)
     pacing = Pacing()
-    timer = PhaseTimer(torch.device("cpu"), stretch=3.0, pacing=pacing)
+    timer = PhaseTimer(torch.device("cpu"), stretch=Replay(dilation=3.0).stretch, pacing=pacing)
     timer.start()
     clock.advance(0.04)
     pacing.paced_s = 0.035
@@ -210,7 +211,7 @@ def test_a_dilated_replayed_flat_run_paces_each_codec_call_once(
 
     monkeypatch.setattr(ReplayedCodec, "_last", counted)
     fake_clock.install(monkeypatch)
-    timer = PhaseTimer(run.device, stretch=spec.clock.dilation, pacing=run.pacing)
+    timer = PhaseTimer(run.device, stretch=spec.clock.stretch, pacing=run.pacing)
     for it in range(2):
         calls.clear()
         run.iteration(it, timer)

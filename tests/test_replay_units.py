@@ -26,6 +26,7 @@ from qbench.run.replay.codec import ReplayedCodec
 from qbench.run.replay.loops import GradBucket, ReplayDDPRun, ReplayRun
 from qbench.spec import scenario
 from qbench.spec.matrix import expand
+from qbench.spec.parts import Replay
 from qbench.timing import Pacing, PhaseTimer
 from tests import fake_clock
 
@@ -380,11 +381,11 @@ def test_a_call_lasting_exactly_its_replayed_time_is_no_overrun(
     1000.0 on the clock); at 0.375 s it overruns."""
     clock = fake_clock.install(monkeypatch)
     pacing = Pacing()
-    codec = ReplayedCodec(_Inner(clock, 0.25, torch.zeros(4)), _Times(), 1.0, pacing)  # type: ignore[arg-type]
+    codec = ReplayedCodec(_Inner(clock, 0.25, torch.zeros(4)), _Times(), Replay(), pacing)  # type: ignore[arg-type]
     codec.encode(torch.zeros(4))
     codec.decode(codec.encode(torch.zeros(4)))
     assert pacing.overruns == 0 and clock.sleeps == [0.25, 0.25, 0.25]
-    late = ReplayedCodec(_Inner(clock, 0.375, torch.zeros(4)), _Times(), 1.0, pacing)  # type: ignore[arg-type]
+    late = ReplayedCodec(_Inner(clock, 0.375, torch.zeros(4)), _Times(), Replay(), pacing)  # type: ignore[arg-type]
     late.encode(torch.zeros(4))
     assert pacing.overruns == 1
 
@@ -392,7 +393,7 @@ def test_a_call_lasting_exactly_its_replayed_time_is_no_overrun(
 def test_a_decode_writes_where_it_is_told(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = fake_clock.install(monkeypatch)
     inner, out = _Inner(clock, 0.0, torch.zeros(4)), torch.empty(4)
-    codec = ReplayedCodec(inner, _Times(), 1.0, Pacing())  # type: ignore[arg-type]
+    codec = ReplayedCodec(inner, _Times(), Replay(), Pacing())  # type: ignore[arg-type]
     codec.decode(SimpleNamespace(numel=4), out)
     codec.decode(SimpleNamespace(numel=4))
     assert len(inner.decoded) == 2 and inner.decoded[0][0] is out and inner.decoded[1] == (None,)
@@ -405,7 +406,7 @@ def test_a_cuda_call_waits_for_its_own_device(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(torch.cuda, "synchronize", synced.append)
     dev = torch.device("cuda", 1)
     on_gpu = SimpleNamespace(is_cuda=True, device=dev, numel=lambda: 4)
-    codec = ReplayedCodec(_Inner(clock, 0.0, on_gpu), _Times(), 1.0, Pacing())  # type: ignore[arg-type]
+    codec = ReplayedCodec(_Inner(clock, 0.0, on_gpu), _Times(), Replay(), Pacing())  # type: ignore[arg-type]
     codec.decode(codec.encode(on_gpu))  # type: ignore[arg-type]
     assert synced == [dev, dev]
 

@@ -11,7 +11,7 @@ loss factory, a zoo model's parameters).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -166,6 +166,11 @@ class Replay:
     def stretched(self, seconds: float) -> float:
         """Seconds of replayed work as the dilated clock runs them."""
         return seconds * self.dilation
+
+    @property
+    def stretch(self) -> Callable[[float], float] | None:
+        """:meth:`stretched`, or None when the clock is not dilated (nothing to stretch)."""
+        return self.stretched if self.dilation != 1 else None
 
     def undone(self, seconds: float) -> float:
         """Seconds measured on the dilated clock, as the run stands for them."""

@@ -41,6 +41,7 @@ import torch
 
 from qbench.errors import UserError
 from qbench.records.store import atomic_write_json, timeline_beside
+from qbench.spec.parts import Replay
 from qbench.spec.runspec import RunSpec
 
 MEASURE_WARMUP = 3
@@ -73,15 +74,15 @@ class Timeline:
     """Each measured iteration's (forward, backward, step): replayed iterations draw from
     them (:class:`Draws`), so that ranks differ from iteration to iteration as real ones do."""
 
-    def dilated(self, factor: float) -> Timeline:
-        """Every time ``factor`` times longer (time dilation; the record keeps the real one)."""
-        if factor == 1:
+    def on(self, clock: Replay) -> Timeline:
+        """Every time as ``clock`` runs it (time dilation; the record keeps the real one)."""
+        at = clock.stretch
+        if at is None:
             return self
-        params = tuple(replace(p, ready_s=p.ready_s * factor) for p in self.params)
-        samples = tuple((f * factor, b * factor, s * factor) for f, b, s in self.samples)
-        return replace(self, forward_s=self.forward_s * factor,
-                       backward_s=self.backward_s * factor, step_s=self.step_s * factor,
-                       params=params, samples=samples)  # fmt: skip
+        params = tuple(replace(p, ready_s=at(p.ready_s)) for p in self.params)
+        samples = tuple((at(f), at(b), at(s)) for f, b, s in self.samples)
+        return replace(self, forward_s=at(self.forward_s), backward_s=at(self.backward_s),
+                       step_s=at(self.step_s), params=params, samples=samples)  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -241,7 +242,7 @@ def shared(run: Any, parts: Path) -> Timeline:
     else:
         _wait(timeline_beside(parts).exists, spec.measurement.timeout)
     recorded = Timeline.from_dict(json.loads(timeline_beside(parts).read_text()))
-    return recorded.dilated(spec.clock.dilation)
+    return recorded.on(spec.clock)
 
 
 def supplied(path: str, named: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import torch
 from qbench.compress import Compressor, Payload
 from qbench.run.replay import sleep_until
 from qbench.spec.codec_times import CodecTimes
+from qbench.spec.parts import Replay
 from qbench.timing import Pacing
 
 
@@ -26,10 +27,8 @@ class ReplayedCodec:
     """A compressor whose ``encode`` and ``decode`` last the replayed time; everything else is
     the wrapped compressor's (attributes are looked up on it)."""
 
-    def __init__(
-        self, inner: Compressor, times: CodecTimes, dilation: float, pacing: Pacing
-    ) -> None:
-        self._inner, self._times, self._dilation, self._pacing = inner, times, dilation, pacing
+    def __init__(self, inner: Compressor, times: CodecTimes, clock: Replay, pacing: Pacing) -> None:
+        self._inner, self._times, self._clock, self._pacing = inner, times, clock, pacing
         self._replayed = times.has(inner.label)
 
     def __getattr__(self, name: str) -> Any:
@@ -38,11 +37,11 @@ class ReplayedCodec:
     def _last(self, begun: float, op: str, numel: int) -> None:
         took = time.perf_counter() - begun
         if self._replayed:
-            target = self._dilation * self._times.seconds(self._inner.label, op, numel)
+            target = self._clock.stretched(self._times.seconds(self._inner.label, op, numel))
             if took > target:
                 self._pacing.overruns += 1
         else:
-            target = self._dilation * took
+            target = self._clock.stretched(took)
         sleep_until(begun + target)
         self._pacing.paced_s += time.perf_counter() - begun  # the timer must not stretch it again
 

@@ -71,9 +71,7 @@ class ReplayRun(Run):
         if not self.spec.clock.codec_time or compressor.name == "none":
             return compressor
         times = _codec_times(self.spec.clock.codec_time)
-        wrapped = replay_codec.ReplayedCodec(
-            compressor, times, self.spec.clock.dilation, self.pacing
-        )
+        wrapped = replay_codec.ReplayedCodec(compressor, times, self.spec.clock, self.pacing)
         return cast(Compressor, wrapped)  # the scheme calls only what the wrapper passes on
 
     def _record(self, it: int, timer: PhaseTimer, skipped: bool = False) -> None:
