@@ -13,6 +13,7 @@ package module is made callable, so both spellings work.
 
 from __future__ import annotations
 
+import importlib
 import sys
 import types
 from typing import TYPE_CHECKING, Any
@@ -26,32 +27,31 @@ if TYPE_CHECKING:
     from qbench.api import sweep as sweep
     from qbench.models.workload import Workload as Workload
 
-_API = ("sweep", "load", "Results")
+# The public names and where each is defined: imported on first use (PEP 562), so that
+# ``import qbench`` loads neither pandas nor torch. ``report`` is the package itself (importing
+# it makes it callable: _Package), which called is ``qbench.api.report``.
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "sweep": ("qbench.api", "sweep"),
+    "load": ("qbench.api", "load"),
+    "Results": ("qbench.api", "Results"),
+    "Workload": ("qbench.models.workload", "Workload"),
+    "report": ("qbench.report", None),
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _API:
-        from qbench import api
-
-        return getattr(api, name)
-    if name == "report":  # not imported yet: importing it makes it callable (_Package)
-        import importlib
-
-        return importlib.import_module("qbench.report")
-    if name == "Workload":
-        from qbench.models.workload import Workload
-
-        return Workload
-    raise AttributeError(f"module 'qbench' has no attribute {name!r}")
+    if name not in _LAZY:
+        raise AttributeError(f"module 'qbench' has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    found = importlib.import_module(module)
+    return found if attr is None else getattr(found, attr)
 
 
 class _CallableReport(types.ModuleType):
     """The ``qbench.report`` package, which called is ``qbench.api.report``."""
 
     def __call__(self, directory: Any, fmt: str | None = None) -> Any:
-        from qbench import api
-
-        return api.report(directory, fmt)
+        return importlib.import_module("qbench.api").report(directory, fmt)  # loaded as _LAZY says
 
 
 class _Package(types.ModuleType):

@@ -26,7 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from qbench.cli import console
 from qbench.errors import UserError
+from qbench.launch import decision
+from qbench.launch import sweep as sweep_mod
+from qbench.records.store import ResultStore
+from qbench.report import stats
+from qbench.spec import matrix as matrix_mod
+from qbench.spec import scenario as scenario_mod
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -60,12 +67,6 @@ def sweep(
     that many times, runs measured while other processes used the CPUs
     (``qbench sweep --rerun-disturbed``).
     """
-    from qbench.cli import console
-    from qbench.launch import decision
-    from qbench.launch import sweep as sweep_mod
-    from qbench.spec import matrix as matrix_mod
-    from qbench.spec import scenario as scenario_mod
-
     text, source = _scenario_text(scenario)
     # JSON is YAML: each override as `--set KEY=VALUE` would give it
     sets = [f"{k}={json.dumps(_plain(v), default=str)}" for k, v in (overrides or {}).items()]
@@ -75,13 +76,13 @@ def sweep(
     target = Path(out) if out is not None else Path("results") / sc.name
     launch = decision.launch_for(sc, launcher, m, isolation)
     if console.factories(m):
-        from qbench.run import workload
+        from qbench.run import workload  # torch: only for a scenario that names factories
 
         workload.preflight(m.runs)
     decision.check_available(launch, sc, m)
     if rerun_disturbed < 0:
         raise UserError(f"rerun_disturbed must be 0 or more, got {rerun_disturbed}; e.g. 2")
-    todo = len(sweep_mod.plan(m, _store(target), retry_failed).todo)
+    todo = len(sweep_mod.plan(m, ResultStore(target), retry_failed).todo)
     with console.progress(todo) if progress else contextlib.nullcontext() as tick:
         sweep_mod.run_sweep(
             m, target, text, on_progress=tick, launch=launch, retry_failed=retry_failed,
@@ -108,8 +109,6 @@ class Results:
 def load(directory: str | os.PathLike[str]) -> Results:
     """Read a results directory (``qbench.sweep``'s return value): the summary and the raw
     iterations as DataFrames. UserError when it holds no runs."""
-    from qbench.report import stats
-
     root = Path(directory)
     fix = f"run qbench.sweep(...) or `qbench sweep SCENARIO.yaml --out {root}` first"
     if not root.is_dir():
@@ -129,7 +128,7 @@ def report(
     md, json) also prints the summary to stdout; None prints nothing. ``include_disturbed``,
     ``kernels``, ``figures``: as ``qbench report --include-disturbed``, ``--kernels FILE``,
     ``--no-figures``."""
-    from qbench.report import tables
+    from qbench.report import tables  # matplotlib (~250 ms): not for qbench.load or qbench.sweep
 
     return tables.write_report(
         Path(directory), fmt, include_disturbed=include_disturbed,
@@ -159,9 +158,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, Sequence) and not isinstance(value, str):
         return [_plain(v) for v in value]
     return value
-
-
-def _store(target: Path) -> Any:
-    from qbench.records.store import ResultStore
-
-    return ResultStore(target)

@@ -55,7 +55,7 @@ from qbench.bench.comm_results import (  # noqa: F401  # the bench's public numb
 )
 from qbench.catalog import specs
 from qbench.errors import UserError
-from qbench.launch import local
+from qbench.launch import local, machine, netns, shaped
 from qbench.records.store import STDERR_LOG, STDOUT_LOG, strict_json
 from qbench.spec import network, rules
 from qbench.spec.network import Link
@@ -237,8 +237,6 @@ def measure(s: Settings, on_progress: Callable[[str], None] | None = None) -> Co
 def _check_machine(s: Settings) -> None:
     local.check_available(s.backends, max(s.world_sizes))
     if s.link.shaped:
-        from qbench.launch import netns
-
         for b in s.backends:
             if why := rules.emulation_problem(b):
                 raise UserError(why)
@@ -274,8 +272,6 @@ def _launch(
     if s.link.bits_per_s is None:
         status, code = _run_local(_local_argv(backend, config_path, k), workdir, report)
     else:
-        from qbench.launch import shaped
-
         program = [sys.executable, "-m", WORKER_MODULE, str(config_path)]
         star = network.Topology(nodes=k, ranks_per_node=1, inter=s.link)  # a host per rank
         status, code = shaped.run_program(backend, star, program, workdir, LAUNCH_TIMEOUT_S)
@@ -342,8 +338,6 @@ def _report_new(path: Path, seen: list[int], on_progress: Callable[[str], None])
 # -- output --------------------------------------------------------------------------------------
 def to_document(result: CommResult) -> dict[str, Any]:
     """The JSON document for ``--json``: schema, provenance, settings, rows and summaries."""
-    from qbench.launch import machine
-
     ups = speedups(result.rows)
     doc = {
         "schema": SCHEMA,

@@ -27,6 +27,7 @@ import torch
 from qbench import compress
 from qbench.catalog import specs
 from qbench.errors import UserError
+from qbench.launch import machine
 from qbench.spec import codec_times, roofline
 
 SCHEMA = codec_times.SCHEMA
@@ -370,8 +371,6 @@ def _measure_all(
 def to_document(result: KernelResult) -> dict[str, Any]:
     """The JSON document for ``--json``: schema, provenance, settings, rows, targets and the
     roofline (each size's copy bandwidth and the overlap of ``breakeven_overlap_gbit``)."""
-    from qbench.launch import machine
-
     return {
         "schema": SCHEMA,
         "machine": machine.collect(),

@@ -31,6 +31,8 @@ from qbench.bench.numerics_gradients import GradientSource
 from qbench.catalog import specs
 from qbench.compress import integer_sum
 from qbench.errors import UserError, choice_error
+from qbench.launch import machine
+from qbench.records.store import strict_json
 
 SCHEMA = "qbench.bench.numerics/1"
 SIMULATED = "simulated ranks (one process)"
@@ -313,9 +315,6 @@ def _simulate(
 def to_document(result: NumericsResult) -> dict[str, Any]:
     """The JSON document for ``--json``: schema, provenance, settings, the gradient source and
     every row with its raw samples (non-finite numbers as null)."""
-    from qbench.launch import machine
-    from qbench.records.store import strict_json
-
     return strict_json({
         "schema": SCHEMA,
         "simulated": SIMULATED,

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from qbench.bench import kernels
 from qbench.bench.kernels import KernelResult, KernelRow, TargetResult
+from qbench.records.store import atomic_write_json
 from qbench.spec import roofline
 
 # Wide when writing to a file or CI log, as in qbench.cli.console.
@@ -122,8 +123,6 @@ def command(
     threads: int, backend: str, overlap: float, json_path: Path | None,
 ) -> None:  # fmt: skip
     """``qbench bench kernels``: measure, print the tables, optionally write the JSON."""
-    from qbench.records.store import atomic_write_json
-
     result = kernels.measure(
         specs or None, sizes=sizes, repeats=repeats, max_time=max_time, device=device,
         threads=threads, backend=backend, overlap=overlap,

@@ -20,10 +20,10 @@ __all__ = ["INIT_METHOD_ENV", "MPI_RANK_VARS", "allreduce_bus_bytes", "busbw_fac
 
 def connect(backend: str, timeout_s: float = 600.0) -> Comm:
     """Join the communicator the launcher set up for this process."""
+    # torch (and mpi4py): loaded when a rank joins; importing the package loads none (the cost
+    # model reads its byte counts)
+    from qbench.comm import mpi, torchdist
+
     if backend == "mpi":
-        from qbench.comm.mpi import MPIComm
-
-        return MPIComm()
-    from qbench.comm.torchdist import TorchDistComm
-
-    return TorchDistComm(backend, timeout_s)
+        return mpi.MPIComm()
+    return torchdist.TorchDistComm(backend, timeout_s)

@@ -25,7 +25,7 @@ class MPIComm(Comm):
     def __init__(self, comm: Any = None) -> None:
         """COMM_WORLD, or ``comm`` (a communicator :meth:`split` made)."""
         super().__init__()
-        from mpi4py import MPI
+        from mpi4py import MPI  # importing it calls MPI_Init: only when a communicator is made
 
         self._mpi = MPI
         self.comm = MPI.COMM_WORLD if comm is None else comm

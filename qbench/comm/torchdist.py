@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from qbench.comm.base import Comm, Pending, allreduce_bus_bytes
 from qbench.comm.env import INIT_METHOD_ENV
+from qbench.errors import UserError
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
@@ -72,8 +73,6 @@ class TorchDistComm(Comm):
         """A communicator over the default process group of a script that initialised it
         (qbench.ddp hooks in a user's own training loop); closing it leaves the group alone."""
         if not dist.is_initialized():
-            from qbench.errors import UserError
-
             raise UserError(
                 "qbench.ddp needs torch.distributed initialised first; call "
                 "torch.distributed.init_process_group(...) before building the hook"

@@ -15,11 +15,13 @@ what makes it the dataset of fast tests.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch.nn import functional as F
 
@@ -27,6 +29,7 @@ from qbench.catalog import datasets as facts
 from qbench.catalog.datasets import REAL_DATASETS
 from qbench.data.idx import IMAGES_MAGIC, LABELS_MAGIC, read_idx
 from qbench.errors import UserError, choice_error
+from qbench.models.imagenet import torchvision
 
 if TYPE_CHECKING:
     from torchvision.datasets import ImageFolder
@@ -154,10 +157,6 @@ def _digits_arrays() -> tuple[Any, Any]:
     """The digits as (images N x 8 x 8, labels), read straight from scikit-learn's bundled
     ``digits.csv.gz`` (64 pixels and the label per line, as ``load_digits`` reads it): importing
     sklearn costs ~1 s per rank, a third of a short run's start-up. Falls back to load_digits."""
-    import importlib.util
-
-    import numpy as np
-
     spec = importlib.util.find_spec("sklearn")
     if spec is None:
         raise UserError("dataset digits needs scikit-learn; install it (pip install scikit-learn)")
@@ -166,7 +165,7 @@ def _digits_arrays() -> tuple[Any, Any]:
         if csv.is_file():
             table = np.loadtxt(csv, delimiter=",")
             return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # ~1 s: only where the csv is not found
 
     bunch = load_digits()
     return bunch.images, bunch.target
@@ -206,8 +205,7 @@ def _cifar10(root: Path) -> Dataset:
     """torchvision's CIFAR10 reader on ``root/cifar-10-batches-py`` (``download=False``)."""
     if not (root / "cifar-10-batches-py").is_dir():
         raise _missing("cifar10", "cifar-10-batches-py/", root)
-    from torchvision import datasets
-
+    datasets = torchvision().datasets
     splits = []
     for train in (True, False):
         try:
@@ -228,8 +226,8 @@ def _imagenet(root: Path) -> Dataset:
     Everything is decoded into memory, so this suits ImageNet subsets (tens of thousands of
     images), not the full 1.28 M-image set.
     """
-    from torchvision import datasets, transforms
-
+    tv = torchvision()
+    datasets, transforms = tv.datasets, tv.transforms
     tf = transforms.Compose([
         transforms.Resize(224),
         transforms.CenterCrop(224),

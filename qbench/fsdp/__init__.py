@@ -23,13 +23,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from torch.distributed.fsdp import FSDPModule
+
+from qbench import catalog, compress
+from qbench.catalog.schemes import FSDP_TORCH
+from qbench.comm.torchdist import TorchDistComm
 from qbench.errors import UserError
+from qbench.fsdp import collectives as c
 
 if TYPE_CHECKING:
     from torch import nn
 
     from qbench.comm.base import Comm
-    from qbench.fsdp.collectives import CommLog
 
 __all__ = ["register"]
 
@@ -42,7 +47,7 @@ def register(
     comm: Comm | None = None,
     seed: int = 0,
     **params: Any,
-) -> CommLog:
+) -> c.CommLog:
     """Route the collectives of every FSDP block of ``model`` (``fully_shard`` applied)
     through qbench; the :class:`~qbench.fsdp.collectives.CommLog` that accounts for them.
 
@@ -50,13 +55,6 @@ def register(
     ``all_gather``: the parameter all-gather's (None: torch's). ``comm``: qbench's
     communicator over the default group (default: attached to it); ``seed``: the draws'.
     """
-    from torch.distributed.fsdp import FSDPModule
-
-    from qbench import catalog, compress
-    from qbench.catalog.schemes import FSDP_TORCH
-    from qbench.comm.torchdist import TorchDistComm
-    from qbench.fsdp import collectives as c
-
     spec = catalog.compressor({"name": name, **params})
     if (spec.name in FSDP_TORCH and spec.name != "none") or spec.entry.hook_only:
         raise UserError(
@@ -66,7 +64,7 @@ def register(
         )
     catalog.scheme({"name": "fsdp", "all_gather": all_gather})  # a stateless codec, or None
     comm = comm or TorchDistComm.attach()
-    codec = None if spec.name == "none" else compress.from_spec(spec.given, seed=seed)
+    codec = None if spec.name == "none" else compress.from_spec(spec, seed=seed)
     gather = None if all_gather is None else compress.from_spec(all_gather, seed=seed)
     log = c.CommLog()
     blocks = [m for m in model.modules() if isinstance(m, FSDPModule)]

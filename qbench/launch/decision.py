@@ -15,6 +15,9 @@ import dataclasses
 from qbench.errors import UserError
 from qbench.launch import local, shaped
 from qbench.launch.launcher import Launch, Launcher
+from qbench.launch.slurm import available as slurm_available
+from qbench.launch.slurm.launcher import Slurm
+from qbench.launch.slurm.options import SlurmOptions
 from qbench.spec import scenario as scenario_mod
 from qbench.spec.matrix import Matrix
 from qbench.spec.runspec import RunSpec
@@ -62,8 +65,6 @@ def launch_for(
             "is a job (or array task) of its own: use --isolation auto or process with "
             "--launcher slurm, or --launcher local"
         )
-    from qbench.launch.slurm.options import SlurmOptions
-
     return Launch("slurm", SlurmOptions.parse(sc.slurm), isolation="process")
 
 
@@ -72,8 +73,6 @@ def launcher_for(launch: Launch, spec: RunSpec) -> Launcher:
     host, emulated hosts for a run with ``network:`` (each node a network namespace; a flat
     star: each rank), else torchrun / mpirun."""
     if launch.kind == "slurm":
-        from qbench.launch.slurm.launcher import Slurm
-
         return Slurm(launch.slurm)
     if spec.placement.network.emulates_hosts:
         return shaped.Emulated()
@@ -87,9 +86,7 @@ def check_available(launch: Launch, sc: scenario_mod.Scenario, m: Matrix) -> Non
         emulated = any(s.placement.network.emulates_hosts for s in m.runs)
         local.check_available(sc.backend, max(sc.world_size), shaped=emulated)
         return
-    from qbench.launch.slurm import available
-
-    available.check_available()
+    slurm_available.check_available()
 
 
 def resolved(sc: scenario_mod.Scenario, launch: Launch) -> dict[str, object]:

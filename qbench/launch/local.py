@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from qbench.comm import INIT_METHOD_ENV
 from qbench.errors import UserError
-from qbench.launch import procs, rank_server
+from qbench.launch import netns, procs, rank_server
 
 if TYPE_CHECKING:
     from qbench.launch.launcher import Item, Outcome
@@ -144,13 +144,11 @@ def check_available(backends: Iterable[str], max_world_size: int, shaped: bool =
     """Fail before any run starts when a requested backend cannot work on this machine."""
     wanted = set(backends)
     if shaped:
-        from qbench.launch import netns
-
         netns.check_available()  # root, ip and tc
     if "mpi" in wanted:
         find_mpirun()
     if "nccl" in wanted:
-        import torch
+        import torch  # the launchers load no torch: only a sweep with backend nccl asks it
 
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n < max_world_size:

@@ -1,13 +1,26 @@
-"""Provenance: what machine and software produced a result. Anything unavailable says why."""
+"""Provenance: what machine and software produced a result. Anything unavailable says why.
+
+Loads no torch when imported (the launchers import it): torch and the kernel modules only when
+:func:`versions` or ``qbench info``'s probes ask, and the optional libraries (pynvml, mpi4py,
+cupy) through :func:`_optional`, each when asked; one missing or broken is reported, not raised.
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
 import platform
 import socket
 import subprocess
 from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+import numpy
+import pandas
+
+from qbench.launch import local, netns
+from qbench.launch.slurm import available as slurm_available
 
 
 def _cpu_model() -> str:
@@ -30,11 +43,17 @@ def _memory_gib() -> float | None:
     return None
 
 
+def _optional(name: str) -> ModuleType:
+    """An optional library (pynvml, mpi4py, cupy), imported when a probe asks: each may be
+    missing or broken (a wheel without its shared library), which the caller reports instead of
+    failing; importing this module loads none of them (the launchers import it)."""
+    return importlib.import_module(name)
+
+
 def gpus() -> dict[str, Any]:
     """GPUs, driver and interconnect topology via NVML, or the reason there are none."""
     try:
-        import pynvml
-
+        pynvml: Any = _optional("pynvml")
         pynvml.nvmlInit()
     except Exception as e:  # NVMLError_LibraryNotFound on machines without a driver
         return {"count": 0, "devices": [], "unavailable": f"NVML: {type(e).__name__}: {e}"}
@@ -101,9 +120,7 @@ def _topology(pynvml: Any, handles: list[Any]) -> dict[str, str]:
 
 
 def versions() -> dict[str, Any]:
-    import numpy
-    import pandas
-    import torch
+    import torch  # torch only for a sweep's provenance and `qbench info`: the launchers load none
 
     v: dict[str, Any] = {
         "python": platform.python_version(),
@@ -126,11 +143,9 @@ def _nccl_version(torch: Any) -> str | None:
 
 def _mpi_versions() -> dict[str, Any]:
     try:
-        import mpi4py
-
+        mpi4py: Any = _optional("mpi4py")
         mpi4py.rc.initialize = False  # MPI_Get_library_version needs no MPI_Init
-        from mpi4py import MPI
-
+        MPI: Any = _optional("mpi4py.MPI")
         return {
             "mpi4py": mpi4py.__version__,
             "mpi": MPI.Get_library_version().splitlines()[0].strip(" \x00"),
@@ -141,9 +156,7 @@ def _mpi_versions() -> dict[str, Any]:
 
 def _cupy_version() -> str | None:
     try:
-        import cupy
-
-        return str(cupy.__version__)
+        return str(_optional("cupy").__version__)
     except Exception:
         return None
 
@@ -199,33 +212,25 @@ def _probe(fn: Any) -> str:
 
 
 def _mpi_status() -> str:
-    from qbench.launch import local
-
     return f"available ({local.find_mpirun()})"
 
 
 def _nccl_status() -> str:
-    from qbench.launch import local
-
     local.check_available(["nccl"], 1)
     return "available"
 
 
 def _netns_status() -> str:
-    from qbench.launch import netns
-
     netns.check_available()
     return "available (network namespaces + tc tbf; `network: {bandwidth: 1gbit}`)"
 
 
 def _slurm_status() -> str:
-    from qbench.launch.slurm import available
-
-    return available.describe()
+    return slurm_available.describe()
 
 
 def _native_status() -> str:
-    from qbench.compress.kernels import native
+    from qbench.compress.kernels import native  # torch: only for `qbench info`, not the launchers
 
     if native.available():
         return "available (fused C loops, built for this CPU)"
@@ -236,7 +241,7 @@ def _native_status() -> str:
 
 
 def _cupy_status() -> str:
-    from qbench.compress.kernels import cuda
+    from qbench.compress.kernels import cuda  # torch and cupy: only for `qbench info`
 
     return "available" if cuda.available() else f"unavailable: {cuda.why_unavailable()}"
 

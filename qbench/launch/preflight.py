@@ -33,8 +33,10 @@ from pathlib import Path
 
 from qbench.catalog import datasets, toolchain
 from qbench.errors import UserError
+from qbench.launch import machine, netns
 from qbench.launch.decision import launcher_for
 from qbench.launch.launcher import LOCAL, Launch, Launcher
+from qbench.launch.slurm import available as slurm_available
 from qbench.spec.runspec import RunSpec
 
 DISK_PER_RUN = 4 * 2**20  # bytes: iterations, logs and parts of a run, with room to spare
@@ -138,8 +140,6 @@ class Probe:
                 "run the sweep as root, or drop the links with --set network=unshaped",
                 "root", kind="privilege",
             ))  # fmt: skip
-        from qbench.launch import netns
-
         for tool in ("ip", "tc"):
             try:
                 netns.tool(tool)
@@ -179,8 +179,6 @@ class Probe:
     @functools.cache  # noqa: B019
     def _cuda_facts(self) -> tuple[int, bool, bool, str]:
         """(GPUs NVML sees, torch built with CUDA, torch has NCCL, why no GPU)."""
-        from qbench.launch import machine
-
         info = machine.gpus()
         count = int(info.get("count", 0))
         if count == 0:
@@ -201,10 +199,8 @@ class Probe:
 
     @functools.cache  # noqa: B019
     def slurm(self) -> Missing | None:
-        from qbench.launch.slurm import available
-
         try:
-            available.check_available()
+            slurm_available.check_available()
         except UserError as e:
             what, _, fix = str(e).partition("; ")
             fix = fix or "install Slurm (Debian: make slurm)"

@@ -20,9 +20,11 @@ from typing import Any
 
 from qbench.launch import runfiles
 from qbench.launch.decision import launcher_for
+from qbench.launch.group import run_groups
 from qbench.launch.launcher import LOCAL, Launch
 from qbench.launch.runfiles import Provenance
 from qbench.records import interference
+from qbench.records.lock import sweep_lock
 from qbench.records.schema import RunRecord
 from qbench.records.store import (
     ResultStore,
@@ -97,8 +99,6 @@ def run_sweep(
     with the reason, and the next sweep checks them again. ``rerun_disturbed``: run disturbed
     runs again up to that many times (:class:`Rerun`; ``on_rerun(specs, attempt, limit)``
     before each pass)."""
-    from qbench.records.lock import sweep_lock
-
     store = ResultStore(out)
     store.root.mkdir(parents=True, exist_ok=True)
     with sweep_lock(store.root):
@@ -136,8 +136,6 @@ def _run_pass(
         _run_array(specs, store, prov, launch, summary, on_progress)
         return
     if launch.grouped:
-        from qbench.launch.group import run_groups
-
         run_groups(specs, store, prov, summary, on_progress, launch)
         return
     for spec in specs:

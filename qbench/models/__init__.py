@@ -10,6 +10,7 @@
     from_factory(label, spec) -> (ModelInfo, nn.Module)   # a user's model by import path
     parameter_count(name, params=None) -> int
     flops_per_sample(name, params=None) -> float   # forward FLOPs of one sample (2 per MAC)
+    count_flops(model, x) -> float           # forward FLOPs of any model on x
 
 Nothing here downloads weights: torchvision models are built with ``weights=None``. Counts and
 FLOPs are measured on the meta device (no memory, no arithmetic) and cached, in memory and on
@@ -160,16 +161,22 @@ def _flops(name: str, key: str) -> float:
     hit = cache.get(f"{name} {key}", "flops")
     if isinstance(hit, int | float):
         return float(hit)
-    from torch.utils.flop_counter import FlopCounterMode
-
     m, model = _on_meta(name, key)
     model.eval()  # same matmul/conv FLOPs as training mode, fewer meta ops (faster to count)
-    x = torch.zeros((1, *m.input_shape), dtype=m.input_dtype, device="meta")
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model(x)
-    flops = float(counter.get_total_flops())
+    flops = count_flops(model, torch.zeros((1, *m.input_shape), dtype=m.input_dtype, device="meta"))
     cache.put(f"{name} {key}", "flops", flops)
     return flops
+
+
+def count_flops(model: nn.Module, x: torch.Tensor) -> float:
+    """FLOPs of one forward pass of ``model`` on ``x`` (2 per MAC), without autograd."""
+    # torch.utils.flop_counter loads triton (~75 ms): only when FLOPs are counted, which the
+    # cache mostly spares a rank
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(x)
+    return float(counter.get_total_flops())
 
 
 def parameter_count(name: str, params: Mapping[str, Any] | None = None) -> int:

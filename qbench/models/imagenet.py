@@ -8,16 +8,24 @@ torchvision, so it is written out here from the paper's Table 1.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 
+def torchvision() -> ModuleType:
+    """torchvision, imported when a model or dataset of it is first built (``qbench.data.real``
+    reads CIFAR-10 and ImageNet with it)."""
+    import torchvision as tv  # slow import (~1 s): only for the models and datasets that use it
+
+    return tv
+
+
 def torchvision_model(name: str, **kwargs: object) -> nn.Module:
     """``torchvision.models.<name>(weights=None, num_classes=1000, **kwargs)``."""
-    from torchvision import models as tvm  # slow import: only when a model is built
-
-    builder = getattr(tvm, name)
+    builder = getattr(torchvision().models, name)
     model: nn.Module = builder(weights=None, num_classes=1000, **kwargs)
     return model
 

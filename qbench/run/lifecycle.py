@@ -8,6 +8,7 @@ runs in turn are ``qbench.run.group``.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 import traceback
@@ -29,8 +30,10 @@ from qbench.records.store import (
     trace_path,
 )
 from qbench.run import async_ps, interference, memory, profile, workload
+from qbench.run.loops.ddp import DDPRun
 from qbench.run.loops.flat import Run, async_parts
 from qbench.run.loops.training import Training, device_for
+from qbench.run.replay import loops as replay_loops
 from qbench.spec.runspec import RunSpec
 from qbench.timing import PhaseTimer
 
@@ -121,7 +124,7 @@ def run_config(
             return True
         run = training_loop(spec, cm, parts)
         # replayed codec calls pace themselves; the timer stretches the rest (qbench.timing)
-        timer = PhaseTimer(run.device, stretch=spec.clock.dilation, pacing=run.pacing)
+        timer = PhaseTimer(run.device, stretch=spec.clock.stretch, pacing=run.pacing)
         trace = trace_path(parts, cm.rank) if spec.measurement.profile else None
         tracer = profile.Tracer(
             trace,
@@ -167,18 +170,15 @@ def training_loop(spec: RunSpec, cm: comm.Comm, parts: Path) -> Training:
     ``compute: replay`` (its timeline beside ``parts``)."""
     choice = spec.loop
     if choice.loop == "fsdp":
-        from qbench.run.loops.fsdp import FSDPRun  # torch's FSDP machinery only where it runs
+        # torch's FSDP machinery (~0.45 s to import) only where it runs
+        from qbench.run.loops.fsdp import FSDPRun
 
         return FSDPRun(spec, cm)
     if choice.replayed:
-        from qbench.run.replay import loops as replay_loops
-
         if choice.loop == "ddp":
             return replay_loops.ReplayDDPRun(spec, cm, parts)
         return replay_loops.ReplayRun(spec, cm, parts)
     if choice.loop == "ddp":
-        from qbench.run.loops.ddp import DDPRun  # torch's DDP machinery only where it runs
-
         return DDPRun(spec, cm)
     return Run(spec, cm)
 
@@ -192,8 +192,6 @@ def _write_model(parts: Path, spec: RunSpec) -> None:
 
 def _write_host(parts: Path, rank: int, spec: RunSpec) -> None:
     """Where this rank ran (the driver lists the hosts in the run's machine.json)."""
-    import socket
-
     doc = {"rank": rank, "hostname": socket.gethostname(), "pid": os.getpid(),
            "device": spec.placement.device_kind}  # fmt: skip
     atomic_write_json(host_part(parts, rank), doc)

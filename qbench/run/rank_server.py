@@ -32,6 +32,7 @@ import atexit
 import contextlib
 import ctypes
 import gc
+import importlib
 import json
 import os
 import select
@@ -55,11 +56,9 @@ NETNS_DIR = "/var/run/netns"  # where `ip netns add` pins a namespace by name
 
 
 def main() -> int:
-    import importlib
-
     for name in PRELOAD:
         importlib.import_module(name)
-    import torch
+    import torch  # what PRELOAD loaded; the module itself loads none (tests/cli.py imports it)
 
     if torch.cuda.is_initialized():  # a fork would carry a CUDA context no child can use
         raise SystemExit("qbench.run.rank_server: CUDA was initialized by an import")
@@ -175,7 +174,7 @@ def _retitle(argv: list[str], libc: ctypes.CDLL) -> None:
 def _run(args: list[str]) -> int:
     """``python -m qbench.run.worker ARGS`` in this process: its exit code, its traceback on
     stderr when it raises, and the interpreter's exit handlers run, as at a normal exit."""
-    from qbench.run import worker
+    from qbench.run import worker  # PRELOAD's: importing this module loads no torch
 
     try:
         code: Any = worker.main(args)

@@ -179,8 +179,6 @@ def model_stats(spec: RunSpec) -> dict[str, float]:
 
 
 def _gflops(info: models.ModelInfo, net: nn.Module) -> float:
-    from torch.utils.flop_counter import FlopCounterMode
-
     try:
         if info.batch is not None:
             x = info.batch(1, torch.Generator().manual_seed(0))[0]
@@ -190,9 +188,7 @@ def _gflops(info: models.ModelInfo, net: nn.Module) -> float:
             return math.nan
         device = next(net.parameters(), torch.empty(0)).device
         net.eval()
-        with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            net(x.to(device))
-        return float(counter.get_total_flops()) / 1e9
+        return models.count_flops(net, x.to(device)) / 1e9
     except Exception:  # counting is a label, never a reason for a run to fail
         return math.nan
 

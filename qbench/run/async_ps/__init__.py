@@ -40,11 +40,10 @@ __all__ = ["SERVER", "AsyncParams", "AsyncParts", "Batches", "run", "shard"]
 
 def run(parts: AsyncParts) -> None:
     """Serve (rank 0) or work (the others) until the server has spent its budget of updates."""
+    # torch: loaded when a rank runs; importing the package loads none (reports read metrics)
+    from qbench.run.async_ps import client, server
+
     if parts.comm.rank == SERVER:
-        from qbench.run.async_ps.server import serve  # torch: loaded when a rank runs, not before
-
-        serve(parts)
+        server.serve(parts)
     else:
-        from qbench.run.async_ps.client import work
-
-        work(parts)
+        client.work(parts)
