@@ -286,14 +286,21 @@ QSGD4 = {"name": "qsgd", "bits": 4}
 def test_rules_give_their_reasons(
     backend: str, scheme: str, comp: dict[str, Any], ws: int, reason: str | None
 ) -> None:
-    why = rules.incompatibility(backend, scheme, comp, world_size=ws)
+    why = rules.incompatibility(backend, scheme, catalog.compressor(comp), world_size=ws)
     assert (why is None) if reason is None else (reason in str(why)), why
 
 
 def test_torus_rule_needs_two_factors() -> None:
     params = {"topology": "torus"}
-    assert rules.incompatibility("gloo", "gossip", "none", world_size=6, params=params) is None
-    why = rules.incompatibility("gloo", "gossip", "none", world_size=7, params=params)
+    assert (
+        rules.incompatibility(
+            "gloo", "gossip", catalog.compressor("none"), world_size=6, params=params
+        )
+        is None
+    )
+    why = rules.incompatibility(
+        "gloo", "gossip", catalog.compressor("none"), world_size=7, params=params
+    )
     assert "torus needs world_size = r x c" in str(why)
 
 

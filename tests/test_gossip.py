@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from qbench import aggregate
+from qbench import aggregate, catalog
 from qbench.aggregate import topology
 from qbench.aggregate.gossip import consensus_distance
 from qbench.comm import allreduce_bus_bytes
@@ -78,7 +78,9 @@ def test_torus_shape_is_closest_to_square(size: int, shape: tuple[int, int]) -> 
 def test_torus_needs_two_factors(size: int) -> None:
     with pytest.raises(UserError, match=rf"torus needs world_size = r x c .* got {size};"):
         topology.build("torus", size)
-    why = incompatibility("gloo", "gossip", "none", world_size=size, params={"topology": "torus"})
+    why = incompatibility(
+        "gloo", "gossip", catalog.compressor("none"), world_size=size, params={"topology": "torus"}
+    )
     assert why is not None and f"got {size};" in why  # the planner refuses it first
     with pytest.raises(UserError, match="torus"):
         aggregate.build(
@@ -124,8 +126,13 @@ def test_check_params_errors(params: dict[str, Any], message: str) -> None:
 
 @pytest.mark.parametrize("comp", [{"name": "topk"}, {"name": "onebit"}])
 def test_compressor_error_feedback_is_refused(comp: dict[str, Any]) -> None:
-    assert "set `error_feedback: false`" in str(incompatibility("gloo", "gossip", comp))
-    assert incompatibility("gloo", "gossip", {**comp, "error_feedback": False}) is None
+    assert "set `error_feedback: false`" in str(
+        incompatibility("gloo", "gossip", catalog.compressor(comp))
+    )
+    assert (
+        incompatibility("gloo", "gossip", catalog.compressor({**comp, "error_feedback": False}))
+        is None
+    )
 
 
 # -- the algorithms on ranks that are threads of this process -------------------------------------

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from qbench import aggregate
+from qbench import aggregate, catalog
 from qbench.aggregate import directed
 from qbench.aggregate.directed import Mixing
 from qbench.aggregate.gossip import consensus_distance
@@ -151,8 +151,13 @@ def test_auto_algorithm_follows_the_compressor() -> None:
 
 @pytest.mark.parametrize("comp", [{"name": "topk"}, {"name": "onebit"}])
 def test_compressor_error_feedback_is_refused(comp: dict[str, Any]) -> None:
-    assert "set `error_feedback: false`" in str(incompatibility("gloo", "push-sum", comp))
-    assert incompatibility("gloo", "push-sum", {**comp, "error_feedback": False}) is None
+    assert "set `error_feedback: false`" in str(
+        incompatibility("gloo", "push-sum", catalog.compressor(comp))
+    )
+    assert (
+        incompatibility("gloo", "push-sum", catalog.compressor({**comp, "error_feedback": False}))
+        is None
+    )
 
 
 # -- the algorithms on ranks that are threads of this process -------------------------------------

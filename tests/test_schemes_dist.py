@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from qbench import aggregate
+from qbench import aggregate, catalog
 from qbench.aggregate.integer_allreduce import sum_dtype
 from qbench.comm import allreduce_bus_bytes
 from qbench.comm.base import Comm
@@ -470,7 +470,7 @@ def test_integer_allreduce_takes_only_overlap(params: dict, match: str) -> None:
     ],
 )
 def test_incompatible_combinations_say_why(backend: str, scheme: str, comp: dict, match: str):
-    assert match in (incompatibility(backend, scheme, comp) or "")
+    assert match in (incompatibility(backend, scheme, catalog.compressor(comp)) or "")
 
 
 @pytest.mark.parametrize(
@@ -488,7 +488,7 @@ def test_incompatible_combinations_say_why(backend: str, scheme: str, comp: dict
     ],
 )
 def test_compatible_combinations(backend: str, scheme: str, comp: dict) -> None:
-    assert incompatibility(backend, scheme, comp) is None
+    assert incompatibility(backend, scheme, catalog.compressor(comp)) is None
 
 
 class Loopback(Comm):

@@ -191,10 +191,11 @@ def plan(
     """The (scheme, compressor) combinations one backend runs, and why the others do not."""
     combos: list[dict[str, Any]] = []
     notes: list[str] = []
+    parsed = [(c, catalog.compressor(c)) for c in compressors]  # the settings' JSON mappings
     for s in schemes:
-        for c in compressors:
-            what = f"{backend} {scheme_label(s)} {catalog.compressor_label(c)}"
-            why = rules.incompatibility(backend, s["name"], c, params=_params(s), collective=True)
+        for c, spec in parsed:
+            what = f"{backend} {scheme_label(s)} {spec.label}"
+            why = rules.incompatibility(backend, s["name"], spec, params=_params(s), collective=True)
             if why:
                 notes.append(f"skipped {what}: {why}")
             else:

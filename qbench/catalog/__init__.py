@@ -100,10 +100,6 @@ class SchemeSpec:
         only: validated when the scheme was, so this cannot fail."""
         return codecs(self.params)
 
-    def replaced(self, **changes: Any) -> SchemeSpec:
-        """The same scheme with some parameters as written changed, validated again."""
-        return scheme({**self.given, **changes})
-
     @property
     def is_default(self) -> bool:
         """Whether every parameter is the scheme's default."""

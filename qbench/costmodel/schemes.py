@@ -198,7 +198,7 @@ def incompatibility(scheme: Scheme, compressor: catalog.CompressorSpec) -> str |
     if scheme.name in OWN:
         return None
     params = {"backward": True} if scheme.backward and scheme.name != DDP else {}
-    why = rules.incompatibility("gloo", scheme.name, compressor.given, params=params)
+    why = rules.incompatibility("gloo", scheme.name, compressor, params=params)
     if why and scheme.name == PROJECTED_FROM:
         why += f"; `{PROJECTED}` projects a native low-precision allreduce"
     return why

@@ -40,7 +40,7 @@ def comm_hook(
         raise UserError(
             f"exchange {exchange!r} is not a per-bucket exchange; valid: {', '.join(exchanges())}"
         )
-    why = incompatibility(comm.backend, exchange, spec)  # the flat scheme's own rules
+    why = incompatibility(comm.backend, exchange, compressor.spec)  # the flat scheme's own rules
     if why:
         raise UserError(f"exchange {exchange}: {why}")
     hook_state = scheme_hook.SchemeHookState(

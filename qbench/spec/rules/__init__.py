@@ -42,7 +42,7 @@ def why_not(candidate: Candidate) -> str | None:
 def incompatibility(
     backend: str,
     scheme: str,
-    comp: Any,
+    comp: catalog.CompressorSpec,
     *,
     world_size: int | None = None,
     params: dict[str, Any] | None = None,
@@ -50,9 +50,8 @@ def incompatibility(
 ) -> str | None:
     """Why one compressor cannot run under ``scheme`` on ``backend``, or None: ``why_not`` for
     callers that know only the method (bench, the DDP hooks, the cost model, tests)."""
-    spec = catalog.compressor(comp)
     candidate = Candidate(
-        backend=backend, scheme=scheme, compressor=spec, params=params or {},
+        backend=backend, scheme=scheme, compressor=comp, params=params or {},
         world_size=world_size, collective=collective,
     )  # fmt: skip
     return why_not(candidate)
