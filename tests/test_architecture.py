@@ -208,6 +208,20 @@ def test_dry_run_does_not_import_torch() -> None:
     assert not _loads_torch(code)
 
 
+def test_help_imports_no_command_module() -> None:
+    """``qbench --help`` lists the commands from ``qbench.cli.COMMANDS`` (click's lazy
+    subcommands), importing none of their modules, nor pandas or torch: it starts fast."""
+    code = (
+        "import sys\nsys.argv = ['qbench', '--help']\nfrom qbench.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('qbench.cli.', 'pandas', 'torch'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.strip().splitlines()[-1] == "['qbench.cli.tools']"
+
+
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PKG)))
 def test_long_modules_say_why(path: Path) -> None:
     lines = path.read_text().splitlines()

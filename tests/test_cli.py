@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pandas as pd
 import pytest
 
+from qbench.cli import cli
+from qbench.cli.tools import LazyGroup
 from qbench.records.schema import ITERATION_COLUMNS
 from tests.cli import qbench
 
@@ -89,6 +92,20 @@ def test_cost_group_and_its_old_name(tmp_path: Path) -> None:
     assert "cost" in commands and "models" in commands and "model" not in commands
     sub = qbench("model", "--help")
     assert sub.returncode == 0 and "predict" in sub.stdout and "moved" in sub.stderr
+
+
+def test_lazy_groups_list_each_command_with_its_own_help() -> None:
+    """``qbench --help`` and ``qbench bench --help`` list their commands from ``Lazy`` entries,
+    importing none: each entry's help is what click makes of the command's own docstring."""
+    bench = cli.get_command(click.Context(cli), "bench")
+    for group in (cli, bench):
+        assert isinstance(group, LazyGroup)
+        for name, lazy in group.lazy.items():
+            command = group.get_command(click.Context(group), name)
+            assert command is not None and command.hidden == lazy.hidden, name
+            listed = click.Command(name, help=lazy.help)
+            for limit in (45, 80, 1000):
+                assert listed.get_short_help_str(limit) == command.get_short_help_str(limit), name
 
 
 def test_dry_run_lists_runs_and_exclusions(tmp_path: Path) -> None:

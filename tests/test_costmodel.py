@@ -18,7 +18,7 @@ from qbench import catalog
 from qbench import costmodel as cm
 from qbench.catalog import CompressorSpec
 from qbench.cli.cost import cost as cost_cli
-from qbench.cli.cost_configs import scheme_option
+from qbench.cli.cost.configs import scheme_option
 from qbench.costmodel import Config, CostModel
 from qbench.errors import UserError
 from qbench.records.schema import RunRecord, iterations_frame

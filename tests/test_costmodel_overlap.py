@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from qbench.cli.cost import cost as cost_cli
-from qbench.cli.cost_configs import scheme_option
+from qbench.cli.cost.configs import scheme_option
 from qbench.costmodel import (
     BucketProfile,
     CodecFit,

@@ -17,7 +17,7 @@ import pytest
 # The model's public entry points, in one place (a move of qbench.costmodel is a one-line edit).
 from qbench import catalog
 from qbench.catalog import CompressorSpec
-from qbench.cli.cost_configs import scheme_option
+from qbench.cli.cost.configs import scheme_option
 from qbench.costmodel import (
     COMM_SCHEMA,
     KERNELS_SCHEMA,

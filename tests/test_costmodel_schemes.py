@@ -10,7 +10,7 @@ import pytest
 from qbench import catalog
 from qbench.catalog import CompressorSpec
 from qbench.catalog.schemes.traffic import int_sum_bytes
-from qbench.cli.cost_configs import scheme_option
+from qbench.cli.cost.configs import scheme_option
 from qbench.costmodel import Scheme
 from qbench.costmodel.schemes import nominal_bits_per_value
 from qbench.errors import UserError

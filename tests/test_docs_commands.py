@@ -66,7 +66,7 @@ def _argv(part: str) -> list[str] | None:
     except ValueError:
         return None
     words = [w for w in words if "=" not in w or not w.split("=")[0].isupper()]  # VAR=x prefix
-    if len(words) < 2 or Path(words[0]).name != "qbench" or words[1] not in cli.commands:
+    if len(words) < 2 or Path(words[0]).name != "qbench" or words[1] not in cli.lazy:
         return None  # not a qbench command (prose in a plain block mentions "qbench ...")
     if any(ch in part for ch in "[]|…") or "..." in part or any(w.isupper() for w in words):
         return None  # a synopsis (`qbench sweep [SCENARIO.yaml] ...`), not a command to run

@@ -334,9 +334,9 @@ def test_disk_cache_roundtrip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
 
 
 def test_console_lists_the_zoo(capsys: pytest.CaptureFixture[str]) -> None:
-    from qbench.cli import console
+    from qbench.cli import info
 
-    console.models()
+    info.show_models()
     text = capsys.readouterr().out
     for name in models.names():
         assert name in text

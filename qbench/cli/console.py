@@ -1,11 +1,11 @@
-"""What the CLI commands do, printed for people: tables, progress bars, one-line outcomes."""
+"""What ``qbench sweep`` does, printed for people: the run matrix, progress bars, one-line
+outcomes; and the consoles every command prints its tables to."""
 
 from __future__ import annotations
 
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -19,16 +19,17 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from qbench.errors import UserError
+from qbench.launch import decision, preflight
+from qbench.launch import sweep as sweep_mod
+from qbench.records import interference
 from qbench.records.schema import RunRecord
+from qbench.records.store import ResultStore
 from qbench.spec import checks
 from qbench.spec import matrix as matrix_mod
 from qbench.spec import scenario as scenario_mod
 from qbench.spec.matrix import Matrix
 from qbench.spec.runspec import RunSpec
-
-if TYPE_CHECKING:
-    from qbench.launch import preflight
-    from qbench.launch.sweep import SweepSummary
 
 # Wide when writing to a file or CI log, so run ids are never cut.
 out = Console(width=None if sys.stdout.isatty() else 200)
@@ -43,21 +44,14 @@ def sweep(
     sc = scenario_mod.loads(text, source)
     target = out_dir or Path("results") / sc.name
     if target.exists() and not target.is_dir():
-        from qbench.errors import UserError
-
         raise UserError(f"results directory {target} exists and is not a directory; pick "
                         "another --out")  # fmt: skip
-    from qbench.launch import preflight
-
     try:
         m = matrix_mod.expand(sc)
     except checks.EmptyMatrix as e:
         if dry_run:  # the exclusions are the answer: show them, then the one-line error
             _print_matrix(Matrix([], e.excluded), target, preflight.check([]))
         raise
-    from qbench.launch import decision
-    from qbench.launch import sweep as sweep_mod
-
     launch = decision.launch_for(sc, launcher, m, isolation)
     if dry_run:
         verdicts = preflight.check(m.runs, launch=launch)
@@ -67,11 +61,10 @@ def sweep(
                       "sweep imports and checks them before the first run")  # fmt: skip
         return
     if factories(m):  # the user's code: imported and tried once here, before any run starts
+        # Here, not at the top: it imports torch, which `qbench sweep --dry-run` must not load.
         from qbench.run import workload
 
         workload.preflight(m.runs)
-    from qbench.records.store import ResultStore
-
     p = sweep_mod.plan(m, ResultStore(target), retry_failed)
     verdicts = preflight.check(p.todo, launch=launch, out=target)
     if check:
@@ -196,8 +189,6 @@ class _Ticker:
 
 def _disturbed_note(record: RunRecord) -> str:
     """`` disturbed: other processes used 1.31 cores ...`` when the rule says so, else ""."""
-    from qbench.records import interference
-
     if record.status != "ok" or not interference.disturbed(record.interference):
         return ""
     return f" disturbed: {interference.describe(record.interference)}"
@@ -223,7 +214,7 @@ class _progress:
             self.progress.__exit__(None, None, None)
 
 
-def _print_outcome(summary: SweepSummary) -> None:
+def _print_outcome(summary: sweep_mod.SweepSummary) -> None:
     ran = len(summary.statuses)
     failed = summary.failed
     unavailable = len(summary.unavailable)
@@ -240,7 +231,7 @@ def _print_outcome(summary: SweepSummary) -> None:
     err.print(f"next: qbench report {summary.out}")
 
 
-def _print_reruns(summary: SweepSummary) -> None:
+def _print_reruns(summary: sweep_mod.SweepSummary) -> None:
     """What ``--rerun-disturbed`` did: how many runs went again and which are still
     disturbed (the report flags them and leaves them out of its verdicts)."""
     if not summary.reruns:
@@ -249,100 +240,6 @@ def _print_reruns(summary: SweepSummary) -> None:
     clean = len(summary.reruns) - len(still)
     err.print(f"rerun: {len(summary.reruns)} disturbed runs measured again, {clean} now clean"
               + (f"; still disturbed: {', '.join(still)}" if still else ""))  # fmt: skip
-
-
-def report(
-    directory: Path, fmt: str, include_disturbed: bool = False, kernels: str | None = None,
-    figures: bool = True,
-) -> None:  # fmt: skip
-    from qbench.report import tables as report_mod
-
-    paths = report_mod.write_report(directory, fmt, include_disturbed=include_disturbed,
-                                    kernels=kernels, figures=figures)  # fmt: skip
-    for note in paths.notes:
-        err.print(note)
-    if fmt != "table":  # the table prints them under itself
-        from qbench.report import disturbed
-
-        for warning in disturbed.warnings(paths.summary):
-            err.print(f"warning: {escape(warning)}")
-    drawn = ", ".join(p.name for p in paths.figures) or "none"
-    drawn += "" if figures else " (--no-figures)"
-    err.print(f"report: {paths.summary_md} and {paths.summary_csv.name}; figures: {drawn} "
-              f"(in {paths.summary_md.parent})")  # fmt: skip
-
-
-def compare(
-    a: Path, b: Path, fmt: str, fail_pct: float | None = None, include_disturbed: bool = False
-) -> None:
-    """``report A B``; with ``fail_pct`` exit 1 when a configuration regressed beyond noise."""
-    from qbench.report import ab_report as report_mod
-    from qbench.report import ab_stats as compare_mod
-
-    csv_path, md_path, frame = report_mod.write_comparison(
-        a, b, fmt, include_disturbed=include_disturbed
-    )
-    counts = ", ".join(f"{n} {v}" for v, n in frame["verdict"].value_counts().items())
-    err.print(f"comparison: {counts}; written to {md_path} and {csv_path.name}")
-    few = report_mod.compare_few_runs(frame)
-    if few:
-        err.print(f"warning: {escape(few)}")
-    left = frame[["a_disturbed", "b_disturbed"]].fillna(0).sum()
-    if left.any():
-        err.print(f"warning: disturbed runs left out ({int(left['a_disturbed'])} of A, "
-                  f"{int(left['b_disturbed'])} of B; listed in {md_path.name}); "
-                  "--include-disturbed compares them")  # fmt: skip
-    if fail_pct is None:
-        return
-    slow = compare_mod.regressions(frame, fail_pct)
-    for r in slow.to_dict("records"):
-        err.print(f"slower: {r['model']} {r['backend']} {r['scheme']} {r['compressor']} "
-                  f"{r['world_size']} ranks {r['network']}: B/A {r['ratio']:.3f} "
-                  f"(95 % interval {r['ci_low']:.3f}-{r['ci_high']:.3f})")  # fmt: skip
-    if len(slow):
-        err.print(f"fail: {len(slow)} configurations slower by more than {fail_pct:g} % "
-                  "beyond the noise (--fail-if-slower)")  # fmt: skip
-        sys.exit(1)
-    err.print(f"pass: no configuration slower by more than {fail_pct:g} % beyond the noise")
-
-
-def models() -> None:
-    from qbench import models as zoo
-    from qbench.catalog.model_params import human, significant
-
-    t = Table(title="model zoo (forward GFLOPs per sample: 2 per multiply-add)")
-    for col in ("name", "parameters", "grad MB fp32", "GFLOPs/sample", "input", "classes"):
-        t.add_column(col, justify="left" if col in ("name", "input") else "right")
-    t.add_column("seed")
-    t.add_column("description")
-    for m in zoo.MODELS.values():
-        n = zoo.parameter_count(m.name)
-        shape = "x".join(map(str, m.input_shape))
-        if not m.input_dtype.is_floating_point:
-            shape += f" tokens < {m.vocab_size:,}"
-        gflops = zoo.flops_per_sample(m.name) / 1e9
-        t.add_row(
-            m.name, human(n), significant(n * 4 / 1e6), significant(gflops), shape,
-            f"{m.num_classes:,}", m.source, m.description,
-        )  # fmt: skip
-    out.print(t)
-    takes = [name for name, e in zoo.MODELS.items() if e.params]
-    out.print(
-        f"{', '.join(takes[:-1])} and {takes[-1]} take parameters, e.g. model: "
-        "{name: synthetic, params: 25M, gflops: 0.5}; the rows show their defaults."
-    )
-
-
-def info() -> None:
-    from qbench.catalog import plugins
-    from qbench.launch import machine
-
-    t = Table(title="qbench info")
-    t.add_column("what")
-    t.add_column("status")
-    for what, status in [*machine.capabilities(), *plugins.info_rows()]:
-        t.add_row(what, escape(status))  # reasons quote `qbench[cuda12]`: not rich markup
-    out.print(t)
 
 
 # qbench.api runs a sweep as ``sweep`` above does, printing only progress.

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
+from rich.markup import escape
+
+from qbench.cli import options
+from qbench.cli.console import err
+from qbench.report import ab_report, ab_stats, disturbed
+from qbench.report import tables as report_mod
 
 
 @click.command()
@@ -19,8 +26,8 @@ import click
     help="With A B: exit 1 when any configuration of B is slower than A by more than PCT % "
     "beyond the noise (the 95 % interval's lower end above 1 + PCT/100), for CI.",
 )  # fmt: skip
-@click.option(
-    "--include-disturbed", is_flag=True,
+@options.flag(
+    "--include-disturbed",
     help="Compare runs measured while other processes used the CPUs too (flagged `disturbed`; "
     "by default they are shown but left out of every speedup, baseline and verdict).",
 )  # fmt: skip
@@ -29,8 +36,8 @@ import click
     help="A `qbench bench kernels --json` file: the page shows each compressor's break-even link "
     "rate from its codec times (default: the sweep's own `codec_time:` file, if any).",
 )  # fmt: skip
-@click.option(
-    "--figures/--no-figures", default=True, show_default=True,
+@options.setting(
+    "--figures/--no-figures", default=True,
     help="Draw the figures (png and pdf). --no-figures writes the tables and the page only, "
     "in a fraction of the time (drawing is most of it): for CI jobs that read the CSV.",
 )  # fmt: skip
@@ -43,13 +50,60 @@ def report(
     With OTHER: compare OTHER (B) against DIRECTORY (A, the baseline) per matching
     configuration, with the ratio of iteration times and whether it is beyond the noise
     (written to OTHER/report/compare.{csv,md})."""
-    from qbench.cli import console
-
     if other is not None:
         if kernels is not None:  # A B writes no page, so codec times would go unread
             raise click.UsageError("--kernels adds to one directory's page: qbench report DIR")
-        console.compare(Path(directory), Path(other), fmt, fail_pct, include_disturbed)
+        compare(Path(directory), Path(other), fmt, fail_pct, include_disturbed)
         return
     if fail_pct is not None:
         raise click.UsageError("--fail-if-slower compares two directories: qbench report A B")
-    console.report(Path(directory), fmt, include_disturbed, kernels, figures)
+    summarise(Path(directory), fmt, include_disturbed, kernels, figures)
+
+
+def summarise(
+    directory: Path, fmt: str, include_disturbed: bool = False, kernels: str | None = None,
+    figures: bool = True,
+) -> None:  # fmt: skip
+    """``report DIR``: the tables, page and figures, and a line saying where they are."""
+    paths = report_mod.write_report(directory, fmt, include_disturbed=include_disturbed,
+                                    kernels=kernels, figures=figures)  # fmt: skip
+    for note in paths.notes:
+        err.print(note)
+    if fmt != "table":  # the table prints them under itself
+        for warning in disturbed.warnings(paths.summary):
+            err.print(f"warning: {escape(warning)}")
+    drawn = ", ".join(p.name for p in paths.figures) or "none"
+    drawn += "" if figures else " (--no-figures)"
+    err.print(f"report: {paths.summary_md} and {paths.summary_csv.name}; figures: {drawn} "
+              f"(in {paths.summary_md.parent})")  # fmt: skip
+
+
+def compare(
+    a: Path, b: Path, fmt: str, fail_pct: float | None = None, include_disturbed: bool = False
+) -> None:
+    """``report A B``; with ``fail_pct`` exit 1 when a configuration regressed beyond noise."""
+    csv_path, md_path, frame = ab_report.write_comparison(
+        a, b, fmt, include_disturbed=include_disturbed
+    )
+    counts = ", ".join(f"{n} {v}" for v, n in frame["verdict"].value_counts().items())
+    err.print(f"comparison: {counts}; written to {md_path} and {csv_path.name}")
+    few = ab_report.compare_few_runs(frame)
+    if few:
+        err.print(f"warning: {escape(few)}")
+    left = frame[["a_disturbed", "b_disturbed"]].fillna(0).sum()
+    if left.any():
+        err.print(f"warning: disturbed runs left out ({int(left['a_disturbed'])} of A, "
+                  f"{int(left['b_disturbed'])} of B; listed in {md_path.name}); "
+                  "--include-disturbed compares them")  # fmt: skip
+    if fail_pct is None:
+        return
+    slow = ab_stats.regressions(frame, fail_pct)
+    for r in slow.to_dict("records"):
+        err.print(f"slower: {r['model']} {r['backend']} {r['scheme']} {r['compressor']} "
+                  f"{r['world_size']} ranks {r['network']}: B/A {r['ratio']:.3f} "
+                  f"(95 % interval {r['ci_low']:.3f}-{r['ci_high']:.3f})")  # fmt: skip
+    if len(slow):
+        err.print(f"fail: {len(slow)} configurations slower by more than {fail_pct:g} % "
+                  "beyond the noise (--fail-if-slower)")  # fmt: skip
+        sys.exit(1)
+    err.print(f"pass: no configuration slower by more than {fail_pct:g} % beyond the noise")

@@ -7,33 +7,30 @@ from pathlib import Path
 
 import click
 
+from qbench.cli import options
+from qbench.errors import UserError
+from qbench.records.store import atomic_write_json
+from qbench.spec import matrix, scenario
+
 
 @click.command()
 @click.argument("scenario_path", metavar="SCENARIO", type=click.Path(dir_okay=False))
-@click.option(
-    "--tflops", type=click.FloatRange(min=0, min_open=True), required=True,
-    help="The device's sustained float32 compute in TFLOP/s, e.g. 60.",
-)  # fmt: skip
+@click.option("--tflops", type=click.FloatRange(min=0, min_open=True), required=True,
+              help="The device's sustained float32 compute in TFLOP/s, e.g. 60.")  # fmt: skip
 @click.option(
     "--memory-tbps", type=click.FloatRange(min=0, min_open=True), required=True,
     help="The device's memory bandwidth in TB/s (the optimizer step), e.g. 3.35.",
 )  # fmt: skip
-@click.option(
-    "--device", "device", required=True, metavar="NAME",
-    help="What the speeds are of, recorded in the timeline, e.g. 'H100 (stated)'.",
-)  # fmt: skip
-@click.option(
-    "--out", "out", type=click.Path(dir_okay=False), required=True,
-    help="The timeline JSON to write, for `timeline:` in the scenario.",
-)  # fmt: skip
+@click.option("--device", "device", required=True, metavar="NAME", help="What the speeds are "
+              "of, recorded in the timeline, e.g. 'H100 (stated)'.")  # fmt: skip
+@options.out_file("The timeline JSON to write, for `timeline:` in the scenario.")
 def timeline(
     scenario_path: str, tflops: float, memory_tbps: float, device: str, out: str
 ) -> None:  # fmt: skip
     """Derive a replay timeline for the one workload of SCENARIO from its FLOPs."""
-    from qbench.errors import UserError
-    from qbench.records.store import atomic_write_json
-    from qbench.run import replay
-    from qbench.spec import matrix, scenario
+    from qbench.run import (
+        replay,  # torch: loaded when the command runs, so that its --help stays fast
+    )
 
     runs = matrix.expand(scenario.load(scenario_path)).runs
     workloads = {replay.key(r): r for r in runs}

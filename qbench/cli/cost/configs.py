@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from qbench import catalog
-from qbench.catalog import specs
+from qbench.catalog import model_params, specs
 from qbench.costmodel.config import Config
 from qbench.costmodel.model import CostModel, compute_fits
 from qbench.costmodel.schemes import (
@@ -198,9 +198,7 @@ def _network(text: str, option: str = "--bandwidth") -> Link:
 
 def count(text: str, option: str, minimum: int = 1) -> int:
     """``61M``, ``2.5e6``, ``500k``, ``25_000_000`` -> int (UserError otherwise)."""
-    from qbench.catalog import model_params as params
-
     try:
-        return params.count(minimum)(str(text))
+        return model_params.count(minimum)(str(text))
     except ValueError as e:
         raise UserError(f"{option} must be {e}, got {text!r}") from None

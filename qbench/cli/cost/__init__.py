@@ -1,9 +1,9 @@
 """``qbench cost fit | predict | crossover | validate``: the cost model on the command line.
 
-Registered in ``qbench/cli.py`` with ``cli.add_command(cost_cli.cost)``, and under its old name
-``qbench model`` (hidden, ``moved``), which says on stderr that it moved. The maths lives in
-``qbench.costmodel``; this module parses options, ``qbench.cli.cost_configs`` turns them into
-configurations and ``qbench.cli.cost_render`` prints the tables.
+Listed in ``qbench.cli.COMMANDS`` as ``cost``, and under its old name ``qbench model``
+(hidden, ``moved``), which says on stderr that it moved. The maths lives in
+``qbench.costmodel``; this module parses options, ``qbench.cli.cost.configs`` turns them into
+configurations and ``qbench.cli.cost.render`` prints the tables.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from typing import Any
 
 import click
 
-from qbench.cli.cost_configs import DEFAULT_COMPRESSORS, DEFAULT_SCHEMES, build_configs
-from qbench.cli.cost_render import (
+from qbench.cli import options
+from qbench.cli.cost.configs import DEFAULT_COMPRESSORS, DEFAULT_SCHEMES, build_configs
+from qbench.cli.cost.render import (
     FORMATS,
     err_console,
     pct,
@@ -62,24 +63,18 @@ moved = _Moved(
 # -- fit -----------------------------------------------------------------------------------------
 @cost.command(cls=ListCommand)
 @click.argument("dirs", nargs=-1, metavar="[DIR]...")
-@click.option(
-    "--comm", "comm_files", multiple=True, metavar="FILE.json",
-    help="`qbench bench comm --json` output(s): alpha-beta of each collective, codec phases.",
-)  # fmt: skip
-@click.option(
-    "--kernels", "kernel_files", multiple=True, metavar="FILE.json",
-    help="`qbench bench kernels --json` output(s): encode/decode seconds per element.",
-)  # fmt: skip
-@click.option(
-    "--comm-from-runs", is_flag=True,
-    help="Also fit collectives from the runs' t_comm vs bytes_sent (approximate: layer groups).",
-)  # fmt: skip
-@click.option(
-    "--hold-out", "hold_out", multiple=True, metavar="LABEL=VALUE",
+@options.listed("--comm", "comm_files", metavar="FILE.json", help="`qbench bench comm --json` "
+                "output(s): alpha-beta of each collective, codec phases.")  # fmt: skip
+@options.listed("--kernels", "kernel_files", metavar="FILE.json", help="`qbench bench kernels "
+                "--json` output(s): encode/decode seconds per element.")  # fmt: skip
+@options.flag("--comm-from-runs", help="Also fit collectives from the runs' t_comm vs bytes_sent "
+              "(approximate: layer groups).")  # fmt: skip
+@options.listed(
+    "--hold-out", "hold_out", metavar="LABEL=VALUE",
     help="Leave runs with this label value out of the fit (e.g. world_size=4, network=300mbit), "
     "so that `cost validate` scores them as held-out.",
 )  # fmt: skip
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Model JSON to write.")
+@options.out_file("Model JSON to write.")
 def fit(
     dirs: tuple[str, ...], comm_files: tuple[str, ...], kernel_files: tuple[str, ...],
     comm_from_runs: bool, hold_out: tuple[str, ...], out: str,
@@ -113,18 +108,17 @@ def _json(path: str, kind: str) -> Any:
 
 # -- predict -------------------------------------------------------------------------------------
 _CONFIG_OPTIONS = (
-    click.option(
-        "--scheme", "schemes", multiple=True, metavar="SPEC",
-        help=f"e.g. reduce-broadcast:overlap=16, ddp, reduce-broadcast:backward=true; "
+    options.specs(
+        "--scheme", "schemes",
+        f"e.g. reduce-broadcast:overlap=16, ddp, reduce-broadcast:backward=true; "
         f"{', '.join(SCHEMES)} [{' '.join(DEFAULT_SCHEMES)}; fp32 allreduce is always added as "
         "the baseline].",
     ),
-    click.option(
-        "--compressor", "compressors", multiple=True, metavar="SPEC",
-        help=f"NAME[:KEY=VALUE,...] [{' '.join(DEFAULT_COMPRESSORS)}].",
+    options.specs(
+        "--compressor", "compressors", f"NAME[:KEY=VALUE,...] [{' '.join(DEFAULT_COMPRESSORS)}]."
     ),
-    click.option("--backend", "backends", multiple=True, help="[every fitted backend]."),
-    click.option("--world-size", "world_sizes", multiple=True, type=int, help="Ranks [2]."),
+    options.listed("--backend", "backends", help="[every fitted backend]."),
+    options.world_sizes("Ranks [2]."),
     click.option(
         "--nodes", type=int,
         help="Nodes of a cluster (with --ranks-per-node; instead of --world-size): two levels, "
@@ -145,15 +139,13 @@ _CONFIG_OPTIONS = (
         "--host-cores", type=int,
         help="Ranks share this many cores on one host: compute and codec x max(1, K / cores).",
     ),
-    click.option(
-        "--no-tbf-burst", is_flag=True, help="Real links: no credit from the emulator's tbf bucket."
-    ),
+    options.flag("--no-tbf-burst", help="Real links: no credit from the emulator's tbf bucket."),
     click.option(
         "--overlap", type=click.Choice([BACKWARD, FLAT]),
         help="backward: communicate per DDP bucket during backward (the schemes that can); none: "
         "one gradient after it [as each scheme says: ddp and backward=true overlap].",
     ),
-    click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True),
+    options.table_format(FORMATS),
 )  # fmt: skip
 
 
@@ -166,12 +158,10 @@ def _config_options(f: Any) -> Any:
 @cost.command(cls=ListCommand)
 @click.argument("model_path", metavar="MODEL.json")
 @_config_options
-@click.option(
-    "--bandwidth", "bandwidths", multiple=True, metavar="RATE",
-    help="Link rates, e.g. 1gbit 10gbit, or unshaped [the fitted links].",
-)  # fmt: skip
-@click.option(
-    "--model-numel", "numels", multiple=True, metavar="COUNT",
+@options.listed("--bandwidth", "bandwidths", metavar="RATE",
+                help="Link rates, e.g. 1gbit 10gbit, or unshaped [the fitted links].")  # fmt: skip
+@options.listed(
+    "--model-numel", "numels", metavar="COUNT",
     help="Gradient sizes in values, e.g. 61M 122M (compute stays fixed: a grown model) "
     "[the workload's, else 16.8M = 64 MiB].",
 )  # fmt: skip
@@ -191,14 +181,10 @@ def predict(model_path: str, fmt: str, no_tbf_burst: bool, **options: Any) -> No
 @cost.command(cls=ListCommand)
 @click.argument("model_path", metavar="MODEL.json")
 @_config_options
-@click.option(
-    "--min-bandwidth", default="10mbit", show_default=True, metavar="RATE",
-    help="Lowest link rate searched.",
-)  # fmt: skip
-@click.option(
-    "--max-bandwidth", default="400gbit", show_default=True, metavar="RATE",
-    help="Highest link rate searched.",
-)  # fmt: skip
+@options.setting("--min-bandwidth", default="10mbit", metavar="RATE",
+                 help="Lowest link rate searched.")  # fmt: skip
+@options.setting("--max-bandwidth", default="400gbit", metavar="RATE",
+                 help="Highest link rate searched.")  # fmt: skip
 def crossover(
     model_path: str, fmt: str, no_tbf_burst: bool, min_bandwidth: str, max_bandwidth: str,
     **options: Any,
@@ -226,8 +212,8 @@ def crossover(
 @cost.command()
 @click.argument("model_path", metavar="MODEL.json")
 @click.argument("paths", nargs=-1, required=True, metavar="DIR|FILE.json...")
-@click.option("--all", "show_all", is_flag=True, help="Also list the rows used for fitting.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@options.flag("--all", "show_all", help="Also list the rows used for fitting.")
+@options.table_format(FORMATS)
 def validate(model_path: str, paths: tuple[str, ...], show_all: bool, fmt: str) -> None:
     """Predicted vs measured time of bench comm rows and sweep runs, with the error; the summary
     covers the rows NOT used for fitting (target: within 15 %)."""
