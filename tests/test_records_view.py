@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 
 from qbench.errors import UserError
+from qbench.records import view
 from qbench.records.view import run_specs, run_specs_each
+from qbench.spec import scenario
+from qbench.spec.matrix import expand
 
 # A run.json's two halves as a run writes them (schema version 2): the spec as given, and the
 # labels made from it.
@@ -92,3 +95,20 @@ def test_each_part_reads_on_its_own() -> None:
     assert parts.link is not None and parts.link.bits_per_s == 1e9
     whole = run_specs_each({"spec": {"compressor": {"name": "qsgd"}, "scheme": "allreduce"}})
     assert whole.compressor is not None and whole.compressor.name == "qsgd"
+
+
+def test_typed_columns_come_from_the_spec_not_the_labels() -> None:
+    text = "name: t\nmodel: mlp\nworld_size: 2\nbackend: gloo\nscheme: [ddp, allreduce]\n"
+    text += "network: [{bandwidth: 1gbit}]\ncompute: [fp32, replay]\n"
+    for run in expand(scenario.loads(text)).runs:
+        # labels that say otherwise where they are only display: not read
+        shown = {"network": "10mbit", "compute": "fp32", "overlap": "none", "dilation": 3}
+        record = {"spec": run.to_dict(), "labels": {**run.labels(), **shown}}
+        got = view.columns(record)
+        assert got == {
+            "scheme_name": run.method.scheme.name,
+            "backward": run.method.scheme.name == "ddp",
+            "link_bits_per_s": 1e9,
+            "replayed": run.compute.replay is not None,
+        }
+    assert view.columns({"spec": {}, "labels": {}})["replayed"] is False

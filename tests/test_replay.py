@@ -319,10 +319,10 @@ def test_speed_figures_and_pages_say_replayed() -> None:
 
     from qbench.report import names
 
-    both = pd.DataFrame({"precision": ["fp32", "replay"], "dilation": [1.0, 10.0]})
+    both = pd.DataFrame({"replayed": [False, True], "dilation": [1.0, 10.0]})
     note = names.compute_note(both)
     assert "replayed compute" in note and "time-dilated x10" in note
-    assert names.compute_note(pd.DataFrame({"precision": ["fp32", "bf16"]})) == ""
+    assert names.compute_note(pd.DataFrame({"replayed": [False, False]})) == ""
 
 
 def test_a_supplied_timeline_is_replayed_and_labelled(tmp_path: Path, process_group: Any) -> None:

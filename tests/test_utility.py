@@ -49,7 +49,10 @@ def _summary() -> pd.DataFrame:
     rows = [
         {"model": "vgg16-cifar", "dataset": "synthetic", "backend": "gloo", "world_size": 2,
          "precision": "fp32", "network": net, "scheme": scheme, "compressor": comp,
-         "compressor_name": name, "status": "ok", "samples_per_s": sps}
+         "compressor_name": name, "status": "ok", "samples_per_s": sps,
+         # the typed columns stats makes from each run's spec (records.view.columns)
+         "link_bits_per_s": network.option(net).bits_per_s or math.nan,
+         "backward": scheme == "ddp"}
         for (net, scheme, comp, name), sps in SPS.items()
     ]  # fmt: skip
     return pd.DataFrame(rows)

@@ -14,14 +14,16 @@ without one reads its ``network`` label through ``network.option`` (none: unshap
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from qbench import catalog
+from qbench.catalog.schemes import spelling
 from qbench.spec import network
 from qbench.spec.network import Link
-from qbench.spec.parts import Replay
+from qbench.spec.parts import REPLAY, Replay
 from qbench.spec.runspec import RunSpec
 
 T = TypeVar("T")
@@ -76,6 +78,31 @@ def run_specs_each(record: Mapping[str, Any]) -> RunParts:
         _or_none(lambda: catalog.scheme_from_label(str(labels["scheme"]))),
         _or_none(lambda: _link(spec, labels)),
     )
+
+
+def columns(record: Mapping[str, Any]) -> dict[str, Any]:
+    """What reports tell runs apart by, typed and made from the run's specs, never its labels:
+    the scheme's catalog name (None: unreadable), whether it sent per DDP bucket during
+    backward, the link's rate in bit/s (NaN: unshaped or unreadable) and whether its compute
+    was replayed (``compute: replay``)."""
+    parts = run_specs_each(record)
+    scheme, link = parts.scheme, parts.link
+    backward = scheme is not None and spelling.overlap(scheme.name, scheme.params) == "backward"
+    rate = link.bits_per_s if link is not None else None
+    return {
+        "scheme_name": scheme.name if scheme is not None else None,
+        "backward": backward,
+        "link_bits_per_s": float(rate) if rate is not None else math.nan,
+        "replayed": _replayed(record),
+    }
+
+
+def _replayed(record: Mapping[str, Any]) -> bool:
+    spec = record.get("spec") or {}
+    try:
+        return RunSpec.from_dict(spec).compute.replay is not None
+    except (ValueError, TypeError, KeyError, AttributeError):  # a spec of a plug-in not loaded
+        return spec.get("compute") == REPLAY
 
 
 def _or_none(read: Callable[[], T]) -> T | None:

@@ -9,16 +9,13 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from qbench.report import names
-
 ASYNC_SCHEME = "async-ps"
 
 
 def runs(table: pd.DataFrame) -> pd.Series:
     """run_ids of asynchronous parameter-server runs (seed 003), whose rows are not iterations:
-    the scheme each recorded (``names.scheme_spec``), not its label."""
-    specs = table["scheme"].map(names.scheme_spec)
-    return table.loc[specs.map(lambda s: s is not None and s.name == ASYNC_SCHEME), "run_id"]
+    the scheme each recorded (``scheme_name``, from its spec), not its label."""
+    return table.loc[table["scheme_name"] == ASYNC_SCHEME, "run_id"]
 
 
 def metrics(

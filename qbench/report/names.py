@@ -37,11 +37,11 @@ REPLAYED = (
 
 
 def compute_note(rows: Any) -> str:
-    """The line a speed figure's title adds when any of its runs (a frame with ``precision``
-    and maybe ``dilation``) replayed compute (qbench.run.replay) or was time-dilated, so that
-    a replayed result never passes for a run that trained."""
+    """The line a speed figure's title adds when any of its runs (summary rows: ``replayed``,
+    ``dilation``) replayed compute (qbench.run.replay) or was time-dilated, so that a replayed
+    result never passes for a run that trained."""
     note = ""
-    if "precision" in rows and (rows["precision"].astype(str) == "replay").any():
+    if "replayed" in rows and rows["replayed"].astype(bool).any():
         note = REPLAYED
     if "dilation" in rows:
         factors = sorted({float(d) for d in rows["dilation"].dropna()} - {1.0})

@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from qbench.records import interference, memory
+from qbench.records import interference, memory, view
 from qbench.records.schema import (
     EPOCH_COLUMNS,
     ITERATION_COLUMNS,
@@ -47,8 +47,9 @@ LABELS = (
     *("compute", "norm", "weight_bits", "rounding", "overlap", "profiled", "dilation"),
     "codec_time",
 )
+TYPED_COLUMNS = ("scheme_name", "backward", "link_bits_per_s", "replayed")  # view.columns
 RUN_COLUMNS = (
-    *("run_id", "status", "error", "exit_code", "git_commit", *LABELS),
+    *("run_id", "status", "error", "exit_code", "git_commit", *LABELS, *TYPED_COLUMNS),
     *("other_cores", "disturbed"),  # what else used the CPUs (qbench.records.interference)
     *memory.PEAK_COLUMNS,  # the largest peak memory of a rank (qbench.records.memory)
 )
@@ -160,7 +161,7 @@ def _load_run(
         record = _read_record(store, run_id)
         recorded = {"spec": record.spec, "labels": record.labels}
         run_clock = clock(recorded)  # read once: the row's dilation and the times' divisor
-        row = _record_row(run_id, record, run_clock)
+        row = {**_record_row(run_id, record, run_clock), **view.columns(recorded)}
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
         return _unreadable(run_id, f"run.json: {_reason(exc)}"), None
     # names: what the labels stand for; specs this qbench cannot read (a plug-in that is not
@@ -250,13 +251,13 @@ def _runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     runs["skew"] = pd.to_numeric(runs["skew"], errors="coerce").fillna(0.0)  # older runs: IID
     runs = runs.assign(**precision.settings(runs))
     runs["precision"] = precision.label(runs)
-    runs["simulated"] = runs["simulated"].map(_truthy).astype(bool)
-    runs["profiled"] = runs["profiled"].map(_truthy).astype(bool)
-    runs["other_cores"] = pd.to_numeric(runs["other_cores"], errors="coerce")
+    for flag in ("simulated", "profiled", "backward", "replayed"):
+        runs[flag] = runs[flag].map(_truthy).astype(bool)
     runs["disturbed"] = runs["disturbed"].astype("boolean")  # <NA>: not recorded
     runs["nodes"] = runs["nodes"].fillna(1)  # run.json from before multi-node: one host
     runs["dilation"] = pd.to_numeric(runs["dilation"], errors="coerce").fillna(1.0)
-    for column in ("price_per_hour", "gflops_per_sample", "target_accuracy", *memory.PEAKS):
+    numeric = ("price_per_hour", "gflops_per_sample", "target_accuracy", "other_cores")
+    for column in (*numeric, "link_bits_per_s", *memory.PEAKS):
         runs[column] = pd.to_numeric(runs[column], errors="coerce")
     return runs
 
@@ -323,7 +324,7 @@ def _summarize(results: Results, include_disturbed: bool) -> pd.DataFrame:
     targets = pd.to_numeric(table.set_index("run_id")["target_accuracy"], errors="coerce")
     table = table.merge(accuracy.run_metrics(results.epochs, targets), "left", "run_id")
     table = _add_money(table, results.epochs)
-    return _sorted(table)[list(SUMMARY_COLUMNS)].reset_index(drop=True)
+    return _sorted(table)[[*SUMMARY_COLUMNS, *TYPED_COLUMNS]].reset_index(drop=True)
 
 
 def throughputs(results: Results, summary: pd.DataFrame) -> intervals.Throughputs:
@@ -341,8 +342,7 @@ def _run_metrics(per_it: pd.DataFrame) -> pd.DataFrame:
     spec.update({p: (p, "median") for p in PARTS})
     spec["bytes_per_iteration"] = ("bytes_sent", "median")
     spec.update({f"{c}_per_iteration": (c, "median") for c in _LEVELS})
-    spec["_grad_bytes"] = ("grad_bytes", "median")
-    spec["_payload_bytes"] = ("payload_bytes", "median")
+    spec.update(_grad_bytes=("grad_bytes", "median"), _payload_bytes=("payload_bytes", "median"))
     return per_it.groupby("run_id", as_index=False).agg(**spec)
 
 

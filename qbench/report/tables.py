@@ -40,6 +40,7 @@ FORMATS = ("table", "csv", "md", "json")
 _LABEL_COLUMNS = ("model", "dataset", "backend", "scheme", "network")
 NA = "-"
 PIPE_WIDTH = 220
+ON_FILE = list(stats.SUMMARY_COLUMNS)  # summary.csv's and printed CSV / JSON's: not the typed
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def _write(
     acc = accuracy.table(summary)
     report_dir = ResultStore(root).report_dir()
     csv_path, md_path = report_dir / SUMMARY_CSV, report_dir / SUMMARY_MD
-    atomic_write_bytes(csv_path, summary.to_csv(index=False).encode())
+    atomic_write_bytes(csv_path, summary[ON_FILE].to_csv(index=False).encode())
     atomic_write_bytes(md_path, markdown_report(summary, str(root), acc).encode())
     if not acc.empty:
         atomic_write_bytes(report_dir / ACCURACY_CSV, acc.to_csv(index=False).encode())
@@ -121,9 +122,9 @@ def render(summary: pd.DataFrame, fmt: str = "table", out: TextIO | None = None)
     """Print the summary to ``out`` (default stdout) as a rich table, CSV, markdown or JSON."""
     renderers: dict[str, Callable[[pd.DataFrame, TextIO], object]] = {
         "table": _print_table,
-        "csv": lambda s, o: o.write(s.to_csv(index=False)),
+        "csv": lambda s, o: o.write(s[ON_FILE].to_csv(index=False)),
         "md": lambda s, o: o.write(_markdown_table(s, _MD_COLUMNS) + "\n"),
-        "json": lambda s, o: o.write(s.to_json(orient="records", indent=2) + "\n"),
+        "json": lambda s, o: o.write(s[ON_FILE].to_json(orient="records", indent=2) + "\n"),
     }
     if fmt not in renderers:
         raise choice_error("report format", fmt, FORMATS)

@@ -48,7 +48,7 @@ def write_page(
     title = f"qbench study: {report_dir.resolve().parent.name}"
     counts = ", ".join(f"{n} {s}" for s, n in summary["status"].value_counts().items())
     intro = f"{len(summary)} runs: {counts}. Configurations merge repeats and seeds (medians)."
-    replayed = int((summary["precision"].astype(str) == "replay").sum())
+    replayed = int(summary["replayed"].sum())
     if replayed:  # on top, so that no section's early return can leave it out
         intro += (
             f" {replayed} runs ran with replayed compute (compute: replay): each rank slept "

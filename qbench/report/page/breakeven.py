@@ -113,12 +113,9 @@ def rates(summary: pd.DataFrame) -> dict[str, Rate]:
     flat = flat[(flat["world_size"].fillna(0) > 1) & (flat["t_comm"] > 0)]
     sent = flat["bytes_per_iteration"] * 8 / flat["t_comm"] / 1e9
     measured = sent.groupby(flat["network"]).median().dropna()
-    out = {}
-    for network in summary["network"].dropna().unique():
-        link = names.link(network)
-        shaped = None if link is None or link.bits_per_s is None else link.bits_per_s / 1e9
-        out[str(network)] = Rate(_number(measured.get(network)), shaped)
-    return out
+    rates = summary.groupby("network")["link_bits_per_s"].first() / 1e9  # NaN: unshaped
+    return {str(network): Rate(_number(measured.get(network)), _number(rate))
+            for network, rate in rates.items()}  # fmt: skip
 
 
 def answer(configs: pd.DataFrame, summary: pd.DataFrame, codec: Codec) -> Section:

@@ -45,15 +45,9 @@ def utility_rows(summary: pd.DataFrame) -> pd.DataFrame:
     ref = base.groupby(keys, dropna=False)["samples_per_s"].median().rename("_ddp")
     ok = ok.merge(ref, how="inner", left_on=keys, right_index=True)
     ok["vs_ddp"] = ok["samples_per_s"] / ok["_ddp"]
-    ok["bps"] = ok["network"].map(_bps)
-    grouped = ok.groupby([*keys, *METHOD, "bps"], dropna=False)["vs_ddp"].median()
+    ok["bps"] = ok["link_bits_per_s"]  # NaN: unshaped (loopback) or not recorded
+    grouped = ok.groupby([*keys, *METHOD, "backward", "bps"], dropna=False)["vs_ddp"].median()
     return grouped.reset_index()
-
-
-def _bps(label: object) -> float:
-    """The recorded link's rate; NaN unshaped (loopback) or not recorded."""
-    link = names.link(label)
-    return math.nan if link is None or link.bits_per_s is None else link.bits_per_s
 
 
 def _is_ddp_fp32(scheme: object, compressor: object) -> bool:
@@ -62,12 +56,6 @@ def _is_ddp_fp32(scheme: object, compressor: object) -> bool:
     if spec is None or comp is None:
         return False
     return spec.name == spelling.DDP and spec.is_default and comp.name == "none"
-
-
-def _per_bucket(scheme: object) -> bool:
-    """Sent per DDP bucket during backward (a solid line), not after it (dashed)."""
-    spec = names.scheme_spec(scheme)
-    return spec is not None and spelling.overlap(spec.name, spec.params) == "backward"
 
 
 def crossover(points: pd.DataFrame) -> float | None:
@@ -124,7 +112,7 @@ def _panel(
         label = names.method(scheme, comp)
         color, marker = looks[label]
         ax.plot(x.iloc[order], line["vs_ddp"].iloc[order], marker=marker, color=color,
-                linestyle="-" if _per_bucket(scheme) else "--",
+                linestyle="-" if line["backward"].all() else "--",  # per bucket: solid
                 label=label)  # fmt: skip
         cross = crossover(line)
         if cross is not None:
