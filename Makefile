@@ -80,7 +80,7 @@ kernels:
 # --coverage build; docs/cuda-emulation.md). Exits non-zero unless every kernel line ran; gcov's
 # annotated sources stay in kernels/build/coverage.
 cuda-coverage: venv
-	$(BIN)/python -m qbench.compress.kernels.cuda_coverage --out kernels/build/coverage
+	$(BIN)/python -m qbench.compress.kernels.cuda.coverage --out kernels/build/coverage
 
 # Every figure of the paper scenarios: each scenarios/paper/*.yaml is swept into results/<name>
 # (resuming: finished runs are kept) and reported; figures and the report page go to

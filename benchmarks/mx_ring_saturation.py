@@ -31,7 +31,7 @@ from dataclasses import asdict
 import torch
 
 from qbench.bench import numerics
-from qbench.bench import numerics_orders as orders
+from qbench.bench.numerics import orders
 from qbench.compress import blockscale as bs
 from qbench.compress import minifloat as mf
 from qbench.compress.kernels import native

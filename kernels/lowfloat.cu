@@ -1,9 +1,9 @@
 // FP8 / MX / NVFP4 on the GPU: block-scaled low-precision floats. Loaded with CuPy
-// (qbench/compress/cuda.py); the per-element maths is kernels/lowfloat_math.h, shared with the C
-// loops, so codes, scales, residuals and decoded floats are byte-identical to the torch
-// reference (qbench/compress/lowfloat.py: blockscale.py, minifloat.py).
+// (qbench/compress/kernels/cuda/); the per-element maths is kernels/lowfloat_math.h, shared
+// with the C loops, so codes, scales, residuals and decoded floats are byte-identical to the
+// torch reference (qbench/compress/lowfloat.py: blockscale.py, minifloat.py).
 //
-// Encode, four launches (cuda.py reads `words` between the first two, to refuse a NaN or inf
+// Encode, four launches (cuda/ reads `words` between the first two, to refuse a NaN or inf
 // gradient before anything is written):
 //   qb_lf_maxes     one thread per run of QB_LF_RUN values: each block's max |v| (v = grad, or
 //                   grad + residual) as the bits of a non-negative float, with atomicMax (exact

@@ -1,4 +1,4 @@
-// 1bitSGD with error feedback on the GPU. Loaded with CuPy (qbench/compress/cuda.py); the
+// 1bitSGD with error feedback on the GPU. Loaded with CuPy (qbench/compress/kernels/cuda/); the
 // per-element maths is kernels/qsgd_math.h, shared with the C loops, so signs, means and the
 // residual are byte-identical to the torch reference (qbench/compress/onebit.py).
 //

@@ -1,6 +1,6 @@
 // QSGD on the GPU: quantise + pack, unpack + dequantise (+ accumulate). Loaded with CuPy
-// (qbench/compress/cuda.py); `make kernels` compiles it with nvcc so errors show without a GPU.
-// The per-element maths is kernels/qsgd_math.h, shared with the C loops: payloads are
+// (qbench/compress/kernels/cuda/); `make kernels` compiles it with nvcc so errors show without
+// a GPU. The per-element maths is kernels/qsgd_math.h, shared with the C loops: payloads are
 // byte-identical to the torch reference (qbench/compress/qsgd.py).
 //
 // Wire layout: code i at bits [i*bits, (i+1)*bits) of a little-endian byte stream, so a group

@@ -5,7 +5,7 @@
 //
 // Exactness rules, which every caller relies on:
 // - one IEEE single-precision rounding per operation and never a fused multiply-add: on the
-//   device the QB_F* intrinsics say so; C must be compiled with -ffp-contract=off (native.py
+//   device the QB_F* intrinsics say so; C must be compiled with -ffp-contract=off (native/
 //   does) and without -ffast-math;
 // - x / s is a true division: torch divides, and x * (1/s) can differ in the last bit;
 // - clamp-then-floor in float equals clamp-then-truncate (see qb_round_level), and truncation
@@ -32,7 +32,7 @@
 #define QB_F2I_RZ(a) ((int32_t)(a))
 #endif
 
-// Level layouts and bucket norms, numbered as native.py / cuda.py pass them.
+// Level layouts and bucket norms, numbered as native/ and cuda/ pass them.
 #define QB_LAYOUT_INTERVALS 0
 #define QB_LAYOUT_SIGN 1
 #define QB_NORM_MAX 0

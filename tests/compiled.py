@@ -46,7 +46,7 @@ def require_emulator() -> None:
 
 def emulator_failed(exc: Exception) -> NoReturn:
     """A build of the emulator raised ``exc``: skip without a C++ compiler, else fail with it."""
-    if toolchain.find_cxx_compiler() is not None:  # the rule of cuda_emulate.build_error
+    if toolchain.find_cxx_compiler() is not None:  # the rule of cuda.emulate.build_error
         pytest.fail(f"the CUDA emulator does not build: {exc}", pytrace=False)
     no_compiler(str(exc))
 

@@ -193,7 +193,7 @@ def _loads_torch(code: str) -> bool:
 @pytest.mark.parametrize(
     "modules",
     ["qbench.catalog, qbench.spec.rules, qbench.spec.matrix, qbench.spec.scenario",
-     "qbench.report.tables, qbench.report.stats, qbench.report.page, qbench.report.ab_stats",
+     "qbench.report.tables, qbench.report.stats, qbench.report.page, qbench.report.ab.stats",
      "qbench.costmodel, qbench.cli.cost", "qbench.launch.sweep, qbench.records.store"],
 )  # fmt: skip
 def test_planners_and_readers_do_not_import_torch(modules: str) -> None:

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from qbench import catalog
-from qbench.bench import comm, comm_worker, render_comm
-from qbench.bench.comm import CommResult, CommRow
+from qbench.bench import comm
+from qbench.bench.comm import CommResult, CommRow, render, worker
 from qbench.errors import UserError
 from tests.cli import qbench
 
@@ -106,11 +106,11 @@ def test_speedups_crossover_and_targets_from_rows() -> None:
     assert rb.fraction == pytest.approx(8.0 / 7.877, abs=1e-3) and rb.passed  # >= 95 %
     assert ia.ideal == pytest.approx(32 / 8.0625)
     assert ia.measured == pytest.approx(2.8) and not ia.passed  # 2.8 / 3.97 = 71 %
-    assert "PASS" in render_comm.target_line(rb) and "MISS" in render_comm.target_line(ia)
+    assert "PASS" in render.target_line(rb) and "MISS" in render.target_line(ia)
     # The link: the fp32 allreduce put 64 MiB on the wire in 0.56 s; 16 MiB take 0.14 s of 0.2.
     assert ia.link_GBps == pytest.approx(64 * MIB / 0.56 / 1e9)
     assert ia.link_s == pytest.approx(0.14) and ia.link_fraction == pytest.approx(0.7)
-    assert "carries its 16 MiB in 140 ms, 70% of its 200 ms" in render_comm.target_line(ia)
+    assert "carries its 16 MiB in 140 ms, 70% of its 200 ms" in render.target_line(ia)
 
 
 def test_a_target_needs_95_percent_of_ideal() -> None:
@@ -140,7 +140,7 @@ def test_show_prints_tables_and_targets(capsys: pytest.CaptureFixture[str]) -> N
         row("reduce-broadcast", "qsgd-4b-b512", 64 * MIB, 0.08, bits_per_value=4.0625),
         row("reduce-broadcast+overlap4", "qsgd-4b-b512", 64 * MIB, 0.07, bits_per_value=4.0625),
     ]
-    render_comm.show(CommResult(s, rows, ["a note"], []))
+    render.show(CommResult(s, rows, ["a note"], []))
     text = capsys.readouterr().out
     assert "speedup over fp32 allreduce" in text and "7.00" in text
     assert "target: reduce-broadcast qsgd-4b-b512" in text and "PASS" in text
@@ -191,7 +191,7 @@ def test_settings_defaults_and_errors() -> None:
 
 
 class _Comm:
-    """Enough of a Comm for ``comm_worker._calls``: logs barriers and calls in order."""
+    """Enough of a Comm for ``worker._calls``: logs barriers and calls in order."""
 
     def __init__(self) -> None:
         self.bytes_sent = 0
@@ -220,19 +220,19 @@ def test_stream_mode_runs_calls_back_to_back(sync: str, expected: list[str]) -> 
     """barrier: every call starts aligned; stream: one barrier before the warm-up and one before
     the timed calls (2 warm-up + 2 timed here), as in a training loop."""
     cm = _Comm()
-    sched = comm_worker.barrier_schedule(sync, 2)
+    sched = worker.barrier_schedule(sync, 2)
     agg: Any = _Agg(cm)
-    rec = comm_worker._calls(cm, agg, torch.zeros(4), 4, lambda: None, sched)  # type: ignore[arg-type]
+    rec = worker._calls(cm, agg, torch.zeros(4), 4, lambda: None, sched)  # type: ignore[arg-type]
     assert cm.log == expected
     assert rec.shape == (4, 5) and rec[:, 4].tolist() == [8.0] * 4
 
 
 def test_gap_keeps_ranks_busy_before_every_call(monkeypatch: pytest.MonkeyPatch) -> None:
     slept: list[float] = []
-    monkeypatch.setattr(comm_worker, "_spin", slept.append)
+    monkeypatch.setattr(worker, "_spin", slept.append)
     cm = _Comm()
-    comm_worker._calls(cm, _Agg(cm), torch.zeros(4), 3, lambda: None,  # type: ignore[arg-type]
-                       comm_worker.barrier_schedule("stream", 1), 0.01)  # fmt: skip
+    worker._calls(cm, _Agg(cm), torch.zeros(4), 3, lambda: None,  # type: ignore[arg-type]
+                  worker.barrier_schedule("stream", 1), 0.01)  # fmt: skip
     assert slept == [0.01] * 3
 
 

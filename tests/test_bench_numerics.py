@@ -13,7 +13,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from qbench.bench import numerics, numerics_gradients
+from qbench.bench import numerics
+from qbench.bench.numerics import gradients
 from qbench.cli import cli
 from qbench.errors import UserError
 from qbench.report import numerics as report_numerics
@@ -90,7 +91,7 @@ def test_fixed_rows_make_a_deterministic_format_fully_biased(tmp_path: Path) -> 
     so the bias is the whole error, far above the noise floor."""
     path = tmp_path / "g.pt"
     torch.save(_x(4, 512), path)
-    source = numerics_gradients.load(path, 0)
+    source = gradients.load(path, 0)
     doc = _run(source, specs=["bf16"], ranks=[4], orders=["allgather"], repeats=4, numel=0)
     s = _rows(doc)[("bf16", "allgather", 4)]
     assert s.bias == pytest.approx(s.median, rel=1e-9)
@@ -173,13 +174,13 @@ def test_bad_gradient_files(tmp_path: Path) -> None:
     torch.save(torch.zeros(2, 4, dtype=torch.int32), ints)
     torch.save(torch.randn(3, 16), small)
     with pytest.raises(UserError, match=r"a 1-D torch\.float32 tensor"):
-        numerics_gradients.load(one_d)
+        gradients.load(one_d)
     with pytest.raises(UserError, match="2-D float tensor"):
-        numerics_gradients.load(ints)
+        gradients.load(ints)
     with pytest.raises(UserError, match="does not exist"):
-        numerics_gradients.load(tmp_path / "none.pt")
+        gradients.load(tmp_path / "none.pt")
     with pytest.raises(UserError, match="--ranks 4 needs 4 gradient rows, the gradients file has"):
-        numerics.measure(numerics.settings(ranks=[2, 4]), numerics_gradients.load(small))
+        numerics.measure(numerics.settings(ranks=[2, 4]), gradients.load(small))
 
 
 def test_cli_runs_and_writes_json_and_figure(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The reduction orders of ``qbench bench numerics`` (qbench.bench.numerics_orders): each against
+"""The reduction orders of ``qbench bench numerics`` (qbench.bench.numerics.orders): each against
 its encode sequence written out by hand (only what travels is rounded), the draws of every
 encode apart from every other's, and the integer order against a numpy reference written from
 the formats' definitions."""
@@ -14,7 +14,7 @@ import torch
 
 from qbench import compress
 from qbench.aggregate.base import split_ranges
-from qbench.bench import numerics_orders as orders
+from qbench.bench.numerics import orders
 from qbench.compress import Key, integer_sum
 from qbench.compress.kernels.draws import uniform
 

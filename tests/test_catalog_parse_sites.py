@@ -25,8 +25,8 @@ PARSE_SITES = {
     # the command line and bench's own input
     ("cli/cost/configs.py", "scheme_option"): "qbench cost --scheme",
     ("cli/cost/configs.py", "compressor_info"): "qbench cost --compressor",
-    ("bench/comm.py", "settings"): "bench comm's --scheme / --compressor",
-    ("bench/comm.py", "plan"): "bench comm's settings, JSON mappings (its results file keeps them)",
+    ("bench/comm/__init__.py", "settings"): "bench comm's --scheme / --compressor",
+    ("bench/comm/__init__.py", "plan"): "bench comm's JSON settings (its results file keeps them)",
     # the Python API: a user's own arguments
     ("compress/__init__.py", "from_spec"): "compress.build / from_spec arguments",
     ("compress/base.py", "__init__"): "a codec's constructor, QSGD(bits=4)",

@@ -10,8 +10,8 @@ import pytest
 
 from qbench.errors import UserError
 from qbench.records.store import ResultStore
-from qbench.report import ab_report as report
-from qbench.report import ab_stats as compare
+from qbench.report.ab import report
+from qbench.report.ab import stats as compare
 from tests.cli import qbench
 from tests.test_report import add_run, labels, rows_for
 

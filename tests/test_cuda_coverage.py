@@ -1,6 +1,6 @@
 """Every line of the CUDA kernels runs in the normal suite: gcov on the emulated build.
 
-``make cuda-coverage`` prints the same report (qbench/compress/kernels/cuda_coverage.py).
+``make cuda-coverage`` prints the same report (qbench/compress/kernels/cuda/coverage.py).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from qbench.compress.kernels import cuda_coverage
+from qbench.compress.kernels.cuda import coverage as cuda_coverage
 from tests import compiled
 
 

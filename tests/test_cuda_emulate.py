@@ -2,7 +2,7 @@
 
 Every launch goes the way it goes on a GPU: compressor -> native.kernels_for -> cuda.CUDA (its
 launch configuration and argument conversion) -> cuda._launch, which hands CPU tensors to the
-emulator under QBENCH_CUDA=emulate (qbench/compress/kernels/cuda_emulate.py,
+emulator under QBENCH_CUDA=emulate (qbench/compress/kernels/cuda/emulate.py,
 docs/cuda-emulation.md).
 """
 
@@ -17,7 +17,8 @@ import torch
 
 from qbench.compress import integer_sum
 from qbench.compress.base import Key
-from qbench.compress.kernels import cuda, cuda_emulate, native
+from qbench.compress.kernels import cuda, native
+from qbench.compress.kernels.cuda import emulate as cuda_emulate
 from qbench.compress.lowfloat import NVFP4
 from qbench.compress.onebit import OneBit
 from qbench.compress.qsgd import QSGD

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from qbench.compress.kernels import cuda_emulate, cuda_racecheck
+from qbench.compress.kernels.cuda import emulate as cuda_emulate
+from qbench.compress.kernels.cuda import racecheck as cuda_racecheck
 from tests import compiled
 
 RACY = Path(__file__).parent / "cuda" / "racy.cu"

@@ -13,10 +13,10 @@ import pytest
 
 from qbench.records.schema import RunRecord, iterations_frame
 from qbench.records.store import INDEX_MD, SUMMARY_MD, ResultStore, atomic_write_json
-from qbench.report import ab_report as comparison_mod
-from qbench.report import ab_stats as compare
 from qbench.report import names, stats
 from qbench.report import tables as report
+from qbench.report.ab import report as comparison_mod
+from qbench.report.ab import stats as compare
 from qbench.report.plots import utility as plots_utility
 from tests.test_interference import _doc
 

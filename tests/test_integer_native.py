@@ -112,8 +112,8 @@ def test_the_units_kernels_refuse_bad_arguments_naming_the_call(
 ) -> None:
     """A non-zero return of qb_lf_units_* is an error naming the C function and its code."""
     from qbench.compress.kernels import abi
-    from qbench.compress.kernels import native_units as nu
     from qbench.compress.kernels.abi import LowFloatFormat
+    from qbench.compress.kernels.native import units as nu
 
     lib = native.int_kernels()
     no_block = LowFloatFormat("mx", "e4m3", 0, False)

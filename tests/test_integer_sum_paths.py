@@ -18,7 +18,9 @@ import torch
 from qbench.compress import from_spec
 from qbench.compress import integer_sum as ia
 from qbench.compress.base import Key
-from qbench.compress.kernels import cuda_emulate, native, native_units
+from qbench.compress.kernels import native
+from qbench.compress.kernels.cuda import emulate as cuda_emulate
+from qbench.compress.kernels.native import units as native_units
 from qbench.compress.kernels.rng import uniform_reference
 from tests import compiled
 

@@ -19,7 +19,8 @@ import torch
 from qbench import aggregate
 from qbench.compress import from_spec, integer_sum
 from qbench.compress.base import Key
-from qbench.compress.kernels import cuda, cuda_emulate, native
+from qbench.compress.kernels import cuda, native
+from qbench.compress.kernels.cuda import emulate as cuda_emulate
 from qbench.timing import PhaseTimer
 from tests import compiled
 from tests.test_cuda import needs_gpu

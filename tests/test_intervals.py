@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from qbench.records.store import ResultStore
-from qbench.report import ab_stats as compare
 from qbench.report import intervals, stats
+from qbench.report.ab import stats as compare
 from tests.cli import qbench
 from tests.test_report import BATCH, MEASURED, add_run, labels, rows_for
 
@@ -112,7 +112,7 @@ def test_fail_if_slower_gate(tmp_path: Path) -> None:
 
 
 def test_comparison_shows_samples(tmp_path: Path) -> None:
-    from qbench.report import ab_report as comparison
+    from qbench.report.ab import report as comparison
 
     a = _repeated(tmp_path / "a", 3, {"fp32": 1.0})
     b = _repeated(tmp_path / "b", 3, {"fp32": 1.0})

@@ -23,7 +23,8 @@ import torch
 from qbench.compress import from_spec
 from qbench.compress import minifloat as mf
 from qbench.compress.base import Payload
-from qbench.compress.kernels import cuda, cuda_emulate, native
+from qbench.compress.kernels import cuda, native
+from qbench.compress.kernels.cuda import emulate as cuda_emulate
 from qbench.compress.lowfloat import ScaledFloat
 from tests import compiled
 

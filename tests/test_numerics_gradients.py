@@ -1,4 +1,4 @@
-"""``bench numerics --gradients FILE`` (qbench.bench.numerics_gradients.load): each way a file
+"""``bench numerics --gradients FILE`` (qbench.bench.numerics.gradients.load): each way a file
 can be wrong is one line naming it, and a good file gives its rows cut to ``numel``. The
 mutation run of issue 44 found these messages and edges untested (tests/test_bench_numerics.py
 holds the measurements)."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from qbench.bench.numerics_gradients import FileGradients, load
+from qbench.bench.numerics.gradients import FileGradients, load
 from qbench.errors import UserError
 
 

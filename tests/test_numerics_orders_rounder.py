@@ -1,4 +1,4 @@
-"""qbench.bench.numerics_orders beyond each order's hand-computed sequence
+"""qbench.bench.numerics.orders beyond each order's hand-computed sequence
 (tests/test_bench_numerics_orders.py): the ring's hop order at three ranks, the Rounder's
 ranges (what stays home, rows cut inside, empty messages), which messages it merges into one
 call and how large a call may grow, the bucket grid of codecs whose bucket length is odd or
@@ -14,7 +14,7 @@ import torch
 
 from qbench import compress
 from qbench.aggregate.base import split_ranges
-from qbench.bench import numerics_orders as orders
+from qbench.bench.numerics import orders
 from qbench.compress import integer_sum
 from tests.test_bench_numerics_orders import STOCHASTIC, _roundtrip, _x
 

@@ -125,7 +125,7 @@ def test_progress_lines_counts_and_times() -> None:
 
 def test_the_call_budget_is_inclusive() -> None:
     """``--max-calls N`` runs an order that needs exactly N encode calls."""
-    from qbench.bench import numerics_orders as orders
+    from qbench.bench.numerics import orders
     from qbench.compress import from_spec
 
     comp = from_spec("fp8")  # one scale per tensor: every message is an encode call
@@ -139,7 +139,7 @@ def test_each_codecs_grid_and_each_orders_calls() -> None:
     """The bucket grid a codec's calls may be merged on: 1 for a per-value cast, the scale's
     block (from the catalog, else the codec's bucket_size: 1bitSGD), None for a per-tensor
     scale; and the encode calls one sample of each order makes at K ranks."""
-    from qbench.bench import numerics_orders as orders
+    from qbench.bench.numerics import orders
     from qbench.compress import from_spec
 
     grids = {s: orders.grid(from_spec(s)) for s in

@@ -20,7 +20,8 @@ import torch
 
 from qbench.compress import Key, from_spec, integer_sum
 from qbench.compress import blockscale as bs
-from qbench.compress.kernels import cuda_emulate, native
+from qbench.compress.kernels import native
+from qbench.compress.kernels.cuda import emulate as cuda_emulate
 from qbench.compress.lowfloat import ScaledFloat
 from tests import compiled
 

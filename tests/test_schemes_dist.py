@@ -109,7 +109,11 @@ def ranks_of(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int], R
     def get(backend: str, world: int) -> Ranks:
         if (backend, world) not in cache:
             cases = CASES if world == 2 else CASES_4
-            cases = [c for c in cases if incompatibility(backend, c["scheme"], c["comp"]) is None]
+            cases = [
+                c
+                for c in cases
+                if incompatibility(backend, c["scheme"], catalog.compressor(c["comp"])) is None
+            ]
             out = tmp_path_factory.mktemp(f"{backend}-w{world}")
             argv = [here("dist_schemes_prog.py"), backend, json.dumps(cases), str(out)]
             try:
@@ -366,7 +370,7 @@ def test_integer_allreduce_worst_case_does_not_overflow(
 def test_allreduce_16bit_equals_mean_to_16bit_tolerance(
     ranks_of, backend: str, id_: str, unit: float
 ) -> None:
-    if incompatibility(backend, "allreduce", BY_ID[id_]["comp"]):
+    if incompatibility(backend, "allreduce", catalog.compressor(BY_ID[id_]["comp"])):
         pytest.skip(f"{backend} cannot sum {id_}: excluded by the matrix")
     recs = records(ranks_of, backend, id_)
     for step in range(STEPS):

@@ -1,6 +1,6 @@
-// Fused CPU loops of the QSGD and 1bitSGD compressors: C99, one thread per call (native.py cuts
+// Fused CPU loops of the QSGD and 1bitSGD compressors: C99, one thread per call (native/ cuts
 // large tensors into ranges and calls these on several threads at once), raw pointers,
-// loaded with ctypes by qbench/compress/native.py, which builds it as
+// loaded with ctypes by qbench/compress/kernels/native/, which builds it as
 //   cc -O3 -funroll-loops -march=native -std=c99 -ffp-contract=off -fno-math-errno -fPIC -shared
 // Payloads are byte-identical to the torch reference (qbench/compress/qsgd.py, onebit.py): the
 // per-element maths is kernels/qsgd_math.h, shared with the CUDA kernels.

@@ -1,6 +1,6 @@
 // CUDA's device side for a host C++ compiler: kernels/*.cu compile unmodified against this
 // header and run on CPU fibers, one per CUDA thread (kernels/emulate/cuda_emu_runtime.cpp).
-// qbench/compress/cuda_emulate.py generates the translation unit: this header, one
+// qbench/compress/kernels/cuda/emulate.py generates the translation unit: this header, one
 // EMU_DYNAMIC_SHARED per `extern __shared__` array, the .cu files, one EMU_KERNEL per kernel.
 //
 // What is modelled, because GPU bugs live there: threads of a block interleave only where the

@@ -6,10 +6,10 @@
 //   1: the highest-numbered one; blocks from the last;
 //   2+: seeded random: a random thread at every switch, switches at yield points too (reads of
 //       threadIdx / blockDim, float intrinsics, atomics), blocks shuffled.
-// A race-free kernel writes the same bytes under every schedule; qbench/compress/cuda_racecheck.py
-// compares them (QBENCH_CUDA=racecheck). Misuse a GPU would hang on or leave undefined
-// (a barrier not every thread reaches, a shuffle mask naming absent lanes, too many threads or
-// too much shared memory) stops the launch with a message instead.
+// A race-free kernel writes the same bytes under every schedule; the race check compares them
+// (qbench/compress/kernels/cuda/racecheck.py, QBENCH_CUDA=racecheck). Misuse a GPU would hang on
+// or leave undefined (a barrier not every thread reaches, a shuffle mask naming absent lanes, too
+// many threads or too much shared memory) stops the launch with a message instead.
 #include "cuda_emu_runtime.h"
 #include "cuda_emu_fiber.h"
 
@@ -351,7 +351,7 @@ bool register_shared(void *(*address)(), size_t bytes) {
 
 }  // namespace emu
 
-// -- the C entry points qbench/compress/cuda_emulate.py loads with ctypes ------------------------
+// -- the C entry points qbench/compress/kernels/cuda/emulate.py loads with ctypes ----------------
 EMU_EXPORT int emu_kernel_count() { return static_cast<int>(emu::kernels().size()); }
 
 EMU_EXPORT const char *emu_kernel_name(int i) { return emu::kernels().at(i).name; }

@@ -1,7 +1,7 @@
 // The runtime behind kernels/emulate/cuda_emu.h: CUDA threads as fibers on the calling OS
 // thread, blocks one after another, a scheduler that picks which thread runs next. Kernels never
-// include this directly; qbench/compress/cuda_emulate.py drives it through the C entry points
-// at the end of cuda_emu_runtime.cpp (docs/cuda-emulation.md).
+// include this directly; qbench/compress/kernels/cuda/emulate.py drives it through the C entry
+// points at the end of cuda_emu_runtime.cpp (docs/cuda-emulation.md).
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -1,5 +1,7 @@
 """Kernel benchmark results for people: one rich table per size, then the targets it touches
-and a caption saying what the roofline columns mean."""
+and a caption saying what the roofline columns mean; and the consoles (``out``, ``err``) and
+number formats (``seconds``, ``nbytes``) that ``comm.render`` and ``qbench bench numerics``
+print with."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 order, and which compressors and schemes call the kernels. ``qbench.compress.kernels.native`` builds
 with the compiler found here; the sweep's pre-flight (``qbench.launch.preflight``) checks for
 it before any run starts, since a run without one silently measures the slower torch codecs.
-The CUDA emulator (``qbench.compress.kernels.cuda_emulate``) builds kernels/*.cu with the C++
+The CUDA emulator (``qbench.compress.kernels.cuda.emulate``) builds kernels/*.cu with the C++
 compiler found here.
 """
 

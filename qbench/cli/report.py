@@ -10,8 +10,10 @@ from rich.markup import escape
 
 from qbench.cli import options
 from qbench.cli.console import err
-from qbench.report import ab_report, ab_stats, disturbed
+from qbench.report import disturbed
 from qbench.report import tables as report_mod
+from qbench.report.ab import report as ab_report
+from qbench.report.ab import stats as ab_stats
 
 
 @click.command()

@@ -29,34 +29,23 @@ if TYPE_CHECKING:
 
     from torch import nn
 
-    from qbench.comm.base import Comm
-
 __all__ = ["comm_hook", "register"]
 
 
-def comm_hook(
-    name: str,
-    *,
-    exchange: str = "reduce-broadcast",
-    seed: int = 0,
-    comm: Comm | None = None,
-    spec_for: Callable[[Any], dict[str, Any]] | None = None,
-    **params: Any,
-) -> tuple[Any, Callable[..., Any]]:
+def comm_hook(name: str, **options: Any) -> tuple[Any, Callable[..., Any]]:
     """``(state, hook)`` for ``DistributedDataParallel.register_comm_hook``.
 
-    ``name`` and ``params`` are a compressor spec as in a scenario (``qsgd``, ``bits=4``).
-    ``comm``: qbench's communicator over the process group (default: the default group, which
-    must be initialised). ``spec_for`` gives the compressor spec per parameter (the layer
-    policy); default: every tensor uses this one.
+    ``name`` and the compressor's parameters among ``options`` are a compressor spec as in a
+    scenario (``qsgd``, ``bits=4``). The other options: ``exchange`` (default
+    ``reduce-broadcast``); ``seed`` (0); ``comm``, qbench's communicator over the process
+    group (default: the default group, which must be initialised); ``spec_for``, the
+    compressor spec per parameter (the layer policy; default: every tensor uses this one).
     """
     # torch: loaded when a hook is built; importing the package loads none (the cost model
     # reads qbench.ddp.timeline)
     from qbench.ddp import hooks
 
-    return hooks.comm_hook(
-        name, exchange=exchange, seed=seed, comm=comm, spec_for=spec_for, **params
-    )
+    return hooks.comm_hook(name, **options)
 
 
 def register(ddp_model: nn.parallel.DistributedDataParallel, name: str, **kwargs: Any) -> Any:

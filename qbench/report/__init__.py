@@ -1,5 +1,5 @@
 """From result files to answers: summaries, tables, the page, figures.
 
 Summaries (``stats``, pure pandas), tables (``tables``), the report page (``page``),
-comparisons (``compare``) and figures (``plots*``). Reads files only: never torch, the worker
+A/B comparisons (``ab``) and figures (``plots``). Reads files only: never torch, the worker
 or a launcher."""

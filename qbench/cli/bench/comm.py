@@ -1,5 +1,5 @@
 """``qbench bench comm``: a size sweep of gradient aggregation across ranks (qbench.bench.comm,
-printed by qbench.bench.render_comm)."""
+printed by qbench.bench.comm.render)."""
 
 from __future__ import annotations
 
@@ -53,8 +53,8 @@ def comm(
         min_bytes=min_bytes, max_bytes=max_bytes, step_factor=step_factor, repeats=repeats,
         warmup=warmup, bandwidth=bandwidth, sync=sync, gap_ms=gap_ms,
     )  # fmt: skip
-    from qbench.bench import (
-        render_comm,  # torch: loaded when the command runs, so that its --help stays fast
+    from qbench.bench.comm import (
+        render,  # torch: loaded when the command runs, so that its --help stays fast
     )
 
-    render_comm.command(s, Path(json_path) if json_path else None)
+    render.command(s, Path(json_path) if json_path else None)

@@ -17,7 +17,7 @@ from qbench.report import numerics as report_numerics
 from qbench.report.plots import numerics as plots_numerics
 
 if TYPE_CHECKING:
-    from qbench.bench.numerics_gradients import GradientSource
+    from qbench.bench.numerics.gradients import GradientSource
 
 
 @click.command(cls=ListCommand)
@@ -90,15 +90,15 @@ def numerics(
 
 def _gradients(model: str | None, path: str | None, numel: int, batch_size: int) -> GradientSource:
     """The ranks' gradients: a saved tensor or a zoo model's (mlp unless told)."""
-    from qbench.bench import (
-        numerics_gradients,  # torch: loaded when the command runs, so that its --help stays fast
+    from qbench.bench.numerics import (
+        gradients,  # torch: loaded when the command runs, so that its --help stays fast
     )
     from qbench.run.gradients import ModelGradients
 
     if path is not None:
         if model is not None:
             raise UserError("give --model or --gradients, not both; e.g. `--gradients g.pt`")
-        return numerics_gradients.load(Path(path), numel)
+        return gradients.load(Path(path), numel)
     spec = spec_syntax.parse_cli(model or "mlp")
     params = {k: v for k, v in spec.items() if k != "name"}
     return ModelGradients(spec["name"], params, numel=numel, batch_size=batch_size)

@@ -4,7 +4,7 @@ build cache are, the C enums, the wire formats as the kernels take them (``QsgdF
 that no path repeats that marshalling), the ``Kernels`` interface a path offers the compressors
 with the payload check its callers make, and what the paths do alike (a decode's target, error
 feedback's residuals, a switch set for one block). ``native`` (C on CPU), ``cuda`` (CuPy) and
-``cuda_emulate`` (the CUDA kernels on CPU threads) import it; it imports none of them, so the
+``cuda.emulate`` (the CUDA kernels on CPU threads) import it; it imports none of them, so the
 paths do not import each other in a circle.
 """
 

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from qbench.compress.kernels.cuda_args import Marshalled, c_type
+from qbench.compress.kernels.cuda.args import Marshalled, c_type
 
 SCHEDULES = (0, 1, 2, 3)
 _NAMES = {0: "threads in order", 1: "threads and blocks reversed"}

@@ -1,4 +1,4 @@
-"""``qbench report A B``: the A/B comparison (:mod:`qbench.report.ab_stats`) as people read it:
+"""``qbench report A B``: the A/B comparison (:mod:`qbench.report.ab.stats`) as people read it:
 ``B/report/compare.{csv,md}``, a terminal table, failed runs of both sides, the warning when
 configurations rest on fewer than 3 runs per side.
 
@@ -18,7 +18,8 @@ from rich.table import Table
 
 from qbench.errors import choice_error
 from qbench.records.store import COMPARE_CSV, COMPARE_MD, ResultStore, atomic_write_bytes
-from qbench.report import ab_stats, disturbed, names, stats
+from qbench.report import disturbed, names, stats
+from qbench.report.ab import stats as ab_stats
 from qbench.report.tables import (
     FORMATS,
     NA,
@@ -46,7 +47,7 @@ def write_comparison(
     a: Path | str, b: Path | str, fmt: str | None = "table", out: TextIO | None = None,
     include_disturbed: bool = False,
 ) -> tuple[Path, Path, pd.DataFrame]:  # fmt: skip
-    """Compare ``b`` against baseline ``a`` (:mod:`qbench.report.ab_stats`); write
+    """Compare ``b`` against baseline ``a`` (:mod:`qbench.report.ab.stats`); write
     ``b/report/compare.{csv,md}`` and print the table in ``fmt``; failed runs of both listed,
     and the disturbed runs left out (compared with ``include_disturbed``)."""
     if fmt is not None and fmt not in FORMATS:

@@ -35,8 +35,10 @@ def over_ranks(rank_samples: Sequence[Sequence[float]]) -> list[float]:
     return [max(call) for call in zip(*rank_samples, strict=True)]
 
 
-@dataclass(frozen=True, kw_only=True)
-class CommRow:
+@dataclass(frozen=True)
+class Point:
+    """Where a row was measured and what it sent: the fields every result row starts with."""
+
     backend: str
     world_size: int
     network: str
@@ -44,6 +46,10 @@ class CommRow:
     compressor: str
     bytes: int
     """fp32 gradient size."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommRow(Point):
     time_s: float
     """Median over timed repeats of the max over ranks."""
     algbw_GBps: float
@@ -100,13 +106,7 @@ def summarize(raw: dict[str, Any], network_label: str) -> CommRow:
 
 
 @dataclass(frozen=True)
-class Speedup:
-    backend: str
-    world_size: int
-    network: str
-    scheme: str
-    compressor: str
-    bytes: int
+class Speedup(Point):
     speedup: float
     """time(fp32 allreduce) / time(this)."""
 

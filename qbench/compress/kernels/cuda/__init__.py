@@ -7,7 +7,12 @@ so they are ordered with the surrounding torch work without synchronising. Selec
 ``why_unavailable()`` saying why, when CuPy is missing (``pip install 'qbench[cuda12]'`` or
 ``'qbench[cuda13]'``), no GPU is visible or the sources do not compile. Under
 ``QBENCH_CUDA=emulate`` CPU tensors take this path too, run by
-``qbench.compress.kernels.cuda_emulate``.
+``qbench.compress.kernels.cuda.emulate``.
+
+The package's submodules: ``args`` (the arguments marshalled as CuPy passes them, checked
+against the kernels' parameters), ``emulate`` (the kernels on CPU threads), ``racecheck`` (its
+race detector) and ``coverage`` (the kernels' line coverage under it,
+``python -m qbench.compress.kernels.cuda.coverage``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from qbench.compress.kernels import cuda_emulate
 from qbench.compress.kernels.abi import (
     Empty,
     Kernels,
@@ -31,6 +35,7 @@ from qbench.compress.kernels.abi import (
     kernel_dir,
 )
 from qbench.compress.kernels.buckets import num_buckets, tree_width
+from qbench.compress.kernels.cuda import emulate
 
 _SOURCES = {
     "qsgd.cu": ("qb_qsgd_encode_fused", "qb_qsgd_scales", "qb_qsgd_quantize", "qb_qsgd_decode"),
@@ -101,12 +106,12 @@ def _launch(
     """Run one kernel on torch's current stream; tensors in args cross via DLPack.
 
     CPU tensors come here only under QBENCH_CUDA=emulate / racecheck: the same launch then runs
-    in the emulator (qbench.compress.kernels.cuda_emulate), which reads the arguments as the
+    in the emulator (qbench.compress.kernels.cuda.emulate), which reads the arguments as the
     driver would.
     """
     grid = max(1, min(blocks, _MAX_BLOCKS))
     if device.type == "cpu":
-        cuda_emulate.launch(_SOURCES, name, grid, threads, args, smem)
+        emulate.launch(_SOURCES, name, grid, threads, args, smem)
         return
     import cupy
 
@@ -119,13 +124,13 @@ def _launch(
 
 def emulator_unavailable() -> str:
     """Why QBENCH_CUDA=emulate cannot run these kernels on CPU tensors ('' when it can)."""
-    return cuda_emulate.why_unavailable(_SOURCES)
+    return emulate.why_unavailable(_SOURCES)
 
 
 def emulator_build_error() -> str:
     """The emulator's compile error when a C++ compiler is here ('' when it builds, or when
     there is no compiler: then it is only unavailable)."""
-    return cuda_emulate.build_error(_SOURCES)
+    return emulate.build_error(_SOURCES)
 
 
 def _bucket_threads(per_bucket: int) -> int:
@@ -317,7 +322,7 @@ class _CUDAKernels:
 
 
 # The formats' parameters as the .cu kernels declare them: CuPy passes each argument with its
-# own type's size, so an int32 parameter needs an np.int32 (cuda_args).
+# own type's size, so an int32 parameter needs an np.int32 (cuda.args).
 def _qsgd(fmt: QsgdFormat) -> tuple[np.int64, np.int32, np.int32]:
     """bucket_size, bits, layout: what every qsgd.cu kernel takes, in this order."""
     bucket_size, bits, layout = fmt.codec

@@ -1,6 +1,6 @@
 """Collective benchmark in the style of nccl-tests: a size sweep of one gradient aggregation.
 
-For each backend x world size, ONE launch of ``qbench.bench.comm_worker`` (torchrun / mpirun,
+For each backend x world size, ONE launch of ``qbench.bench.comm.worker`` (torchrun / mpirun,
 or one network namespace per rank with ``bandwidth``) loops over sizes x schemes x compressors
 and writes raw per-rank samples; everything below that turns them into numbers is pure.
 
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from qbench import catalog
-from qbench.bench.comm_results import (  # noqa: F401  # the bench's public numbers
+from qbench.bench.comm.results import (  # noqa: F401  # the bench's public numbers
     TARGETS,
     CommRow,
     Speedup,
@@ -61,7 +61,7 @@ from qbench.spec import network, rules
 from qbench.spec.network import Link
 
 SCHEMA = "qbench.bench.comm/1"
-WORKER_MODULE = "qbench.bench.comm_worker"
+WORKER_MODULE = "qbench.bench.comm.worker"
 DEFAULT_COMPRESSORS = ("none", "fp16", "qsgd:bits=4,bucket_size=512")
 BASELINE = ({"name": "allreduce"}, {"name": "none"})
 """fp32 allreduce: the reference of every speedup (added to the sweep when not requested)."""
@@ -195,7 +195,9 @@ def plan(
     for s in schemes:
         for c, spec in parsed:
             what = f"{backend} {scheme_label(s)} {spec.label}"
-            why = rules.incompatibility(backend, s["name"], spec, params=_params(s), collective=True)
+            why = rules.incompatibility(
+                backend, s["name"], spec, params=_params(s), collective=True
+            )
             if why:
                 notes.append(f"skipped {what}: {why}")
             else:

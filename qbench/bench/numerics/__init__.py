@@ -3,7 +3,7 @@ simulated ranks (one process; no torch.distributed): ``qbench bench numerics``.
 
 For K = 2 .. 1024 the rows of a gradient source stand for the ranks' float32 gradients (real
 ones: a zoo model's on its own mini-batch per rank, ``qbench.run.gradients``, or rows of a saved
-tensor); every compressor x every order of ``qbench.bench.numerics_orders`` turns them into
+tensor); every compressor x every order of ``qbench.bench.numerics.orders`` turns them into
 the averaged gradient, which is compared in float64 with the float64 mean of the rows:
 
 * relative error ||est - mean|| / ||mean|| and cosine similarity, one sample per repeat;
@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from qbench import catalog, compress
-from qbench.bench import numerics_orders as orders
-from qbench.bench.numerics_gradients import GradientSource
+from qbench.bench.numerics import orders
+from qbench.bench.numerics.gradients import GradientSource
 from qbench.catalog import specs
 from qbench.compress import integer_sum
 from qbench.errors import UserError, choice_error

@@ -23,7 +23,8 @@ as many as torch's intra-op threads (:func:`threads`). The draws are keyed by el
 each range is passed its offset, so the bytes do not depend on the thread count.
 
 Why one module: the ctypes signatures, the build flags and ABI_VERSION must change together
-with ``kernels/cpu/qbench_cpu.c``; split apart they drift.
+with ``kernels/cpu/qbench_cpu.c``; split apart they drift. Only the integer view's three C calls
+live apart, in ``units`` (this package's one submodule).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ import torch
 
 from qbench.catalog import toolchain
 from qbench.compress.base import Key
-from qbench.compress.kernels import native_units, rng
+from qbench.compress.kernels import rng
 from qbench.compress.kernels.abi import (
     Kernels,
     LowFloatEncoded,
@@ -60,6 +61,7 @@ from qbench.compress.kernels.abi import (
     restored,
 )
 from qbench.compress.kernels.buckets import levels_nbytes, num_buckets
+from qbench.compress.kernels.native import units
 from qbench.errors import UserError
 
 BACKENDS = ("auto", "torch", "native")
@@ -150,16 +152,15 @@ def _compiled_for(device: torch.device) -> tuple[Kernels | None, str]:
 
 def _emulated_cuda() -> Kernels | None:
     """The CUDA path for CPU tensors when QBENCH_CUDA asks for the emulator, else None."""
-    from qbench.compress.kernels import cuda_emulate
+    from qbench.compress.kernels import cuda
+    from qbench.compress.kernels.cuda import emulate
 
-    wanted = cuda_emulate.mode()
+    wanted = emulate.mode()
     if wanted == "off":
         return None
-    from qbench.compress.kernels import cuda
-
     reason = cuda.emulator_unavailable()
     if reason:  # asked for by name: running the C loops instead would hide that
-        env = cuda_emulate.ENV_CUDA
+        env = emulate.ENV_CUDA
         fix = (
             f"{toolchain.CXX_FIX}, or unset"
             if toolchain.find_cxx_compiler() is None
@@ -528,19 +529,19 @@ class _CPUKernels:
         return out
 
     def units_divisors(self, amax: torch.Tensor, fmt: LowFloatFormat) -> torch.Tensor:
-        return native_units.divisors(_library(), amax, fmt)
+        return units.divisors(_library(), amax, fmt)
 
     def units_encode(
         self, x: torch.Tensor, divisors: torch.Tensor, fmt: LowFloatFormat, key_hash: int,
         offset: int, dtype: torch.dtype,
     ) -> torch.Tensor:  # fmt: skip
-        return native_units.encode(_library(), x, divisors, fmt, key_hash, offset, dtype)
+        return units.encode(_library(), x, divisors, fmt, key_hash, offset, dtype)
 
     def units_decode(
         self, sums: torch.Tensor, divisors: torch.Tensor, fmt: LowFloatFormat, world_size: int,
         out: torch.Tensor,
     ) -> torch.Tensor:  # fmt: skip
-        return native_units.decode(_library(), sums, divisors, fmt, world_size, out)
+        return units.decode(_library(), sums, divisors, fmt, world_size, out)
 
 
 def _library() -> ctypes.CDLL:

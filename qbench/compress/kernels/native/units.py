@@ -1,7 +1,7 @@
 """The C ends of the integer view of FP8 / MX / NVFP4 (``qbench.compress.integer_sum``'s
 ``FloatUnits``): ``qb_lf_units_divisors`` / ``_encode`` / ``_decode`` of kernels/cpu/qbench_cpu.c on
 the library ``qbench.compress.kernels.native`` loads (and declares the signatures of). Apart from
-native only to keep that module's size in check; one thread per call, as a rank runs.
+the package's ``__init__`` only to keep its size in check; one thread per call, as a rank runs.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Per-rank entry of ``qbench bench comm``: ``python -m qbench.bench.comm_worker CONFIG.json``.
+"""Per-rank entry of ``qbench bench comm``: ``python -m qbench.bench.comm.worker CONFIG.json``.
 
 Under torchrun / mpirun (or one network namespace per rank). For every size, a deterministic
 per-rank gradient and its exact mean (float64 allreduce, untimed); then for every (scheme,

@@ -1,5 +1,5 @@
 """Line coverage of the CUDA kernels run by the emulator
-(python -m qbench.compress.kernels.cuda_coverage).
+(python -m qbench.compress.kernels.cuda.coverage).
 
 Builds the emulated kernels with gcov counters (-O0 --coverage) in a fresh directory, runs every
 kernel of qbench.compress.kernels.cuda through the compressors as QBENCH_CUDA=emulate does (both
@@ -30,7 +30,8 @@ import torch
 from qbench.compress import from_spec, integer_sum
 from qbench.compress.base import Key
 from qbench.compress.kernels import abi as kernel_abi
-from qbench.compress.kernels import cuda, cuda_emulate, native
+from qbench.compress.kernels import cuda, native
+from qbench.compress.kernels.cuda import emulate
 from qbench.compress.lowfloat import FP8, MX, NVFP4
 from qbench.compress.onebit import OneBit
 from qbench.compress.qsgd import QSGD
@@ -137,12 +138,12 @@ def measure(keep: Path | None = None) -> Report:
     """Build with counters, run exercise(), read the counts; gcov's sources into keep if given."""
     with tempfile.TemporaryDirectory(prefix="qbench-cuda-coverage-") as tmp:
         build = Path(tmp)
-        library = cuda_emulate.build(cuda._SOURCES, coverage=True, directory=build)
-        emu = cuda_emulate.Emulator(library)
+        library = emulate.build(cuda._SOURCES, coverage=True, directory=build)
+        emu = emulate.Emulator(library)
         with (
-            cuda_emulate.substituted(cuda._SOURCES, emu),
+            emulate.substituted(cuda._SOURCES, emu),
             native.backend("native"),
-            cuda_emulate.emulation("emulate"),
+            emulate.emulation("emulate"),
         ):
             exercise()
         emu.coverage_dump()
@@ -187,7 +188,7 @@ def _report(data: dict[str, object]) -> Report:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m qbench.compress.kernels.cuda_coverage", description=__doc__.splitlines()[0]
+        prog="python -m qbench.compress.kernels.cuda.coverage", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--out", type=Path, help="keep gcov's annotated sources (*.gcov) here")
     args = parser.parse_args(argv)
