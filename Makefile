@@ -153,8 +153,9 @@ data:
 	  apt-get install -y $(DATA_PACKAGES) || { apt-get update && apt-get install -y $(DATA_PACKAGES); }; \
 	fi
 
-# A real browser for the report page's test (tests/test_page_browser.py loads index.html in
-# headless Chromium, checks images and the console, and saves a screenshot): Debian's chromium.
+# A real browser for the report page's test (tests/report/page/test_page_browser.py loads
+# index.html in headless Chromium, checks images and the console, and saves a screenshot):
+# Debian's chromium.
 BROWSER_PACKAGES ?= chromium
 .PHONY: browser
 browser:

@@ -20,10 +20,11 @@ status=0
 step() { echo "== $*"; "$@" || { echo "!! failed ($?): $*"; status=1; }; }
 
 if [ "${CPU:-0}" = 1 ]; then
-  device=cpu; sizes="16 20"; tests="tests/test_cuda_emulate.py tests/test_lowfloat_kernels.py"
+  device=cpu; sizes="16 20"
+  tests="tests/compress/kernels/cuda/test_cuda_emulate.py tests/compress/kernels/test_lowfloat_kernels.py"
   sweep_set=(--set backend=gloo --set device=cpu --set iterations=5 --set warmup=2)
 else
-  device=cuda; sizes="16 20 24 26"; tests=tests/test_cuda.py; sweep_set=()
+  device=cuda; sizes="16 20 24 26"; tests=tests/compress/kernels/cuda/test_cuda.py; sweep_set=()
   step nvidia-smi -L
   step "$py" -c "import torch, cupy; print('torch', torch.__version__, 'cuda', \
 torch.version.cuda, 'cupy', cupy.__version__, torch.cuda.get_device_name(0))"

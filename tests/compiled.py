@@ -5,8 +5,8 @@ tests skip only where the compiler they need is not installed, saying so and how
 Where it is installed, kernels that do not compile or load, or that fail the load-time check
 of the C random hash against ``qbench.compress.kernels.rng``, fail every such test with the
 compiler's or the check's message. The rule itself is qbench's (``native.build_error``,
-``cuda.emulator_build_error``); ``tests/test_broken_kernels.py`` plants broken sources and
-requires these tests to fail.
+``cuda.emulator_build_error``); ``tests/compress/kernels/test_broken_kernels.py`` plants broken
+sources and requires these tests to fail.
 
 Called from a module's autouse fixture, so a failure is reported per test, not as a collection
 error that would stop the rest of the suite.

@@ -5,7 +5,7 @@ definitions: README "Aggregation schemes and byte accounting", the docstrings of
 ``qbench/aggregate/*.py`` and the byte counts of ``qbench.comm.base`` (an allreduce of S bytes
 puts 2 (K-1)/K S on the wire, nccl-tests' bus bytes; an allgatherv K-1 copies of the own buffer;
 an alltoallv the sends to the K-1 peers). Nothing here imports qbench: the tests compare the
-model with these, and these with literal tables (tests/test_costmodel_reference.py).
+model with these, and these with literal tables (tests/costmodel/test_costmodel_reference.py).
 
 Notation: K ranks, n gradient values, ``bits`` wire bits per value of the compressor,
 P = n bits / 8 payload bytes per rank.

@@ -1,4 +1,4 @@
-"""How a training script with qbench's DDP hook ends (tests/test_ddp_exit.py).
+"""How a training script with qbench's DDP hook ends (tests/ddp/test_ddp_exit.py).
 
 usage: torchrun --standalone --nproc-per-node 2 tests/ddp_exit_prog.py [plain]
        (or two ranks started as torchrun starts them: RANK, WORLD_SIZE, MASTER_ADDR/PORT set)

@@ -7,7 +7,7 @@ test worker (multiprocessing's fork server), with the variables torchrun would g
 how a process starts, and an exec'd rank costs about 8 s of CPU on a 2-core machine before it
 does anything. The program runs as ``python PROG ARGS`` would (``__main__``, its argv, its exit
 handlers), its output in one log. Launches as users make them are tested where that is the
-subject: torchrun in tests/test_ddp_exit.py's README script and process isolation's sweeps,
+subject: torchrun in tests/ddp/test_ddp_exit.py's README script and process isolation's sweeps,
 mpirun here (``mpi``), and the sweeps' own launchers elsewhere.
 """
 

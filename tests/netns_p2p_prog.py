@@ -1,5 +1,6 @@
 """Time point-to-point transfers from rank 0 to every other rank and write the rates as JSON
-(tests/test_netns.py: traffic inside an emulated node never crosses the shaper between nodes).
+(tests/launch/test_netns.py: traffic inside an emulated node never crosses the shaper between
+nodes).
 
 usage: python tests/netns_p2p_prog.py BACKEND MIB REPEATS OUT_JSON
 Rank 0 sends MIB to rank r and waits for a one-value reply, REPEATS times per peer, one peer

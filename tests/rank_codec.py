@@ -1,7 +1,8 @@
 """C(t) as one rank encodes it, for the single-process references of the decentralized schemes
-(tests/test_gossip.py, tests/test_push_sum.py): decode(encode(.)) with that rank's own key
-(qbench.compress.base.Key: the step, the rank, the scheme's stream and the global index where
-each slice starts), slice by slice, so that a bug making every rank draw the same numbers fails.
+(tests/aggregate/test_gossip.py, tests/aggregate/test_push_sum.py): decode(encode(.)) with that
+rank's own key (qbench.compress.base.Key: the step, the rank, the scheme's stream and the global
+index where each slice starts), slice by slice, so that a bug making every rank draw the same
+numbers fails.
 """
 
 from __future__ import annotations

@@ -21,9 +21,8 @@ from qbench.cli import init as init_mod
 from qbench.errors import UserError
 from qbench.run import workload
 from qbench.spec import matrix, scenario
-from tests import cli as qbench_cli
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests import invoke as qbench_cli
+from tests.paths import ROOT
 
 
 # -- errors as the CLI gives them ----------------------------------------------------------------

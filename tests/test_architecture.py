@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-PKG = ROOT / "qbench"
+from tests.paths import PKG, ROOT
+
 STAGES: dict[str, int] = {
     # shared foundations
     "errors": 0, "timing": 1, "catalog": 1,

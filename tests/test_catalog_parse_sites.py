@@ -10,7 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[1] / "qbench"
+from tests.paths import PKG
+
 PARSERS = {"compressor", "scheme"}
 
 PARSE_SITES = {

@@ -20,8 +20,8 @@ import click
 import pytest
 
 from qbench.cli import cli
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SHELL = ("", "sh", "bash", "console", "shell")
 

@@ -22,7 +22,7 @@ from qbench.compress.base import Compressor, Key, Payload
 from qbench.errors import UserError
 from qbench.spec import matrix, scenario
 from qbench.timing import PhaseTimer
-from tests.test_gossip import LocalComm, on_threads
+from tests.aggregate.test_gossip import LocalComm, on_threads
 
 # 1. A compressor: signs only, scaled by the mean |x| (a deterministic 1-bit toy).
 TOY = CompressorEntry(

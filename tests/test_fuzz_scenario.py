@@ -34,7 +34,7 @@ from qbench.errors import UserError
 from qbench.spec import layers, scenario
 from qbench.spec.matrix import Matrix, expand
 from qbench.spec.runspec import RunSpec
-from tests.cli import qbench
+from tests.invoke import qbench
 
 CHECKED_RUNS = 8  # of each matrix: run ids and labels are computed for these
 LIMIT_S = 10  # per input; a hang is a bug too
@@ -552,7 +552,7 @@ def test_the_generator_is_not_all_junk() -> None:
 
 
 def _cli(path: Path) -> tuple[int, str]:
-    """``qbench sweep PATH --dry-run`` (tests/cli.py): exit code and all output."""
+    """``qbench sweep PATH --dry-run`` (tests/invoke.py): exit code and all output."""
     proc = qbench("sweep", str(path), "--dry-run")
     return proc.returncode, proc.stdout + proc.stderr
 

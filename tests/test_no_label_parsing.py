@@ -18,7 +18,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[1] / "qbench"
+from tests.paths import PKG
+
 PARSERS = {"from_label", "scheme_from_label"}
 STR_PARSERS = {
     "contains", "extract", "extractall", "match", "fullmatch", "findall", "replace", "split",

@@ -27,10 +27,9 @@ from qbench.catalog import importpath, plugins
 from qbench.errors import UserError
 from qbench.spec import matrix, scenario
 from qbench.timing import PhaseTimer
-from tests import cli
-from tests.test_gossip import LocalComm, on_threads
+from tests import invoke
+from tests.aggregate.test_gossip import LocalComm, on_threads
 
-ROOT = Path(__file__).resolve().parents[1]
 PLUGIN_DIST = "qbench-plugin-example"
 
 
@@ -232,10 +231,10 @@ def test_a_sweep_runs_the_plugin_next_to_qsgd_and_reports_its_rows(tmp_path: Pat
     (tmp_path / "s.yaml").write_text(text)
     out = tmp_path / "res"
     qbench = [sys.executable, "-m", "qbench.cli"]
-    run = cli.run([*qbench, "sweep", str(tmp_path / "s.yaml"), "--out", str(out)],
+    run = invoke.run([*qbench, "sweep", str(tmp_path / "s.yaml"), "--out", str(out)],
                          capture_output=True, text=True, timeout=900, cwd=tmp_path)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
-    rep = cli.run([*qbench, "report", str(out), "--format", "json"],
+    rep = invoke.run([*qbench, "report", str(out), "--format", "json"],
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert rep.returncode == 0, rep.stderr[-2000:]
     rows = json.loads(rep.stdout)
@@ -259,11 +258,11 @@ def test_bench_comm_and_kernels_measure_the_plugin(tmp_path: Path) -> None:
     args = [*qbench, "comm", "--world-size", "2", "--scheme", "decoded-mean", "--compressor",
             "scaledsign:bucket_size=128", "--min-bytes", "4KB", "--max-bytes", "4KB",
             "--repeats", "2", "--warmup", "1", "--json", str(comm_json)]  # fmt: skip
-    run = cli.run(args, capture_output=True, text=True, timeout=300)
+    run = invoke.run(args, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "scaledsign-b128" in comm_json.read_text()
     args = [*qbench, "kernels", "--sizes", "12", "--repeats", "2", "--compressor",
             "scaledsign:bucket_size=128", "--json", str(kernels_json)]  # fmt: skip
-    run = cli.run(args, capture_output=True, text=True, timeout=300)
+    run = invoke.run(args, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "scaledsign-b128" in kernels_json.read_text()

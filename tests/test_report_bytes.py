@@ -29,8 +29,9 @@ import pytest
 
 from qbench import api
 from tests import shipped_results
+from tests.paths import TESTS
 
-PINNED = Path(__file__).with_name("report_bytes.txt")
+PINNED = TESTS / "report_bytes.txt"
 SCENARIOS = (
     "qbench/spec/default.yaml", "scenarios/paper/seed002-speed.yaml",
     "scenarios/paper/seed002-cnn-qsgd.yaml", "scenarios/paper/seed004-mlp-adaptive.yaml",

@@ -9,7 +9,8 @@ import ast
 from collections import Counter
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[1] / "qbench"
+from tests.paths import PKG
+
 MAX_LOCAL_IMPORTS = 59
 """Imports inside functions: each says why it is there (torch or an optional library loaded
 only when needed, or a cycle a planner must not close)."""

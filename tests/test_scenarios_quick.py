@@ -31,8 +31,9 @@ from qbench.cli import cli
 from qbench.launch import preflight
 from qbench.launch.launcher import Launch
 from qbench.spec import matrix, quick, scenario
+from tests import paths
 
-ROOT = Path(__file__).resolve().parents[1] / "scenarios"
+ROOT = paths.ROOT / "scenarios"
 SHIPPED = sorted(ROOT.rglob("*.yaml"))
 TOLERATED = ("hardware", "privilege")  # no install fixes these on a CI runner
 
@@ -119,7 +120,8 @@ def runs_end_to_end(path: Path, tmp_path: Path) -> None:
     if len(skipped) == len(records):
         pytest.skip(f"{path.name}: every run needs {verdicts.tags(skipped[0]['run_id'])}")
     # no figures: drawing them was a third of each test's CPU; each shipped scenario's figures
-    # are built in tests/test_figure_styles.py and drawn from a real sweep in test_cli.py
+    # are built in tests/report/plots/test_figure_styles.py and drawn from a real sweep in
+    # tests/cli/test_cli.py
     report = _cli("report", str(out), "--format", "csv", "--no-figures")
     assert report.exit_code == 0, report.output[-3000:]
     assert (out / "report" / "summary.csv").is_file()

@@ -22,7 +22,8 @@
 // and the 1bitSGD encode, where the compiler's vectorisation of the plain loops spends about a
 // third more instructions (compare + blend clamps, the draw turned into a float, a serial bucket
 // sum). Elsewhere the 8-lane AVX2 loops or the plain loops run; all give the same bytes
-// (tests/test_native_portable.py builds the library without -march=native and compares).
+// (tests/compress/kernels/test_native_portable.py builds the library without -march=native and
+// compares).
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define QB_AVX512 1
@@ -30,7 +31,8 @@
 #define QB_AVX512 0
 #endif
 // AVX2 without AVX-512 (AMD Zen 2 and 3, older Intel): the same two loops on 8 lanes, for the
-// same reasons (tests/test_native_portable.py builds this variant too and compares).
+// same reasons (tests/compress/kernels/test_native_portable.py builds this variant too and
+// compares).
 #if !QB_AVX512 && defined(__AVX2__)
 #include <immintrin.h>
 #define QB_AVX2 1

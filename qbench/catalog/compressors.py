@@ -1,7 +1,7 @@
 """Every compressor once: parameters, label, wire bytes and capabilities (no torch).
 
 The codecs in ``qbench.compress`` take their validated parameters from here and build their
-payloads to the wire layout each entry names (``qbench.catalog.wire``; tests/test_catalog.py
+payloads to the wire layout each entry names (``qbench.catalog.wire``; tests/catalog/test_catalog.py
 checks payload sizes against it); the planner, the schemes, ``bench``, the cost model and the
 reports read the rest. To add a compressor: an entry here and a codec module
 (docs/architecture.md).

@@ -1,7 +1,7 @@
 """Wire layouts: the buffers each built-in compressor's payload is made of, and their sizes
 (no torch). ``qbench.catalog.compressors`` names one of these per entry; the codecs
-(``qbench.compress``) and kernels build their payloads to them, and tests/test_catalog.py checks
-payload sizes against them.
+(``qbench.compress``) and kernels build their payloads to them, and
+tests/catalog/test_catalog.py checks payload sizes against them.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import click
 
 class Lazy(NamedTuple):
     """A command of a :class:`LazyGroup`: where it is (``"module:attribute"``) and the help the
-    group's own ``--help`` lists for it without importing the module (tests/test_cli.py checks
+    group's own ``--help`` lists for it without importing the module (tests/cli/test_cli.py checks
     that it is the command's docstring)."""
 
     target: str

@@ -229,7 +229,8 @@ def _absmax_native(lib: Any, x: torch.Tensor, block: int) -> torch.Tensor:
 
 
 # Compiled twins of quantize / dequantize (kernels/cpu/qbench_cpu.c): same float32 operations in
-# the same order, so the integers are identical (tests/test_schemes_dist.py compares them).
+# the same order, so the integers are identical (tests/aggregate/test_schemes_dist.py compares
+# them).
 def _quantize_native(
     lib: Any, x: torch.Tensor, scales: torch.Tensor, top: int, bucket_size: int, key: Key,
     offset: int, dtype: torch.dtype,

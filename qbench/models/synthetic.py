@@ -19,7 +19,8 @@ Choosing the layout for a target parameter count P and G GFLOPs per sample:
   within about 1 / (2 A) of G.
 
 For P >= 10,000 (the smallest allowed) the count is within 2 % of P and the FLOPs within 4 % of G
-(tests/test_models.py checks a grid); at the defaults (10M, 0.1 GFLOPs) both are within 0.2 %.
+(tests/models/test_models.py checks a grid); at the defaults (10M, 0.1 GFLOPs) both are within
+0.2 %.
 
 An explicit ``width`` keeps w fixed and rounds P to whole layers (then the count can be off by up
 to half a layer, w^2 / 2).

@@ -58,7 +58,7 @@ NETNS_DIR = "/var/run/netns"  # where `ip netns add` pins a namespace by name
 def main() -> int:
     for name in PRELOAD:
         importlib.import_module(name)
-    import torch  # what PRELOAD loaded; the module itself loads none (tests/cli.py imports it)
+    import torch  # what PRELOAD loaded; the module itself loads none (tests/invoke.py imports it)
 
     if torch.cuda.is_initialized():  # a fork would carry a CUDA context no child can use
         raise SystemExit("qbench.run.rank_server: CUDA was initialized by an import")

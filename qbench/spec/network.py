@@ -215,7 +215,7 @@ def _check_keys(net: Mapping[str, Any]) -> None:
 
 def bits_per_s(rate: Any, key: str = "network.bandwidth") -> float:
     """The rate parser (``1gbit`` -> 1e9). Call :func:`link` / :func:`option` instead: a test
-    (tests/test_network_link.py) lists the modules that still parse a rate themselves."""
+    (tests/spec/test_network_link.py) lists the modules that still parse a rate themselves."""
     m = _RATE.match(str(rate).strip().lower())
     bits = float(m.group(1)) * _UNIT[m.group(2)] if m else math.nan
     if not 1 <= bits < math.inf:  # nan: no match; inf: hundreds of digits; tc needs >= 1 bit/s

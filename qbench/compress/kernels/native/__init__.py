@@ -9,8 +9,9 @@ Paths, chosen per tensor by :func:`kernels_for`:
   when ``QBENCH_CUDA=emulate`` (or ``racecheck``) asks for the CUDA kernels on CPU threads;
 - otherwise, or when the backend is ``torch``: the torch reference in each compressor module.
 
-All paths produce byte-identical payloads (tests/test_native.py, tests/test_cuda.py). A path
-that cannot be built falls back silently to torch; :func:`why_unavailable` says why, and
+All paths produce byte-identical payloads (tests/compress/kernels/test_native.py,
+tests/compress/kernels/cuda/test_cuda.py). A path that cannot be built falls back silently to
+torch; :func:`why_unavailable` says why, and
 :func:`build_error` tells a broken build (a compiler is here) from a missing compiler.
 
 The backend is ``auto`` (compiled when possible), ``torch`` (always the reference) or

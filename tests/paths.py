@@ -1,0 +1,13 @@
+"""Where the tests find the repository, named once: tests/ mirrors qbench/'s sub-packages, so
+how deep a test file sits says nothing about where the repository's root is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+"""tests/ itself: the support modules, the programs launched by path and the pinned files
+(run_ids.txt, report_bytes.txt)."""
+ROOT = TESTS.parent
+"""The repository: qbench/, scenarios/, docs/, benchmarks/, kernels/."""
+PKG = ROOT / "qbench"
