@@ -8,8 +8,8 @@ calls them must be removed."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
+from tests.calls import callers_in
 from tests.paths import PKG
 
 PARSERS = {"compressor", "scheme"}
@@ -36,34 +36,14 @@ PARSE_SITES = {
 }
 
 
-def _parses(f: ast.expr) -> bool:
+def _parses(call: ast.Call) -> bool:
+    f = call.func
     return isinstance(f, ast.Attribute) and f.attr in PARSERS and ast.unparse(f.value) == "catalog"
 
 
-def _callers(path: Path) -> set[str]:
-    """Functions (``<module>`` at top level) that call ``catalog.compressor`` / ``.scheme``."""
-    found: set[str] = set()
-
-    def visit(node: ast.AST, where: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            inner = where
-            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
-                inner = child.name
-            if isinstance(child, ast.Call) and _parses(child.func):
-                found.add(inner)
-            visit(child, inner)
-
-    visit(ast.parse(path.read_text()), "<module>")
-    return found
-
-
 def _all_callers() -> set[tuple[str, str]]:
-    return {
-        (str(p.relative_to(PKG)), fn)
-        for p in sorted(PKG.rglob("*.py"))
-        if "catalog" not in p.relative_to(PKG).parts[:1]  # the catalog defines them
-        for fn in _callers(p)
-    }
+    paths = [p for p in sorted(PKG.rglob("*.py")) if p.relative_to(PKG).parts[0] != "catalog"]
+    return callers_in(paths, _parses)  # the catalog defines them
 
 
 def test_specs_are_parsed_only_where_user_input_or_old_records_are_read() -> None:

@@ -16,8 +16,8 @@ parses must be removed."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
+from tests.calls import callers_in
 from tests.paths import PKG
 
 PARSERS = {"from_label", "scheme_from_label"}
@@ -67,30 +67,9 @@ def _pandas_str_parser(f: ast.Attribute) -> bool:
     return f.attr in STR_PARSERS and any(name in column for name in LABEL_COLUMNS)
 
 
-def _callers(path: Path) -> set[str]:
-    """Names of the functions (``<module>`` at top level) that call a label parser."""
-    found: set[str] = set()
-
-    def visit(node: ast.AST, where: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            inner = where
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                inner = child.name
-            if isinstance(child, ast.Call) and _parses_labels(child):
-                found.add(inner)
-            visit(child, inner)
-
-    visit(ast.parse(path.read_text()), "<module>")
-    return found
-
-
 def _all_callers() -> set[tuple[str, str]]:
-    return {
-        (str(p.relative_to(PKG)), fn)
-        for stage in ("report", "costmodel")
-        for p in sorted((PKG / stage).rglob("*.py"))
-        for fn in _callers(p)
-    }
+    paths = [p for stage in ("report", "costmodel") for p in sorted((PKG / stage).rglob("*.py"))]
+    return callers_in(paths, _parses_labels)
 
 
 def test_no_report_or_costmodel_function_parses_labels() -> None:

@@ -1,7 +1,7 @@
 """Rooms small enough to live in (issue 45 item 6), beside tests/test_architecture.py's folder
 and line caps: imports at the top of a module, where a reader looks for them; no lazy module
 attributes in the communicators and the DDP hooks; no file-name prefix families standing in
-for a sub-package."""
+for a sub-package; tests/ laid out as qbench/ is."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import ast
 from collections import Counter
 from pathlib import Path
 
-from tests.paths import PKG
+from tests.paths import PKG, TESTS
 
 MAX_LOCAL_IMPORTS = 59
 """Imports inside functions: each says why it is there (torch or an optional library loaded
@@ -66,3 +66,15 @@ def test_no_folder_splits_a_concept_into_prefixed_files() -> None:
             if kin:
                 families.append(f"{folder.relative_to(PKG)}: {stem} + {', '.join(kin)}")
     assert families == [], "make each family a sub-package named after its concept"
+
+
+def test_tests_mirror_the_package_layout() -> None:
+    """A test file sits in the folder of the qbench package it tests (tests/spec/ for
+    qbench/spec/); tests of the whole project in tests/ itself; at most 15 in a folder."""
+    folders = {p.parent for p in TESTS.rglob("test_*.py") if "__pycache__" not in p.parts}
+    strays = [str(f.relative_to(TESTS)) for f in folders
+              if f != TESTS and not (PKG / f.relative_to(TESTS)).is_dir()]  # fmt: skip
+    assert strays == [], "name each tests/ folder after the qbench package its tests test"
+    crowded = {str(f.relative_to(TESTS)): n for f in folders
+               if (n := len(list(f.glob("test_*.py")))) > 15}  # fmt: skip
+    assert crowded == {}, "split a crowded tests/ folder by the sub-package its tests test"
