@@ -10,7 +10,9 @@ it failed) into ``parts/memory-<rank>.json``. Neither touches the timed loop.
   process's peak, so in a warm rank group (``qbench.run.group``) every run would inherit the
   largest earlier run's; ``getrusage``'s ``ru_maxrss`` reads the same mark (the reset clears it
   too: Linux 6.18) and has no reset of its own. Where the reset fails no peak is recorded, and
-  ``rss_note`` says why.
+  ``rss_note`` says why. The mark counts pages made resident: memory an earlier run of a warm
+  group freed but the allocator kept resident serves a later run without raising it, so a warm
+  run's peak can read lower than the same run's launched alone.
 * On a GPU, the caching allocator's peaks (``torch.cuda.reset_peak_memory_stats`` at the start,
   ``max_memory_allocated`` and ``max_memory_reserved`` at the end) of the run's device.
 """

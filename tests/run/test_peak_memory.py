@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,23 +28,43 @@ from qbench.run import memory
 from qbench.run.lifecycle import SPIKE_MB
 from tests import invoke
 from tests.launch.test_group import _specs
+from tests.paths import ROOT
 from tests.report.test_disturbed_report import _labels, _rows
 
 CPU = torch.device("cpu")
 
 
 # -- a rank's peak -----------------------------------------------------------------------------
+_PEAKS = """
+import json, sys
+from pathlib import Path
+import torch
+from qbench.run import memory
+from qbench.run.lifecycle import SPIKE_MB
+first = memory.Peak(Path(sys.argv[1]), 0, torch.device("cpu"))
+if first.note is not None:
+    print(json.dumps({"note": first.note, "read": first.read()}))
+    raise SystemExit
+held = torch.ones(SPIKE_MB * 2**18)  # float32, every page touched
+big = first.read()
+del held  # mmap'd: back to the kernel
+small = memory.Peak(Path(sys.argv[1]), 0, torch.device("cpu")).read()
+print(json.dumps({"big": big, "small": small}))
+"""
+
+
 def test_a_peak_is_the_runs_own_not_the_process_s(tmp_path: Path) -> None:
     """What a run held and gave back counts in its peak, and not in the next run's: without the
-    reset the second peak would still be the first's (the process's high-water mark)."""
-    first = memory.Peak(tmp_path, 0, CPU)
-    if first.note is not None:  # no clear_refs here: the record says why instead of a number
-        assert first.read()[records_memory.RSS] is None and "cannot reset" in first.note
-        pytest.skip(first.note)
-    held = torch.ones(SPIKE_MB * 2**18)  # float32, every page touched
-    big = first.read()
-    del held  # mmap'd: back to the kernel
-    small = memory.Peak(tmp_path, 0, CPU).read()
+    reset the second peak would still be the first's (the process's high-water mark). In a
+    fresh process, as a rank starts: in a test worker that ran other tests, freed memory the
+    allocator kept resident would serve the spike without raising the resident peak."""
+    got = subprocess.run([sys.executable, "-c", _PEAKS, str(tmp_path)], capture_output=True,
+                         text=True, check=True, cwd=ROOT)  # fmt: skip
+    doc = json.loads(got.stdout.strip().splitlines()[-1])
+    if "note" in doc:  # no clear_refs here: the record says why instead of a number
+        assert doc["read"][records_memory.RSS] is None and "cannot reset" in doc["note"]
+        pytest.skip(doc["note"])
+    big, small = doc["big"], doc["small"]
     assert big[records_memory.RSS] >= big["rss_start_mib"] + 0.9 * SPIKE_MB, big
     assert small[records_memory.RSS] < big[records_memory.RSS] - 0.9 * SPIKE_MB, (big, small)
     assert records_memory.GPU not in small  # a CPU run has no allocator peak
