@@ -28,18 +28,14 @@ from typing import Any
 from qbench.catalog import wire
 from qbench.catalog.params import Param, at_least, between, fraction, positive_finite
 from qbench.catalog.registry import Registry
-from qbench.catalog.wire import (  # noqa: F401  # the codecs and plug-ins import them from here
+from qbench.catalog.wire import (
     DTYPE_BYTES,
     ELEMENTS,
     MX_BLOCK,
     NVFP4_BLOCK,
     WireBuffer,
     integer_units,
-    num_buckets,
-    packed_nbytes,
-    qsgd_levels_nbytes,
-    topk_k,
-)  # fmt: skip
+)
 
 Params = dict[str, Any]
 NOT_LEVELS = "its payload is not integer levels"

@@ -27,7 +27,7 @@ from typing import ClassVar, Literal
 
 import torch
 
-from qbench.catalog.compressors import topk_k
+from qbench.catalog.wire import topk_k
 from qbench.compress.base import Compressor, Key, Payload, require_finite
 
 

@@ -134,10 +134,10 @@ def test_mx_scale_puts_the_block_max_in_the_top_binade() -> None:
 
 
 def test_the_catalogs_element_numbers_are_the_bit_fields_own() -> None:
-    """qbench.catalog.compressors.ELEMENTS repeats, without torch, what the planner needs of each
+    """qbench.catalog.wire.ELEMENTS repeats, without torch, what the planner needs of each
     format (bits, exponent and mantissa bits, the smallest positive value, the largest): it must
     be what the bit-field definitions give."""
-    from qbench.catalog.compressors import ELEMENTS
+    from qbench.catalog.wire import ELEMENTS
 
     for name, fmt in mf.FORMATS.items():
         smallest = float(fmt.finite[1])

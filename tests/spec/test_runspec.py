@@ -158,3 +158,29 @@ def test_the_labels_a_run_stores() -> None:
     assert plain.replaced(scheme="ddp").labels()["overlap"] == "backward"  # DDP's buckets
     momentum = plain.replaced(momentum=0.9, loss={"factory": "pkg:loss"}).labels()
     assert (momentum["optimizer"], momentum["loss"]) == ("momentum", "pkg:loss")
+
+
+@pytest.mark.parametrize(
+    ("written", "rates"),
+    [
+        ({}, [1.0, 1.0, 1.0, 1.0]),  # constant
+        ({"milestones": [1, 3]}, [1.0, 0.1, 0.1, 0.01]),  # gamma 0.1 unless given
+        ({"milestones": [2], "gamma": 0.5}, [1.0, 1.0, 0.5, 0.5]),  # from the milestone on
+        ({"every": 2}, [1.0, 1.0, 0.1, 0.1]),
+        ({"every": 1, "gamma": 0.5}, [1.0, 0.5, 0.25, 0.125]),
+        ({"gamma": 0.5}, [1.0, 1.0, 1.0, 1.0]),  # a factor without steps: constant
+    ],
+)
+def test_lr_schedule_rates_by_hand(written: dict, rates: list[float]) -> None:
+    schedule = parts.LrSchedule.of(written)
+    assert [schedule.lr(1.0, epoch) for epoch in range(4)] == pytest.approx(rates)
+    assert schedule.lr(2.0, 3) == pytest.approx(2 * rates[3])  # times the base rate
+    assert schedule.written() == written  # what the run id hashes: the keys as written
+
+
+def test_lr_schedule_keeps_what_the_scenario_wrote() -> None:
+    got = parts.LrSchedule.of({"gamma": 1, "milestones": [30, 45]})
+    assert got == parts.LrSchedule(milestones=(30, 45), gamma=1)
+    assert got.written() == {"milestones": [30, 45], "gamma": 1}  # a list, as JSON holds it
+    assert json.dumps(got.written(), sort_keys=True) == '{"gamma": 1, "milestones": [30, 45]}'
+    assert parts.LrSchedule.of({"every": 30}) == parts.LrSchedule(every=30)

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from qbench.catalog.compressors import ELEMENTS, packed_nbytes
+from qbench.catalog.wire import ELEMENTS, packed_nbytes
 from qbench.compress.kernels.buckets import levels_nbytes, num_buckets
 
 ENV_CACHE = "QBENCH_CACHE"

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from qbench.catalog import compressors
+from qbench.catalog import wire
 
 _BYTE_ALIGNED = (1, 2, 4)  # widths that divide 8: values never straddle a byte
 
 
-packed_nbytes = compressors.packed_nbytes
+packed_nbytes = wire.packed_nbytes
 """Bytes that ``pack`` returns for ``numel`` codes of ``bits`` bits (the catalog's formula)."""
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from qbench.catalog.compressors import num_buckets  # noqa: F401  # the wire's one definition
-from qbench.catalog.compressors import qsgd_levels_nbytes as levels_nbytes  # noqa: F401
+from qbench.catalog.wire import num_buckets  # noqa: F401  # the wire's one definition
+from qbench.catalog.wire import qsgd_levels_nbytes as levels_nbytes  # noqa: F401
 
 
 def buckets(x: torch.Tensor, bucket_size: int) -> torch.Tensor:

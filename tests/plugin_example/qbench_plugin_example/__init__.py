@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import re
 
-from qbench.catalog.compressors import CompressorEntry, num_buckets
+from qbench.catalog.compressors import CompressorEntry
 from qbench.catalog.params import Param, at_least
 from qbench.catalog.schemes import SchemeEntry
+from qbench.catalog.wire import num_buckets
 
 SCALED_SIGN = CompressorEntry(
     "scaledsign",
