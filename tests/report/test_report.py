@@ -146,6 +146,14 @@ def test_per_iteration_max_over_ranks_mean_of_parts() -> None:
     assert set(per["ranks"]) == {2}
 
 
+def test_the_summary_frame_holds_its_columns_and_a_plain_index(results_dir: Path) -> None:
+    """summary.csv's columns, then the typed ones (stats.TYPED_COLUMNS), and nothing else: no
+    index column left behind by the sort."""
+    frame = stats.summarize(stats.load(results_dir))
+    assert list(frame.columns) == [*stats.SUMMARY_COLUMNS, *stats.TYPED_COLUMNS]
+    assert list(frame.index) == list(range(len(frame)))
+
+
 def test_summary_times_ignore_warmup_and_use_slowest_rank(summary: pd.DataFrame) -> None:
     row = summary.loc["cnn-qsgd-4b-b512-w4"]
     expected = expected_t_iteration("cnn", "qsgd-4b-b512", 4)
