@@ -198,7 +198,7 @@ def _read_record(store: ResultStore, run_id: str) -> RunRecord:
     return record
 
 
-def _record_row(run_id: str, record: RunRecord, run_clock: Replay | None = None) -> dict[str, Any]:
+def _record_row(run_id: str, record: RunRecord, run_clock: Replay) -> dict[str, Any]:
     fixed: dict[str, Any] = {"run_id": run_id, "status": record.status}
     fixed.update(error=record.error, exit_code=record.exit_code)
     cores = record.machine.get("cores") if isinstance(record.machine, dict) else None
@@ -208,8 +208,7 @@ def _record_row(run_id: str, record: RunRecord, run_clock: Replay | None = None)
     spec = record.spec if isinstance(record.spec, dict) else {}
     # profile: true (qbench.run.profile): measured, but slowed, so never compared
     fixed["profiled"] = bool(record.labels.get("profiled") or spec.get("profile"))
-    # the clock the times were undone by (_undilated), not the label
-    fixed["dilation"] = (run_clock or clock({"spec": spec, "labels": record.labels})).dilation
+    fixed["dilation"] = run_clock.dilation  # the clock the times were undone by, not the label
     fixed["other_cores"] = interference.other_cores(record.interference)
     fixed["disturbed"] = interference.disturbed(record.interference)
     fixed.update(memory.peaks(record.memory))

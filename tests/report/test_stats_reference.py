@@ -16,6 +16,7 @@ import pytest
 from qbench.records.schema import RunRecord, epochs_frame, iterations_frame
 from qbench.records.store import ResultStore
 from qbench.report import precision, stats
+from qbench.spec.parts import Replay
 
 
 def _write(store: ResultStore, run_id: str, labels: dict[str, Any], rows: list | None,
@@ -120,7 +121,7 @@ def test_record_row_machine_cores_provenance_and_profile() -> None:
         git_commit="abc",
         machine={"cores": 4},
     )
-    row = stats._record_row("dir-name", record)
+    row = stats._record_row("dir-name", record, Replay())
     assert row == {
         "model": "mlp",
         "run_id": "dir-name",
@@ -147,10 +148,10 @@ def test_record_row_machine_cores_provenance_and_profile() -> None:
     )
     for machine, cores in cases:
         plain = RunRecord(run_id="x", status="ok", labels={}, spec=[], machine=machine)  # type: ignore[arg-type]
-        row = stats._record_row("x", plain)
+        row = stats._record_row("x", plain, Replay())
         assert row["host_cores"] is cores and row["profiled"] is False
     labelled = RunRecord(run_id="x", status="ok", labels={"profiled": True}, spec={})
-    assert stats._record_row("x", labelled)["profiled"] is True
+    assert stats._record_row("x", labelled, Replay())["profiled"] is True
 
 
 def test_runs_frame_defaults_for_older_records() -> None:
