@@ -175,6 +175,45 @@ def test_runs_frame_defaults_for_older_records() -> None:
     assert runs["model"].isna().all()  # a label no run has is still a column
 
 
+def test_runs_frame_dilation_and_disturbed_by_hand() -> None:
+    runs = stats._runs_frame([
+        {"run_id": "a", "dilation": "10", "disturbed": True},
+        {"run_id": "b", "dilation": "x"},  # unreadable: the real clock
+        {"run_id": "c", "disturbed": False},  # before dilation existed
+    ])  # fmt: skip
+    assert runs["dilation"].tolist() == [10.0, 1.0, 1.0]
+    assert str(runs["disturbed"].dtype) == "boolean"
+    assert runs["disturbed"].tolist()[0] is True and runs["disturbed"].tolist()[2] is False
+    assert runs["disturbed"].isna().tolist() == [False, True, False]  # <NA>: not recorded
+
+
+def test_undilated_divides_by_any_factor_but_one() -> None:
+    frame = pd.DataFrame({"t_comm": [4.0], "t_iteration": [8.0], "bytes_sent": [100]})
+    halved = stats._undilated(frame.copy(), Replay(dilation=2.0))
+    assert halved.to_dict("list") == {"t_comm": [2.0], "t_iteration": [4.0], "bytes_sent": [100]}
+    assert stats._undilated(frame.copy(), Replay()).equals(frame)
+
+
+def test_codec_overrun_share_by_hand() -> None:
+    """Per run, over its measured rank-iterations with a recorded overrun count: the share with
+    at least one overrun (warm-up and rows without the count left out)."""
+    iterations = pd.DataFrame({
+        "run_id": ["r"] * 6 + ["s"],
+        "warmup": [True, False, False, False, False, False, False],
+        "codec_overrun": [3, 0, 2, math.nan, 1, 0, 1],
+    })  # fmt: skip
+    got = stats._codec_overrun_share(iterations)
+    assert got.to_dict() == {"r": pytest.approx(2 / 4), "s": 1.0}
+
+
+def test_skipped_steps_of_a_one_iteration_run() -> None:
+    iterations = pd.DataFrame({"run_id": ["a", "b"], "iteration": [0, 0], "skipped": [1, 0]})
+    lock = stats._skipped_steps(iterations, pd.Series([False, False]))
+    assert lock.to_dict() == {"a": 1, "b": 0}
+    events = stats._skipped_steps(iterations, pd.Series([True, True]))
+    assert events.to_dict() == {"a": 1, "b": 0}
+
+
 # -- dollars, batch, display -------------------------------------------------------------------
 def test_money_columns_by_hand() -> None:
     table = pd.DataFrame({
