@@ -80,12 +80,12 @@ def run_specs_each(record: Mapping[str, Any]) -> RunParts:
     )
 
 
-def columns(record: Mapping[str, Any]) -> dict[str, Any]:
+def columns(record: Mapping[str, Any], parts: RunParts | None = None) -> dict[str, Any]:
     """What reports tell runs apart by, typed and made from the run's specs, never its labels:
     the scheme's catalog name (None: unreadable), whether it sent per DDP bucket during
     backward, the link's rate in bit/s (NaN: unshaped or unreadable) and whether its compute
-    was replayed (``compute: replay``)."""
-    parts = run_specs_each(record)
+    was replayed (``compute: replay``). ``parts``: the record's ``run_specs_each``, when read."""
+    parts = parts or run_specs_each(record)
     scheme, link = parts.scheme, parts.link
     backward = scheme is not None and spelling.overlap(scheme.name, scheme.params) == "backward"
     rate = link.bits_per_s if link is not None else None

@@ -161,12 +161,13 @@ def _load_run(
         record = _read_record(store, run_id)
         recorded = {"spec": record.spec, "labels": record.labels}
         run_clock = clock(recorded)  # read once: the row's dilation and the times' divisor
-        row = {**_record_row(run_id, record, run_clock), **view.columns(recorded)}
+        parts = run_specs_each(recorded)  # read once: the typed columns and the names
+        row = {**_record_row(run_id, record, run_clock), **view.columns(recorded, parts)}
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
         return _unreadable(run_id, f"run.json: {_reason(exc)}"), None
     # names: what the labels stand for; specs this qbench cannot read (a plug-in that is not
     # installed, UserError) leave the labels shown as they are, never fail the run's row
-    vocabulary.learn(record.labels, run_specs_each(recorded))
+    vocabulary.learn(record.labels, parts)
     path = store.iterations_path(run_id)
     if not path.exists():
         if row["status"] == "ok":
