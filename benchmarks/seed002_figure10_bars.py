@@ -33,7 +33,8 @@ def payload_bytes(params: float, precision: str, bucket: str) -> float:
     return params * BITS[precision] / 8 + 4 * params / int(bucket)
 
 
-def main() -> None:
+def bars() -> dict[str, list[float]]:
+    """Each bar's |error| per QSGD cell at 2-16 GPUs, in the table's order."""
     cells = pd.read_csv(HERE / "seed002-figure10-mpi.csv")
     nets = pd.read_csv(HERE / "seed002-networks.csv").set_index("network")
     fp32 = cells[cells["precision"] == "32bit"].set_index(["network", "gpus"])["samples_per_s"]
@@ -56,9 +57,15 @@ def main() -> None:
         size = payload_bytes(nets.loc[r.network, "params"], r.precision, r.bucket_size)
         return batch(r.network, r.gpus) / (compute(r.network, r.gpus) + alpha + beta * size)
 
+    out = {}
     for name, predict in (("as 32-bit", lambda r: fp32[(r.network, r.gpus)]),
                           ("alpha-beta by hand", by_hand)):  # fmt: skip
-        errors = [abs(predict(r) - r.samples_per_s) / r.samples_per_s for r in qsgd.itertuples()]
+        out[name] = [abs(predict(r) - r.samples_per_s) / r.samples_per_s for r in qsgd.itertuples()]
+    return out
+
+
+def main() -> None:
+    for name, errors in bars().items():
         within = sum(e <= 0.15 for e in errors)
         print(f"{name:>20}: {len(errors)} cells, median |error| {statistics.median(errors):.1%}, "
               f"{within} within 15 %, worst {max(errors):.0%}")  # fmt: skip

@@ -11,3 +11,11 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 """The repository: qbench/, scenarios/, docs/, benchmarks/, kernels/."""
 PKG = ROOT / "qbench"
+PROJECTION = ROOT / "scenarios" / "projection"
+"""Declared clusters and projection studies (``qbench project``): YAML, but not sweeps."""
+
+
+def sweep_scenarios() -> list[Path]:
+    """Every shipped sweep scenario: the YAML under scenarios/ but for scenarios/projection/."""
+    found = (ROOT / "scenarios").rglob("*.yaml")
+    return sorted(p for p in found if PROJECTION not in p.parents)

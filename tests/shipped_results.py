@@ -16,9 +16,10 @@ from pathlib import Path
 from qbench.records.schema import RunRecord, epochs_frame, iterations_frame
 from qbench.records.store import EPOCHS, ResultStore, atomic_write_parquet
 from qbench.spec import matrix, scenario
+from tests import paths
 
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED = sorted((REPO / "scenarios").rglob("*.yaml"))
+SHIPPED = paths.sweep_scenarios()
 DEFAULT = REPO / "qbench" / "spec" / "default.yaml"
 """The embedded scenario ``qbench sweep`` runs without a file (``make demo``)."""
 WARMUP, MEASURED = 1, 3

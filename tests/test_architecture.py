@@ -38,6 +38,8 @@ STAGES: dict[str, int] = {
     "launch": 8, "run": 9,
     # files -> answers
     "report": 10, "costmodel": 11,
+    # declared clusters -> projections checked against published numbers
+    "cluster": 11,
     # tools, the command line and the Python API on top of it
     "bench": 12, "cli": 13, "api": 14,
 }  # fmt: skip
@@ -194,7 +196,8 @@ def _loads_torch(code: str) -> bool:
     "modules",
     ["qbench.catalog, qbench.spec.rules, qbench.spec.matrix, qbench.spec.scenario",
      "qbench.report.tables, qbench.report.stats, qbench.report.page, qbench.report.ab.stats",
-     "qbench.costmodel, qbench.cli.cost", "qbench.launch.sweep, qbench.records.store"],
+     "qbench.costmodel, qbench.cli.cost", "qbench.launch.sweep, qbench.records.store",
+     "qbench.cluster.table, qbench.cluster.calibrate, qbench.cli.project"],
 )  # fmt: skip
 def test_planners_and_readers_do_not_import_torch(modules: str) -> None:
     assert not _loads_torch(f"import {modules}")

@@ -28,6 +28,8 @@ PARSE_SITES = {
     ("cli/cost/configs.py", "compressor_info"): "qbench cost --compressor",
     ("bench/comm/__init__.py", "settings"): "bench comm's --scheme / --compressor",
     ("bench/comm/__init__.py", "plan"): "bench comm's JSON settings (its results file keeps them)",
+    # a projection's study file (qbench project)
+    ("cluster/study.py", "parse"): "a projection study's methods",
     # the Python API: a user's own arguments
     ("compress/__init__.py", "from_spec"): "compress.build / from_spec arguments",
     ("compress/base.py", "__init__"): "a codec's constructor, QSGD(bits=4)",

@@ -34,7 +34,7 @@ from qbench.spec import matrix, quick, scenario
 from tests import paths
 
 ROOT = paths.ROOT / "scenarios"
-SHIPPED = sorted(ROOT.rglob("*.yaml"))
+SHIPPED = paths.sweep_scenarios()
 TOLERATED = ("hardware", "privilege")  # no install fixes these on a CI runner
 
 

@@ -25,6 +25,8 @@ COMMANDS = {
                   "kernels, ...), apart from sweeps."),
     "cost": Lazy("qbench.cli.cost:cost", "Cost model: fit alpha-beta, codec, compute and DDP "
                  "bucket parameters; predict; find the crossover with DDP fp32; validate."),
+    "project": Lazy("qbench.cli.project:project", "Project a study's methods onto a declared "
+                    "cluster, with the error band its validation measured."),
     "timeline": Lazy("qbench.cli.timeline:timeline", "Derive a replay timeline for the one "
                      "workload of SCENARIO from its FLOPs."),
     # ``qbench model``: hidden, says it moved to ``qbench cost``

@@ -165,6 +165,12 @@ def option(text: str | None) -> Link:
     return link({"bandwidth": text})
 
 
+def declared(rate: Any, key: str) -> Link:
+    """A rate declared outside a scenario (a projection's cluster file: ``intra.rate``), parsed
+    here like every other, its errors naming ``key``; always shaped (no ``unshaped``)."""
+    return Link(bits_per_s(rate, key), _rate_label(rate))
+
+
 def at_rate(bps: float) -> Link:
     """A link at a computed rate (the cost model's probes), labelled ``12.5gbit``, ``300mbit``."""
     unit, div = ("gbit", 1e9) if bps >= 1e9 else ("mbit", 1e6) if bps >= 1e6 else ("kbit", 1e3)

@@ -11,7 +11,7 @@ from qbench.spec import matrix, scenario
 from tests import paths
 
 ROOT = paths.ROOT / "scenarios"
-SHIPPED = sorted(ROOT.rglob("*.yaml"))
+SHIPPED = paths.sweep_scenarios()
 PAPER = sorted((ROOT / "paper").glob("*.yaml"))
 
 

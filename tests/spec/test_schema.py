@@ -12,6 +12,7 @@ from qbench.launch import sweep
 from qbench.records.schema import RunRecord, buckets_frame, epochs_frame
 from qbench.records.store import ResultStore
 from qbench.spec import matrix, scenario
+from tests import paths
 from tests.paths import ROOT
 
 BASE = "name: t\nmodel: mlp\nworld_size: 2\n"
@@ -152,7 +153,7 @@ def test_plan_keeps_failed_runs_unless_retry_failed(tmp_path: Path) -> None:
     assert m.runs[0] in sweep.plan(m, store).todo
 
 
-SHIPPED = sorted((ROOT / "scenarios").rglob("*.yaml"))
+SHIPPED = paths.sweep_scenarios()
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
