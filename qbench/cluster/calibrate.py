@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -39,8 +40,7 @@ def fit(cluster: Cluster, study: Study) -> Fit:
     assert cal is not None, "fit() is for host: calibrated clusters"
     table = cells_mod.read(cal.cells, "calibration.cells")
     names = {w.name: w for w in study.workloads}
-    chosen = table[cells_mod.matching(table, cal.use, "calibration.use")
-                   & table["network"].isin(names) & (table["gpus"] > 1)]  # fmt: skip
+    chosen = table[fitted_on(cluster, table, cal.cells) & table["network"].isin(names)]
     if len(chosen) < 4:
         raise UserError(f"calibration: {len(chosen)} cell(s) of {cal.cells} match {dict(cal.use)} "
                         "for the study's workloads at 2 or more GPUs; four host values need at "
@@ -49,17 +49,25 @@ def fit(cluster: Cluster, study: Study) -> Fit:
     kernels = project.kernels_of(cluster)
     for r in chosen.itertuples():
         w, k = names[r.network], int(r.gpus)
-        method = catalog.from_label(r.method)
-        zero = Host(stage=math.inf, bus=math.inf, latency=0.0, fixed=0.0)
-        b = project.predict(cluster, w, method, k, host=zero, kernels=kernels)
+        b = project.local_parts(cluster, w, catalog.from_label(r.method), k, kernels)
         measured = b.batch / float(r.samples_per_s)
         s = b.payload_bytes
         rows.append(np.array([s, 2 * (k - 1) * s, k - 1, 1.0]) / measured)
         target.append((measured - b.compute_s - b.codec_s) / measured)
     theta = nnls(np.array(rows), np.array(target))
-    inv = [1 / t if t > 0 else math.inf for t in theta[:2]]
-    host = Host(stage=inv[0], bus=inv[1], latency=float(theta[2]), fixed=float(theta[3]))
+    stage, bus = (1 / t if t > 0 else math.inf for t in theta[:2])  # 0 s/byte: no cost found
+    host = Host(stage=stage, bus=bus, latency=float(theta[2]), fixed=float(theta[3]))
     return Fit(host=host, cells=chosen[["network", "gpus", "method", "samples_per_s"]])
+
+
+def fitted_on(cluster: Cluster, cells: pd.DataFrame, source: str | Path) -> pd.Series:
+    """Which rows of ``cells`` (read from ``source``) the host values are fitted on: those of
+    the calibration file that match ``use``, at 2 or more GPUs. The same rows of any other file
+    are an independent check, never marked fitted."""
+    cal = cluster.calibration
+    if cal is None or Path(cal.cells).resolve() != Path(source).resolve():
+        return pd.Series(False, index=cells.index)
+    return cells_mod.matching(cells, cal.use, "calibration.use") & (cells["gpus"] > 1)
 
 
 def nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -43,9 +43,7 @@ def host_reduce_broadcast(nbytes: float, k: int, host: Host) -> float:
 
 
 def ring_allreduce(nbytes: float, k: int, link: Link) -> float:
-    if k == 1:
-        return 0.0
-    return 2 * (k - 1) / k * nbytes / link.rate + 2 * (k - 1) * link.latency
+    return 2 * (k - 1) / k * nbytes / link.rate + 2 * (k - 1) * link.latency  # 0 at k = 1
 
 
 def tree_allreduce(nbytes: float, k: int, link: Link) -> float:

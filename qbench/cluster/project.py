@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from qbench import catalog
@@ -78,7 +79,19 @@ def predict(
     host: Host | None = None, kernels: CodecTimes | None = None,
 ) -> Breakdown:  # fmt: skip
     """``host``: fitted values of a ``host: calibrated`` cluster; ``kernels``: its codec
-    document, read once by the caller."""
+    document, which a caller predicting many cells reads once (:func:`kernels_of`), else read
+    here."""
+    local = local_parts(cluster, workload, method, gpus, kernels)
+    comm = collectives.exchange(cluster, local.payload_bytes, gpus, host)
+    return dataclasses.replace(local, comm_s=comm)
+
+
+def local_parts(
+    cluster: Cluster, workload: Workload, method: catalog.CompressorSpec, gpus: int,
+    kernels: CodecTimes | None = None,
+) -> Breakdown:  # fmt: skip
+    """The iteration without its exchange (``comm_s`` 0): what needs no link values, which the
+    host fit subtracts from a measured iteration."""
     if gpus > cluster.devices:
         raise UserError(f"gpus: {gpus} is more than the cluster's {cluster.devices} devices; "
                         "drop it from the study or declare more nodes")  # fmt: skip
@@ -88,10 +101,9 @@ def predict(
     if payload is None:
         raise UserError(f"method {method.label}: its payload size depends on the data; "
                         "projections need a compressor of fixed size")  # fmt: skip
-    comm = collectives.exchange(cluster, payload, gpus, host)
     codec = codec_s(cluster, workload, method, gpus, kernels) if gpus > 1 else 0.0
     return Breakdown(workload=workload.name, gpus=gpus, method=method.label, batch=batch,
-                     compute_s=step, codec_s=codec, comm_s=comm, payload_bytes=payload,
+                     compute_s=step, codec_s=codec, comm_s=0.0, payload_bytes=payload,
                      overlap=cluster.double_buffering)  # fmt: skip
 
 
@@ -127,7 +139,9 @@ def codec_s(
         raise UserError(f"device.codec is missing: {method.label} codes its payload; give "
                         "`codec: {encode: 2e10, decode: 2e10, launch: 5us}` (elements/s) or "
                         "`codec: {kernels: FILE}` (qbench bench kernels --json)")  # fmt: skip
-    if kernels is not None:
+    if codec.kernels:
+        kernels = kernels or kernels_of(cluster)  # a caller's loop reads the file once
+        assert kernels is not None
         if not kernels.has(method.label):
             raise UserError(f"device.codec.kernels: {kernels.source} has no times for "
                             f"{method.label}; measure it with `qbench bench kernels --json` "

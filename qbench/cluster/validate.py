@@ -14,8 +14,8 @@ from typing import Any
 import pandas as pd
 
 from qbench import catalog
+from qbench.cluster import calibrate, project
 from qbench.cluster import cells as cells_mod
-from qbench.cluster import project
 from qbench.cluster.declared import Cluster, Host
 from qbench.cluster.study import Study
 from qbench.errors import UserError
@@ -37,17 +37,14 @@ def table(cluster: Cluster, study: Study, published: str | Path, host: Host | No
             f"--against: no cell of {published} has a workload, method and GPU count of the "
             "study; check the CSV's network, method and gpus columns"
         )
-    cal = cluster.calibration
-    used = (cells_mod.matching(covered, cal.use, "calibration.use") & (covered["gpus"] > 1)
-            if cal is not None and Path(cal.cells).resolve() == Path(published).resolve()
-            else pd.Series(False, index=covered.index))  # fmt: skip
+    covered = covered.assign(fitted=calibrate.fitted_on(cluster, covered, published))
     kernels = project.kernels_of(cluster)
     out = []
-    for r, is_cal in zip(covered.itertuples(), used, strict=True):
+    for r in covered.itertuples():
         k = int(r.gpus)
         b = project.predict(cluster, names[r.network], labels[r.method], k, host, kernels)
         measured = float(r.samples_per_s)
-        role = "calibration" if is_cal else ("baseline" if k == 1 else "predicted")
+        role = "calibration" if r.fitted else ("baseline" if k == 1 else "predicted")
         out.append({"workload": r.network, "gpus": k, "method": r.method, "measured": measured,
                     "predicted": b.samples_per_s, "error": (b.samples_per_s - measured) / measured,
                     "role": role, "compute_s": b.compute_s, "codec_s": b.codec_s,
@@ -73,12 +70,12 @@ class Summary:
 def summaries(rows: pd.DataFrame) -> list[Summary]:
     """Over the predicted cells: each compressor family apart (qsgd, onebit, ...), then all."""
     pred = rows[rows["role"] == "predicted"]
+    if pred.empty:
+        return []
     family = pred["method"].map(lambda m: catalog.from_label(m).name)
     groups = [(name, pred[family == name]) for name in sorted(set(family))] + [("all", pred)]
     out = []
     for name, part in groups:
-        if part.empty:
-            continue
         errs = part["error"].abs().tolist()
         out.append(Summary(group=name, cells=len(errs), median_abs=statistics.median(errs),
                            within=sum(e <= WITHIN for e in errs), worst=max(errs)))  # fmt: skip

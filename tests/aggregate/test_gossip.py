@@ -253,6 +253,16 @@ def test_one_exact_step_is_w_times_x(topo: str, k: int, algorithm: str) -> None:
     assert got[0]["phases"]["comm"] > 0 and got[0]["phases"]["decode"] > 0
 
 
+@pytest.mark.parametrize("scheme", ["gossip", "push-sum"])
+def test_no_metrics_before_the_first_mixing_and_the_slice_keeps_its_tensors(scheme: str) -> None:
+    def fn(cm: LocalComm) -> tuple[dict[str, float], list[int]]:
+        agg = aggregate.build(scheme, cm, from_spec({"name": "none"}), N, offset=5,
+                              tensors=[N - 3, 3])  # fmt: skip
+        return agg.metrics(), agg.pieces()
+
+    assert on_threads(2, fn) == [({}, [N - 3, 3])] * 2
+
+
 def test_one_rank_is_a_no_op() -> None:
     (got,) = mix(1, QSGD4, 3)
     torch.testing.assert_close(got["x"], start(0), rtol=0, atol=0)

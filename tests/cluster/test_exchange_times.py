@@ -41,6 +41,10 @@ def test_one_device_exchanges_nothing() -> None:
     for collective in ("nccl-ring", "nccl-tree"):
         cluster = dataclasses.replace(_cluster(4, 8), collective=collective)
         assert collectives.exchange(cluster, 1e9, 1) == 0.0
+    # nodes of one device declare no link inside a node
+    single = dataclasses.replace(_cluster(4, 8), devices_per_node=1, intra=None)
+    assert collectives.exchange(single, 1e9, 1) == 0.0
+    assert collectives.exchange(single, 1e9, 2) == pytest.approx(1.0 + 2e-3)
     for f, values in ((collectives.ring_allreduce, LINK), (collectives.tree_allreduce, LINK),
                       (collectives.host_reduce_broadcast, HOST)):  # fmt: skip
         assert f(1e9, 1, values) == 0.0  # type: ignore[operator]

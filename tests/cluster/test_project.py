@@ -75,6 +75,8 @@ def test_a_kernels_file_is_read_once_and_used(tmp_path: Path) -> None:
     b = project.predict(cluster, W, QSGD, 4, kernels=kernels)
     assert b.codec_s == pytest.approx(1.25e-3 + 4e-3)
     assert project.kernels_of(_cluster(codec=Codec(encode=1, decode=1))) is None
+    with pytest.raises(UserError, match=r"^device\.codec\.kernels: .*nope\.json cannot be read"):
+        project.kernels_of(_cluster(codec=Codec(kernels=str(tmp_path / "nope.json"))))
 
 
 def test_small_tensors_travel_in_fp32() -> None:

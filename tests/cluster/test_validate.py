@@ -5,6 +5,7 @@ them; the summary and the band computed from the predicted cells alone."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from qbench.cluster import calibrate, project, validate
 from qbench.cluster.declared import Calibration, Cluster, Codec, Compute, Device, Host
 from qbench.cluster.study import Study, Workload
 from qbench.errors import UserError
+from qbench.spec.codec_times import SCHEMA
 
 TRUE = Host(stage=2e9, bus=6e9, latency=4e-3, fixed=9e-3)
 GPUS = (1, 2, 4, 8)
@@ -37,7 +39,10 @@ def _cluster(cells: Path) -> Cluster:
 
 def _cells(tmp_path: Path, host: Host, qsgd_off: float = 0.0) -> Path:
     """Cells a machine with ``host`` measured (QSGD's off by ``qsgd_off``, relative)."""
-    cluster = _cluster(tmp_path / "cells.csv")
+    return _cells_of(_cluster(tmp_path / "cells.csv"), tmp_path, host, qsgd_off)
+
+
+def _cells_of(cluster: Cluster, tmp_path: Path, host: Host, qsgd_off: float = 0.0) -> Path:
     rows = []
     for w in WORKLOADS:
         for k in STUDY.gpus:
@@ -110,6 +115,43 @@ def test_a_fit_on_compressed_cells_subtracts_their_codec(tmp_path: Path) -> None
     got = calibrate.fit(cluster, STUDY).host
     assert (got.stage, got.bus) == (pytest.approx(TRUE.stage), pytest.approx(TRUE.bus))
     assert (got.latency, got.fixed) == (pytest.approx(TRUE.latency), pytest.approx(TRUE.fixed))
+
+
+def test_a_fit_on_cells_coded_by_a_kernels_file(tmp_path: Path) -> None:
+    """With the device's codec measured (a kernels file), the fit subtracts those times."""
+    rows = [{"compressor": QSGD.label, "op": op, "numel": n, "seconds": n * per,
+             "copy_seconds": n * 1e-10} for op, per in (("encode", 1e-9), ("decode", 2e-9))
+            for n in (1_000_000, 100_000_000)]  # fmt: skip
+    (tmp_path / "k.json").write_text(json.dumps({"schema": SCHEMA, "device": "cpu", "rows": rows}))
+    cluster = _cluster(tmp_path / "cells.csv")
+    device = dataclasses.replace(cluster.device, codec=Codec(kernels=str(tmp_path / "k.json")))
+    cluster = dataclasses.replace(cluster, device=device, calibration=Calibration(
+        cells=str(tmp_path / "cells.csv"), use={"method": QSGD.label}))  # fmt: skip
+    cells = _cells_of(cluster, tmp_path, TRUE)
+    got = calibrate.fit(cluster, STUDY).host
+    assert (got.stage, got.bus) == (pytest.approx(TRUE.stage), pytest.approx(TRUE.bus))
+    assert (got.latency, got.fixed) == (pytest.approx(TRUE.latency), pytest.approx(TRUE.fixed))
+    # and the validation predicts with the same codec times: every cell exact
+    rows_ = validate.table(cluster, STUDY, cells, got)
+    assert rows_["error"].abs().max() < 1e-6 and (rows_["codec_s"] > 0).any()
+
+
+def test_calibration_mistakes_are_one_line(tmp_path: Path) -> None:
+    missing = _cluster(tmp_path / "nope.csv")
+    with pytest.raises(UserError, match=r"^calibration\.cells: .*nope\.csv cannot be read"):
+        calibrate.fit(missing, STUDY)
+    cells = _cells(tmp_path, TRUE)
+    odd = dataclasses.replace(_cluster(cells), calibration=Calibration(str(cells), {"x": 1}))
+    with pytest.raises(UserError, match=r"^calibration\.use: no column 'x'; the cells have "):
+        calibrate.fit(odd, STUDY)
+    other = tmp_path / "other.csv"
+    pd.DataFrame([{"network": "z", "gpus": 2, "method": "fp32", "samples_per_s": 1.0}]).to_csv(
+        other, index=False)  # fmt: skip
+    with pytest.raises(UserError) as e:
+        validate.table(_cluster(cells), STUDY, other, TRUE)
+    assert str(e.value) == (f"--against: no cell of {other} has a workload, method and GPU "
+                            "count of the study; check the CSV's network, method and gpus "
+                            "columns")  # fmt: skip
 
 
 def test_exactly_four_cells_fit(tmp_path: Path) -> None:
