@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from qbench.cluster import units
 from qbench.errors import UserError, choice_error
 
@@ -125,15 +123,7 @@ class Cluster:
 def load(path: str | Path) -> Cluster:
     """The cluster file at ``path`` (relative paths inside it are taken from its folder)."""
     p = Path(path)
-    try:
-        doc = yaml.safe_load(p.read_text())
-    except OSError as e:
-        raise UserError(
-            f"cluster file {p} cannot be read ({e.strerror}); give a YAML file such as "
-            "scenarios/projection/clusters/aws-p2-k80.yaml"
-        ) from None
-    except yaml.YAMLError as e:
-        raise UserError(f"cluster file {p} is not YAML: {str(e).splitlines()[0]}") from None
+    doc = units.read_yaml(p, "cluster file", "scenarios/projection/clusters/aws-p2-k80.yaml")
     return parse(doc, p.parent, str(p))
 
 

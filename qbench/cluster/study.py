@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from qbench import catalog
 from qbench.cluster import units
 from qbench.errors import UserError, choice_error
@@ -73,15 +71,7 @@ class Study:
 
 def load(path: str | Path) -> Study:
     p = Path(path)
-    try:
-        doc = yaml.safe_load(p.read_text())
-    except OSError as e:
-        raise UserError(
-            f"study file {p} cannot be read ({e.strerror}); give a YAML file such as "
-            "scenarios/projection/studies/seed002-figure10.yaml"
-        ) from None
-    except yaml.YAMLError as e:
-        raise UserError(f"study file {p} is not YAML: {str(e).splitlines()[0]}") from None
+    doc = units.read_yaml(p, "study file", "scenarios/projection/studies/seed002-figure10.yaml")
     return parse(doc, str(p))
 
 

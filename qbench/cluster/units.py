@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from qbench.errors import UserError, type_name
 from qbench.spec import network
@@ -42,6 +45,18 @@ def positive(value: Any, key: str, example: str) -> float:
     if not 0 < number < math.inf:
         raise UserError(f"{key} must be a positive number, got {value!r}; e.g. `{example}`")
     return number
+
+
+def read_yaml(path: Path, what: str, example: str) -> Any:
+    """The YAML document at ``path`` (``what``: "cluster file", for the one-line error)."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise UserError(
+            f"{what} {path} cannot be read ({e.strerror}); give a YAML file such as {example}"
+        ) from None
+    except yaml.YAMLError as e:
+        raise UserError(f"{what} {path} is not YAML: {str(e).splitlines()[0]}") from None
 
 
 def mapping(value: Any, key: str, example: str) -> dict[str, Any]:
