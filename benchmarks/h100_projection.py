@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qbench.cluster import declared, study, table
+from qbench.cluster import calibrate, declared, study, table
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECTION = ROOT / "scenarios" / "projection"
@@ -25,7 +25,8 @@ SHOWN = (8, 16, 64, 128)
 def section(name: str) -> list[str]:
     cluster = declared.load(PROJECTION / "clusters" / f"{name}.yaml")
     plan = study.load(PROJECTION / "studies" / "h100.yaml")
-    result = table.projection(cluster, plan, cluster.host)
+    host, fitted = calibrate.host_of(cluster, plan)
+    result = table.projection(cluster, plan, host, fitted)
     frame = result.frame
     out = [f"**{name}** (`{name}.yaml`): fastest compressed method / its speedup over the "
            "fastest uncompressed one (fp32, fp16 or bf16); bold where it pays", "",

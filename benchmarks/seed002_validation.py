@@ -46,7 +46,7 @@ def rows(
     if every_tensor:
         works = [dataclasses.replace(w, coded_tensors=0, coded_share=1.0) for w in plan.workloads]
         plan = dataclasses.replace(plan, workloads=tuple(works))
-    host = calibrate.fit(cluster, plan).host
+    host, _ = calibrate.host_of(cluster, plan)
     return validate.table(cluster, plan, CELLS, host), host
 
 

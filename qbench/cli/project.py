@@ -52,10 +52,7 @@ def project(cluster_file: str, study_file: str, against: str | None, band_out: s
     plan = study.load(study_file)
     if band_out and not against:
         raise click.UsageError("--band-out needs --against CELLS.csv (the band is measured there)")
-    host, fitted = cluster.host, 0
-    if cluster.collective == "mpi-host" and host is None:
-        fit = calibrate.fit(cluster, plan)
-        host, fitted = fit.host, len(fit.cells)
+    host, fitted = calibrate.host_of(cluster, plan)
     if against:
         rows = validate.table(cluster, plan, against, host)
         _write(rows, fmt, csv_path, _show_validation)

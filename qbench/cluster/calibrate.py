@@ -60,6 +60,15 @@ def fit(cluster: Cluster, study: Study) -> Fit:
     return Fit(host=host, cells=chosen[["network", "gpus", "method", "samples_per_s"]])
 
 
+def host_of(cluster: Cluster, study: Study) -> tuple[Host | None, int]:
+    """The host values a projection uses and the cells they were fitted on (0: declared, or no
+    host for an NCCL cluster): fitted here for ``host: calibrated``."""
+    if cluster.collective != "mpi-host" or cluster.host is not None:
+        return cluster.host, 0
+    result = fit(cluster, study)
+    return result.host, len(result.cells)
+
+
 def fitted_on(cluster: Cluster, cells: pd.DataFrame, source: str | Path) -> pd.Series:
     """Which rows of ``cells`` (read from ``source``) the host values are fitted on: those of
     the calibration file that match ``use``, at 2 or more GPUs. The same rows of any other file

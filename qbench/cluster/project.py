@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from qbench import catalog
@@ -140,7 +141,7 @@ def codec_s(
                         "`codec: {encode: 2e10, decode: 2e10, launch: 5us}` (elements/s) or "
                         "`codec: {kernels: FILE}` (qbench bench kernels --json)")  # fmt: skip
     if codec.kernels:
-        kernels = kernels or kernels_of(cluster)  # a caller's loop reads the file once
+        kernels = kernels or kernels_of(cluster)
         assert kernels is not None
         if not kernels.has(method.label):
             raise UserError(f"device.codec.kernels: {kernels.source} has no times for "
@@ -157,4 +158,10 @@ def kernels_of(cluster: Cluster) -> CodecTimes | None:
     codec = cluster.device.codec
     if codec is None or not codec.kernels:
         return None
-    return CodecTimes.read(codec.kernels, "device.codec.kernels")
+    return _kernels(codec.kernels)
+
+
+@functools.lru_cache(maxsize=8)
+def _kernels(path: str) -> CodecTimes:
+    """A kernels document read once per path: a projection codes every cell with it."""
+    return CodecTimes.read(path, "device.codec.kernels")
