@@ -17,11 +17,14 @@ py=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 qb() { "$py" -m qbench.cli "$@"; }
 status=0
-step() { echo "== $*"; "$@" || { echo "!! failed ($?): $*"; status=1; }; }
+# A failed step is reported and the check goes on; it exits 1 at the end. A step piped into tee
+# runs in a subshell, where status=1 is lost: its pipeline's own exit status (pipefail) counts.
+step() { echo "== $*"; "$@" || { rc=$?; echo "!! failed ($rc): $*"; status=1; return "$rc"; }; }
 
 if [ "${CPU:-0}" = 1 ]; then
   device=cpu; sizes="16 20"
-  tests="tests/compress/kernels/cuda/test_cuda_emulate.py tests/compress/kernels/test_lowfloat_kernels.py"
+  tests="tests/compress/kernels/cuda/test_cuda_emulate.py tests/compress/kernels/cuda/test_cuda_nvrtc.py
+    tests/compress/kernels/test_lowfloat_kernels.py"
   sweep_set=(--set backend=gloo --set device=cpu --set iterations=5 --set warmup=2)
 else
   device=cuda; sizes="16 20 24 26"; tests=tests/compress/kernels/cuda/test_cuda.py; sweep_set=()
@@ -32,7 +35,7 @@ fi
 step qb info
 # shellcheck disable=SC2086
 step "$py" -m pytest -q -rs -p no:cacheprovider $tests -o addopts="" -W ignore::DeprecationWarning \
-  2>&1 | tee "$out/tests.log"
+  2>&1 | tee "$out/tests.log" || status=1
 # --max-time: a torch-only codec (adaptive: a Python loop per bucket) takes seconds a call on a
 # GPU; on an H100 it took most of the 8 minutes before the limit existed (docs/results/gpu.md).
 # shellcheck disable=SC2086

@@ -3,8 +3,11 @@
 #pragma once
 
 #if defined(__CUDACC_RTC__)
-// NVRTC (CuPy RawModule) has no C library headers; these are the only fixed-width types used.
+// NVRTC (CuPy RawModule) has no C library headers; these are the only fixed-width types used
+// (tests/compress/kernels/cuda/test_cuda_nvrtc.py compiles every source with NVRTC, no GPU).
+typedef signed char int8_t;
 typedef unsigned char uint8_t;
+typedef short int16_t;
 typedef unsigned short uint16_t;
 typedef int int32_t;
 typedef unsigned int uint32_t;

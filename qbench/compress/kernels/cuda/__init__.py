@@ -11,8 +11,8 @@ so they are ordered with the surrounding torch work without synchronising. Selec
 
 The package's submodules: ``args`` (the arguments marshalled as CuPy passes them, checked
 against the kernels' parameters), ``emulate`` (the kernels on CPU threads), ``racecheck`` (its
-race detector) and ``coverage`` (the kernels' line coverage under it,
-``python -m qbench.compress.kernels.cuda.coverage``).
+race detector), ``nvrtc`` (the sources compiled to PTX without a GPU) and ``coverage`` (the
+kernels' line coverage under the emulator, ``python -m qbench.compress.kernels.cuda.coverage``).
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ _SOURCES = {
         *("qb_lf_units_divisors", "qb_lf_units_encode", "qb_lf_units_decode"),  # integer view
     ),
 }
+# What CuPy's RawModule is given beside -I kernels/ (nvrtc.py compiles with the same, no GPU).
+NVRTC_OPTIONS = ("-std=c++17",)
 _LF_RUN = 64  # kernels/lowfloat.cu: QB_LF_RUN, values per thread of qb_lf_maxes
 _GROUP_THREADS = 256  # threads per block of the one-thread-per-8-values kernels
 _MAX_BLOCKS = 1 << 16  # grid-stride loops cover the rest
@@ -86,7 +88,7 @@ def _compile(device: int) -> None:
     with cupy.cuda.Device(device):
         for source, names in _SOURCES.items():
             module = cupy.RawModule(
-                code=(kdir / source).read_text(), options=("-std=c++17", f"-I{kdir}")
+                code=(kdir / source).read_text(), options=(*NVRTC_OPTIONS, f"-I{kdir}")
             )
             for name in names:
                 _functions[device, name] = module.get_function(name)
