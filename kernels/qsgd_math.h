@@ -164,6 +164,37 @@ QB_HD int64_t qb_tree_width(int64_t n) {
 
 QB_HD int64_t qb_min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+// -- vector accesses: 16 / 8 / 4 bytes in one instruction. The pointer must be aligned to the
+// access (the caller checks the base pointer's alignment once, on the host, and takes a scalar
+// path otherwise); under the emulator QB_ALIGNED stops on a misaligned one, as the GPU faults.
+#ifndef QB_ALIGNED
+#define QB_ALIGNED(p, n) ((void)0)
+#endif
+__device__ __forceinline__ float4 qb_ld_f4(const float *p) {
+  QB_ALIGNED(p, 16);
+  return *(const float4 *)p;
+}
+__device__ __forceinline__ void qb_st_f4(float *p, float4 v) {
+  QB_ALIGNED(p, 16);
+  *(float4 *)p = v;
+}
+__device__ __forceinline__ void qb_st_u32(uint8_t *p, uint32_t v) {
+  QB_ALIGNED(p, 4);
+  *(uint32_t *)p = v;
+}
+__device__ __forceinline__ void qb_st_u64(uint8_t *p, uint64_t v) {
+  QB_ALIGNED(p, 8);
+  *(uint64_t *)p = v;
+}
+__device__ __forceinline__ uint32_t qb_ld_u32(const uint8_t *p) {
+  QB_ALIGNED(p, 4);
+  return *(const uint32_t *)p;
+}
+__device__ __forceinline__ uint64_t qb_ld_u64(const uint8_t *p) {
+  QB_ALIGNED(p, 8);
+  return *(const uint64_t *)p;
+}
+
 // Max of one uint32 per thread (any order is exact).
 __device__ __forceinline__ uint32_t qb_block_max_u32(uint32_t v, uint32_t *smem) {
   for (int d = 16; d > 0; d >>= 1) {

@@ -97,6 +97,27 @@ T __ldg(const T *p) {
   return *p;
 }
 
+// -- vector types: as CUDA aligns them, so a misaligned vector access faults here as there --
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(8) int2 { int x, y; };
+struct alignas(16) int4 { int x, y, z, w; };
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+// A vector load or store through a pointer not aligned to its size is a misaligned-address
+// fault on the GPU; the host would do it silently. kernels/qsgd_math.h's vector accesses
+// (qb_ld_f4 ...) call this first, so the emulator stops where the GPU would.
+#define QB_ALIGNED(p, n) ::emu::check_aligned((p), (n), __func__)
+namespace emu {
+inline void check_aligned(const void *p, size_t n, const char *what) {
+  if (reinterpret_cast<uintptr_t>(p) % n) fail("%s: misaligned %zu-byte access", what, n);
+}
+}  // namespace emu
+
 // -- synchronisation ------------------------------------------------------------------------------
 inline void __syncthreads() { emu::sync_threads(); }
 inline void __threadfence() { emu::yield_point(); }  // fibers see each other's writes at once

@@ -4,7 +4,10 @@ Per (compressor, size) the copy baseline is timed in the same loop as encode and
 copy right before each encode/decode pair, so machine noise hits both alike; ``ratio`` is
 seconds / copy_seconds. As the copy writes into a preallocated tensor, so does the decode
 (``decode(payload, out, accumulate=False)``): a fresh output would add its page faults. Every
-raw sample is kept; summaries are medians after one warm-up. Each row also places its op on
+raw sample is kept; summaries are medians after one warm-up. torch's own casts (PEERS: fp32 to
+float8_e4m3fn and to bfloat16 for encode, back to fp32 for decode, each into a preallocated
+tensor as the copy is) are timed in the same loop, so a row says how the codec stands against
+the kernels a user would otherwise reach for. Each row also places its op on
 the roofline (``qbench.spec.roofline``: the bytes it must move at the copy bandwidth, and the
 link rate below which compressing pays). Nothing here prints: see ``qbench.bench.render``.
 """
@@ -44,6 +47,10 @@ DEFAULT_SPECS = (
     "fp8:block_size=128", "mx:element=e4m3", "mx", "nvfp4", "fixedpoint:bits=8",
     "topk:ratio=0.01", "adaptive",
 )  # fmt: skip
+
+PEERS = {"fp8 cast": torch.float8_e4m3fn, "bf16 cast": torch.bfloat16}
+"""torch's casts timed beside every codec: encode is ``low.copy_(fp32)``, decode
+``fp32.copy_(low)`` (torch's ``.to(dtype)`` without the allocation)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,14 @@ class KernelRow:
     """The op against its memory floor, and the compressor's break-even link rates."""
     samples: list[float] = field(default_factory=list)
     copy_samples: list[float] = field(default_factory=list)
+    peer_seconds: dict[str, float] = field(default_factory=dict)
+    """Median seconds of each of PEERS in this op's direction, timed beside it."""
+    peer_samples: dict[str, list[float]] = field(default_factory=dict)
+
+    def peer_ratio(self, peer: str) -> float | None:
+        """seconds / the peer's seconds ("x fp8 cast"), None when the peer was not timed."""
+        s = self.peer_seconds.get(peer)
+        return self.seconds / s if s else None
 
 
 @dataclass(frozen=True)
@@ -234,19 +249,38 @@ def _prime(comp: compress.Compressor, src: torch.Tensor) -> None:
         comp.encode(src, name="bench")
 
 
+Samples = dict[str, list[float]]
+
+
+def _peer_ops(src: torch.Tensor) -> dict[str, dict[str, Callable[[], object]]]:
+    """Per op, each peer's call: torch's cast into a tensor made once, outside the timer."""
+    ops: dict[str, dict[str, Callable[[], object]]] = {op: {} for op in OPS}
+    back = torch.empty_like(src)
+    for peer, dtype in PEERS.items():
+        low = src.to(dtype)
+        ops["encode"][peer] = partial(low.copy_, src)
+        ops["decode"][peer] = partial(back.copy_, low)
+    return ops
+
+
 def _samples(
     comp: compress.Compressor, src: torch.Tensor, repeats: int, max_time: float, clock: Clock
-) -> tuple[dict[str, list[float]], list[float], compress.Payload]:
+) -> tuple[Samples, list[float], dict[str, Samples], compress.Payload]:
     dst, values = torch.empty_like(src), torch.empty_like(src)
     _prime(comp, src)
     payload = comp.encode(src, name="bench")  # decode input, made once outside the timer
     decode = partial(comp.decode, payload, values, accumulate=False)
+    peers = _peer_ops(src)
     clock(lambda: dst.copy_(src))  # warm-up
     clock(decode)
+    for calls in peers.values():
+        for call in calls.values():
+            clock(call)
     _prime(comp, src)
     clock(lambda: comp.encode(src, name="bench"))
-    times: dict[str, list[float]] = {op: [] for op in OPS}
+    times: Samples = {op: [] for op in OPS}
     copies: list[float] = []
+    peer_times: dict[str, Samples] = {op: {p: [] for p in PEERS} for op in OPS}
     # Like pytest-benchmark's max_time: a codec far off the rest (a Python loop per bucket on a
     # GPU takes seconds a call) gets fewer repeats instead of eating the whole benchmark.
     deadline = time.perf_counter() + max_time
@@ -255,9 +289,12 @@ def _samples(
         copies.append(clock(lambda: dst.copy_(src)))
         times["encode"].append(clock(lambda: comp.encode(src, name="bench")))
         times["decode"].append(clock(decode))
+        for op, calls in peers.items():
+            for peer, call in calls.items():
+                peer_times[op][peer].append(clock(call))
         if time.perf_counter() > deadline:
             break
-    return times, copies, payload
+    return times, copies, peer_times, payload
 
 
 def _median(samples: list[float]) -> float:
@@ -271,7 +308,7 @@ def _rows(
     overlap: float,
 ) -> list[KernelRow]:  # fmt: skip
     impl = implementation(comp, src)
-    times, copies, payload = _samples(comp, src, repeats, max_time, clock)
+    times, copies, peer_times, payload = _samples(comp, src, repeats, max_time, clock)
     numel, copy_s = src.numel(), _median(copies)
     secs = {op: _median(times[op]) for op in OPS}
     # The timed decode writes its values into a buffer (accumulate=False): nothing accumulates.
@@ -286,6 +323,8 @@ def _rows(
             gbps=roofline.input_gbps(numel, s), copy_seconds=copy_s, ratio=s / copy_s,
             wire_bytes=payload.nbytes, bits_per_value=8 * payload.nbytes / numel,
             samples=times[op], copy_samples=copies, roofline=placed[op],
+            peer_seconds={p: _median(t) for p, t in peer_times[op].items()},
+            peer_samples=peer_times[op],
         )
         for op, s in secs.items()
     ]  # fmt: skip

@@ -23,8 +23,8 @@ out = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 _COLUMNS = (
-    "compressor", "impl", "op", "time", "GB/s", "copy", "x copy", "x floor", "wire",
-    "bits/value",
+    "compressor", "impl", "op", "time", "GB/s", "copy", "x copy", "x floor",
+    *(f"x {peer}" for peer in kernels.PEERS), "wire", "bits/value",
 )  # fmt: skip
 _LEFT = ("compressor", "impl", "op")
 
@@ -32,6 +32,8 @@ CAPTION = (
     "GB/s        fp32 input (4 bytes a value) per second",
     "x copy      time / time of copy_ of the same tensor, timed beside it",
     "x floor     time / (bytes the op must move, at that copy's bandwidth); 1.0 = at the floor",
+    "x fp8 cast  time / torch's fp32 -> float8_e4m3fn cast (decode: back to fp32), timed beside",
+    "            it into a preallocated tensor; x bf16 cast: the same with bfloat16",
     "            encode: 4 B/value in, payload out, + 8 B/value of residual with error feedback",
     "            decode: payload in, 4 B/value out",
     "break-even  link rate (Gbit/s) below which compressing pays even when nothing hides the",
@@ -88,10 +90,15 @@ def table(
         t.add_row(
             r.compressor, r.implementation, r.op, time, f"{r.gbps:.3g}",
             seconds(r.copy_seconds), f"{r.ratio:.3g}", f"{p.floor_ratio:.3g}",
-            nbytes(r.wire_bytes), f"{r.bits_per_value:.3g}",
+            *(_ratio(r.peer_ratio(peer)) for peer in kernels.PEERS), nbytes(r.wire_bytes),
+            f"{r.bits_per_value:.3g}",
             *((link_rate(b) for b in rates) if rates else ("", "")),
         )  # fmt: skip
     return t
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
 
 
 def target_line(t: TargetResult) -> str:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import io
 import json
 import math
+import statistics
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -105,9 +108,13 @@ def test_rows_take_the_median_sample_not_the_mean() -> None:
     """Skewed samples, one slow outlier each (a busy machine's): copy 1, 2, 9 us (median 2,
     mean 4), encode 2, 4, 18 (median 4), decode 3, 6, 27 (median 6)."""
     n = 1024
-    # the order _samples times them in: 3 warm-ups (copy, decode, encode) the rows must not
-    # use, then per repeat copy, encode, decode
-    script = iter([1.0] * 3 + [t * 1e-6 for t in (1, 2, 3, 2, 4, 6, 9, 18, 27)])
+    # the order _samples times them in: 7 warm-ups (copy, decode, the 4 torch casts, encode)
+    # the rows must not use, then per repeat copy, encode, decode and the casts (5, 7, 50, 70 us:
+    # encode to fp8 and bf16, decode from them; the last repeat's are the outliers)
+    casts = [[5, 7, 50, 70], [5, 7, 50, 70], [500, 700, 5000, 7000]]
+    repeats = [(1, 2, 3), (2, 4, 6), (9, 18, 27)]
+    per_repeat = [(*r, *c) for r, c in zip(repeats, casts, strict=True)]
+    script = iter([1.0] * 7 + [t * 1e-6 for times in per_repeat for t in times])
 
     def clock(fn: Any) -> float:
         fn()
@@ -123,6 +130,9 @@ def test_rows_take_the_median_sample_not_the_mean() -> None:
     assert enc.roofline.copy_gbps == pytest.approx(8 * n / 2e-6 / 1e9)
     moved = 4 * n + n // 2 + 4 * 2  # the gradient in, 4-bit levels and 2 scales out
     assert enc.roofline.floor_seconds == pytest.approx(moved * 2e-6 / (8 * n))
+    assert enc.peer_seconds == {"fp8 cast": pytest.approx(5e-6), "bf16 cast": pytest.approx(7e-6)}
+    assert dec.peer_seconds == {"fp8 cast": pytest.approx(5e-5), "bf16 cast": pytest.approx(7e-5)}
+    assert dec.peer_ratio("bf16 cast") == pytest.approx(6 / 70)
 
 
 def test_known_wire_sizes(tiny: KernelResult) -> None:
@@ -239,6 +249,36 @@ def test_json_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert copy["copy_gbps"] == pytest.approx(8 * 256 / copy["copy_seconds"] / 1e9)
 
 
+def test_torch_casts_are_timed_beside_every_codec_in_each_direction(monkeypatch) -> None:
+    """Each repeat times both peers in both directions next to the copy; the row's ratio to a
+    peer is its seconds over the peer's median, and the table prints it."""
+    calls: list[tuple[torch.dtype, torch.dtype]] = []
+    real_copy = torch.Tensor.copy_
+
+    def spy(self: torch.Tensor, src: torch.Tensor, *a: object) -> torch.Tensor:
+        calls.append((src.dtype, self.dtype))
+        return real_copy(self, src, *a)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", spy)
+    result = kernels.measure(["qsgd"], sizes=[10], repeats=3, max_time=60)
+    monkeypatch.undo()
+    for dtype in kernels.PEERS.values():  # warm-up + 3 repeats, each way
+        assert calls.count((torch.float32, dtype)) == 4
+        assert calls.count((dtype, torch.float32)) == 4
+    for r in result.rows:
+        assert set(r.peer_seconds) == set(kernels.PEERS)
+        assert all(len(v) == len(r.copy_samples) == 3 for v in r.peer_samples.values())
+        fp8 = r.peer_seconds["fp8 cast"]
+        assert fp8 == max(statistics.median(r.peer_samples["fp8 cast"]), 1e-9)
+        assert r.peer_ratio("fp8 cast") == pytest.approx(r.seconds / fp8)
+    console = Console(width=300, record=True)
+    console.print(render.table(result.rows, "t"))
+    text = console.export_text()
+    assert "x fp8 cast" in text and "x bf16 cast" in text
+    encode = next(r for r in result.rows if r.op == "encode")
+    assert f"{encode.peer_ratio('bf16 cast'):.3g}" in text
+
+
 def test_json_round_trip(tmp_path: Path) -> None:
     """Every row keeps the fields it had and gains ``roofline``, which reads back into the
     same Placement; replay and the cost model still read the file."""
@@ -251,7 +291,7 @@ def test_json_round_trip(tmp_path: Path) -> None:
         "copy_seconds", "ratio", "wire_bytes", "bits_per_value", "samples", "copy_samples",
     }  # fmt: skip
     for raw, row in zip(doc["rows"], result.rows, strict=True):
-        assert set(raw) == old_fields | {"roofline"}
+        assert set(raw) == old_fields | {"roofline", "peer_seconds", "peer_samples"}
         assert roofline.Placement(**raw["roofline"]) == row.roofline
     assert [c["numel"] for c in doc["roofline"]["copy"]] == [256, 1024]
     times = CodecTimes.read(path)
@@ -319,12 +359,43 @@ def test_cli_table_shows_the_roofline_columns() -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     header = proc.stdout.split("┡")[0]
-    for column in ("GB/s", "x copy", "x floor", "break-even", "Gbit/s f=0 ", "Gbit/s f=0.25"):
+    columns = ("GB/s", "x copy", "x floor", "x fp8", "x bf16", "break-even", "Gbit/s f=0 ")
+    for column in (*columns, "Gbit/s f=0.25"):
         assert column in header, column
     rows = [[c.strip() for c in line.split("│")[1:-1]] for line in proc.stdout.splitlines()]
-    rates = {(r[0], r[2]): r[-2:] for r in rows if len(r) == 12}  # (compressor, op): B*s
+    rates = {(r[0], r[2]): r[-2:] for r in rows if len(r) == 14}  # (compressor, op): B*s
     assert rates["fp32", "encode"] == ["never", "never"]  # r = 1
     assert rates["fp32", "decode"] == ["", ""]  # one B* per compressor, on its encode row
     f0, f25 = (float(x) for x in rates["1bit-b64", "encode"])
     assert f25 == pytest.approx(f0 / 0.75, rel=0.01)  # 3 significant digits each
     assert "below which compressing pays even when nothing hides the" in proc.stdout
+
+
+def test_before_after_table_puts_two_trees_side_by_side(tiny: KernelResult, tmp_path: Path) -> None:
+    """benchmarks/kernels_before_after.py (gpu_check.sh BEFORE=...): medians over rounds, the
+    speed-up as before over after, both trees' x floor and the after tree's x fp8 cast."""
+    doc = kernels.to_document(tiny)
+    rows = [r for r in doc["rows"] if r["compressor"] == "qsgd-4b-b512"]
+    for tag, scale in (("before-r1", 3.0), ("before-r2", 5.0), ("after-r1", 1.0)):
+        scaled = [
+            {**r, "seconds": r["seconds"] * scale,
+             "roofline": {**r["roofline"], "floor_ratio": r["roofline"]["floor_ratio"] * scale}}
+            for r in rows
+        ]  # fmt: skip
+        (tmp_path / f"{tag}.json").write_text(json.dumps({**doc, "rows": scaled}))
+    script = ROOT / "benchmarks" / "kernels_before_after.py"
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, check=True
+    ).stdout
+    enc = next(r for r in rows if r["op"] == "encode")
+    line = next(x for x in out.splitlines() if x.startswith("| qsgd-4b-b512 | encode | 2^10 |"))
+    cells = [c.strip() for c in line.split("|")[1:-1]]
+    floor = enc["roofline"]["floor_ratio"]
+    assert cells[5] == "4.00x"  # median of 3x and 5x over 1x
+    assert cells[6] == f"{4 * floor:.2f} ({3 * floor:.2f}-{5 * floor:.2f})"
+    assert cells[7] == f"{floor:.2f}"
+    assert cells[8] == f"{enc['seconds'] / enc['peer_seconds']['fp8 cast']:.2f}"
+    empty = tmp_path / "none"
+    empty.mkdir()
+    proc = subprocess.run([sys.executable, str(script), str(empty)], capture_output=True, text=True)
+    assert proc.returncode == 1 and "no before-r*.json" in proc.stderr
