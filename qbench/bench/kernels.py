@@ -15,19 +15,18 @@ link rate below which compressing pays). Nothing here prints: see ``qbench.bench
 from __future__ import annotations
 
 import importlib
-import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from types import ModuleType
 from typing import Any, cast
 
 import torch
 
 from qbench import compress
+from qbench.bench import timing
+from qbench.bench.timing import PEERS  # noqa: F401 (render and callers read kernels.PEERS)
 from qbench.catalog import specs
 from qbench.errors import UserError
 from qbench.launch import machine
@@ -47,10 +46,6 @@ DEFAULT_SPECS = (
     "fp8:block_size=128", "mx:element=e4m3", "mx", "nvfp4", "fixedpoint:bits=8",
     "topk:ratio=0.01", "adaptive",
 )  # fmt: skip
-
-PEERS = {"fp8 cast": torch.float8_e4m3fn, "bf16 cast": torch.bfloat16}
-"""torch's casts timed beside every codec: encode is ``low.copy_(fp32)``, decode
-``fp32.copy_(low)`` (torch's ``.to(dtype)`` without the allocation)."""
 
 
 @dataclass(frozen=True)
@@ -210,107 +205,15 @@ def _backend(name: str) -> AbstractContextManager[object]:
     return nullcontext()
 
 
-# -- timing --------------------------------------------------------------------------------------
-Clock = Callable[[Callable[[], object]], float]
-
-
-def _clock(device: torch.device) -> Clock:
-    """Seconds one call takes: CUDA events on a GPU, perf_counter on the CPU."""
-    if device.type == "cuda":
-
-        def cuda_time(fn: Callable[[], object]) -> float:
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize(device)
-            start.record()
-            result = fn()
-            end.record()
-            end.synchronize()
-            del result
-            return float(start.elapsed_time(end)) / 1e3
-
-        return cuda_time
-
-    def cpu_time(fn: Callable[[], object]) -> float:
-        t0 = time.perf_counter()
-        result = fn()  # kept alive until the clock is read: freeing it is not the kernel's cost
-        t1 = time.perf_counter()
-        del result
-        return t1 - t0
-
-    return cpu_time
-
-
-def _prime(comp: compress.Compressor, src: torch.Tensor) -> None:
-    """Same state before every timed encode: reset, then one encode so error feedback has a
-    residual as in steady-state training (outside the timer)."""
-    comp.reset()
-    if comp.stateful:
-        comp.encode(src, name="bench")
-
-
-Samples = dict[str, list[float]]
-
-
-def _peer_ops(src: torch.Tensor) -> dict[str, dict[str, Callable[[], object]]]:
-    """Per op, each peer's call: torch's cast into a tensor made once, outside the timer."""
-    ops: dict[str, dict[str, Callable[[], object]]] = {op: {} for op in OPS}
-    back = torch.empty_like(src)
-    for peer, dtype in PEERS.items():
-        low = src.to(dtype)
-        ops["encode"][peer] = partial(low.copy_, src)
-        ops["decode"][peer] = partial(back.copy_, low)
-    return ops
-
-
-def _samples(
-    comp: compress.Compressor, src: torch.Tensor, repeats: int, max_time: float, clock: Clock
-) -> tuple[Samples, list[float], dict[str, Samples], compress.Payload]:
-    dst, values = torch.empty_like(src), torch.empty_like(src)
-    _prime(comp, src)
-    payload = comp.encode(src, name="bench")  # decode input, made once outside the timer
-    decode = partial(comp.decode, payload, values, accumulate=False)
-    peers = _peer_ops(src)
-    clock(lambda: dst.copy_(src))  # warm-up
-    clock(decode)
-    for calls in peers.values():
-        for call in calls.values():
-            clock(call)
-    _prime(comp, src)
-    clock(lambda: comp.encode(src, name="bench"))
-    times: Samples = {op: [] for op in OPS}
-    copies: list[float] = []
-    peer_times: dict[str, Samples] = {op: {p: [] for p in PEERS} for op in OPS}
-    # Like pytest-benchmark's max_time: a codec far off the rest (a Python loop per bucket on a
-    # GPU takes seconds a call) gets fewer repeats instead of eating the whole benchmark.
-    deadline = time.perf_counter() + max_time
-    for _ in range(repeats):
-        _prime(comp, src)
-        copies.append(clock(lambda: dst.copy_(src)))
-        times["encode"].append(clock(lambda: comp.encode(src, name="bench")))
-        times["decode"].append(clock(decode))
-        for op, calls in peers.items():
-            for peer, call in calls.items():
-                peer_times[op][peer].append(clock(call))
-        if time.perf_counter() > deadline:
-            break
-    return times, copies, peer_times, payload
-
-
-def _median(samples: list[float]) -> float:
-    # An op that launches no work (fp32 aliases its input) can read 0 on a coarse clock; 1 ns
-    # is below any clock's resolution and keeps GB/s and the ratio finite.
-    return max(statistics.median(samples), 1e-9)
-
-
 def _rows(
-    comp: compress.Compressor, src: torch.Tensor, repeats: int, max_time: float, clock: Clock,
+    comp: compress.Compressor, src: torch.Tensor, repeats: int, max_time: float,
+    clock: timing.Clock,
     overlap: float,
 ) -> list[KernelRow]:  # fmt: skip
     impl = implementation(comp, src)
-    times, copies, peer_times, payload = _samples(comp, src, repeats, max_time, clock)
-    numel, copy_s = src.numel(), _median(copies)
-    secs = {op: _median(times[op]) for op in OPS}
+    times, copies, peer_times, payload = timing.samples(comp, src, repeats, max_time, clock)
+    numel, copy_s = src.numel(), timing.median(copies)
+    secs = {op: timing.median(times[op]) for op in OPS}
     # The timed decode writes its values into a buffer (accumulate=False): nothing accumulates.
     placed = roofline.place(
         numel, secs, copy_s, wire_bytes=comp.spec.wire_bytes(numel), measured=payload.nbytes,
@@ -323,7 +226,7 @@ def _rows(
             gbps=roofline.input_gbps(numel, s), copy_seconds=copy_s, ratio=s / copy_s,
             wire_bytes=payload.nbytes, bits_per_value=8 * payload.nbytes / numel,
             samples=times[op], copy_samples=copies, roofline=placed[op],
-            peer_seconds={p: _median(t) for p, t in peer_times[op].items()},
+            peer_seconds={p: timing.median(t) for p, t in peer_times[op].items()},
             peer_samples=peer_times[op],
         )
         for op, s in secs.items()
@@ -395,7 +298,7 @@ def _measure_all(
     comps: list[compress.Compressor], sizes: Sequence[int], repeats: int, max_time: float,
     dev: torch.device, overlap: float, on_progress: Callable[[str], None] | None,
 ) -> list[KernelRow]:  # fmt: skip
-    clock = _clock(dev)
+    clock = timing.clock_for(dev)
     rows: list[KernelRow] = []
     for e in sizes:
         src = torch.randn(2**e, generator=torch.Generator(dev).manual_seed(e), device=dev)
