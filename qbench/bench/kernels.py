@@ -25,8 +25,8 @@ from typing import Any, cast
 import torch
 
 from qbench import compress
-from qbench.bench import timing
-from qbench.bench.timing import PEERS  # noqa: F401 (render and callers read kernels.PEERS)
+from qbench.bench import interleave
+from qbench.bench.interleave import PEERS  # noqa: F401 (render and callers read kernels.PEERS)
 from qbench.catalog import specs
 from qbench.errors import UserError
 from qbench.launch import machine
@@ -207,13 +207,13 @@ def _backend(name: str) -> AbstractContextManager[object]:
 
 def _rows(
     comp: compress.Compressor, src: torch.Tensor, repeats: int, max_time: float,
-    clock: timing.Clock,
+    clock: interleave.Clock,
     overlap: float,
 ) -> list[KernelRow]:  # fmt: skip
     impl = implementation(comp, src)
-    times, copies, peer_times, payload = timing.samples(comp, src, repeats, max_time, clock)
-    numel, copy_s = src.numel(), timing.median(copies)
-    secs = {op: timing.median(times[op]) for op in OPS}
+    times, copies, peer_times, payload = interleave.samples(comp, src, repeats, max_time, clock)
+    numel, copy_s = src.numel(), interleave.median(copies)
+    secs = {op: interleave.median(times[op]) for op in OPS}
     # The timed decode writes its values into a buffer (accumulate=False): nothing accumulates.
     placed = roofline.place(
         numel, secs, copy_s, wire_bytes=comp.spec.wire_bytes(numel), measured=payload.nbytes,
@@ -226,7 +226,7 @@ def _rows(
             gbps=roofline.input_gbps(numel, s), copy_seconds=copy_s, ratio=s / copy_s,
             wire_bytes=payload.nbytes, bits_per_value=8 * payload.nbytes / numel,
             samples=times[op], copy_samples=copies, roofline=placed[op],
-            peer_seconds={p: timing.median(t) for p, t in peer_times[op].items()},
+            peer_seconds={p: interleave.median(t) for p, t in peer_times[op].items()},
             peer_samples=peer_times[op],
         )
         for op, s in secs.items()
@@ -298,7 +298,7 @@ def _measure_all(
     comps: list[compress.Compressor], sizes: Sequence[int], repeats: int, max_time: float,
     dev: torch.device, overlap: float, on_progress: Callable[[str], None] | None,
 ) -> list[KernelRow]:  # fmt: skip
-    clock = timing.clock_for(dev)
+    clock = interleave.clock_for(dev)
     rows: list[KernelRow] = []
     for e in sizes:
         src = torch.randn(2**e, generator=torch.Generator(dev).manual_seed(e), device=dev)
