@@ -9,6 +9,7 @@ from qbench import catalog
 from qbench.aggregate.allgather import AllGather
 from qbench.aggregate.allreduce import AllReduce
 from qbench.aggregate.base import Aggregator, split_ranges
+from qbench.aggregate.diloco import DiLoCo, LocalSGD
 from qbench.aggregate.gossip import Gossip
 from qbench.aggregate.hierarchical import Hierarchical
 from qbench.aggregate.integer_allreduce import IntegerAllReduce
@@ -17,7 +18,7 @@ from qbench.aggregate.push_sum import PushSum
 from qbench.aggregate.reduce_broadcast import ReduceBroadcast
 from qbench.aggregate.simulated_lowprec import SimulatedLowPrec
 from qbench.catalog import importpath
-from qbench.catalog.schemes import BACKWARD, DDP_OPTIONS
+from qbench.catalog.schemes import BACKWARD, DDP_OPTIONS, EXCHANGE
 from qbench.comm.base import Comm
 from qbench.compress import Compressor
 from qbench.errors import UserError
@@ -34,6 +35,8 @@ SCHEMES: dict[str, type[Aggregator]] = {
         ParameterServer,
         PushSum,
         Hierarchical,
+        LocalSGD,
+        DiLoCo,
     )
 }
 
@@ -71,7 +74,10 @@ def build(
     options (``backward``, ``bucket_cap_mb``, ...) belong to the DDP loop, not to the
     aggregator of one bucket."""
     checked = check_params(name, params or {})
-    kwargs = {k: v for k, v in checked.items() if k not in _DDP_KEYS}
+    kwargs: dict[str, Any] = {k: v for k, v in checked.items() if k not in _DDP_KEYS}
+    if EXCHANGE.name in kwargs:  # local SGD, DiLoCo: the collective of their outer step
+        through = kwargs[EXCHANGE.name]
+        kwargs[EXCHANGE.name] = lambda cm, c, n, off, t: build(through, cm, c, n, off, tensors=t)
     return _aggregator(name)(comm, compressor, numel, offset, tensors=tensors, **kwargs)
 
 

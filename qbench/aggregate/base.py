@@ -57,6 +57,11 @@ class Aggregator(ABC):
         of (the compressed) ``grad``; may reuse ``grad``'s storage."""
         raise NotImplementedError
 
+    def begin(self, params: torch.Tensor) -> None:
+        """Called once with this slice of the flat parameters before the first step; local
+        SGD and DiLoCo keep the global model from here. Default: nothing."""
+        return None
+
     def after_step(self, params: torch.Tensor, step: int, timer: PhaseTimer) -> None:
         """Called with this slice of the flat parameters after the optimizer step; decentralized
         schemes (gossip) mix models with their neighbours here. Default: nothing."""

@@ -4,6 +4,9 @@ Which backends, compressors and world sizes a scheme accepts, each with its one-
 in :mod:`qbench.spec.rules`. The aggregators in ``qbench.aggregate`` take their validated
 parameters from here. To add a scheme: an entry here, its rules there, and an aggregator
 module.
+
+Why one module: every scheme's entry, with the parameters and names several entries share, is
+the one place each of those facts lives; a reader finds any scheme by searching one file.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class SchemeEntry:
     params: tuple[Param, ...] = ()
     kind: str = "collective"
     """collective (every rank gets the mean), decentralized (each rank its own model),
+    periodic (each rank its own model, an exchange every H steps: local SGD, DiLoCo),
     asynchronous (a server, no barrier), ddp (PyTorch's DDP loop) or fsdp (FSDP2's loop)."""
     reduces: bool = True
     """It computes the mean gradient (simulated-lowprec only moves the bytes)."""
@@ -337,10 +341,65 @@ FSDP = SchemeEntry(
     cross_check=_stateless_gather, display=_fsdp_name,
 )  # fmt: skip
 
+# -- exchange every H steps (issue 47) ----------------------------------------------------------
+EVERY = Param("H", 50, "inner steps between outer exchanges", int, "an integer >= 1", at_least(1))
+EXCHANGES = ("allreduce", "reduce-broadcast", "integer-allreduce", "hierarchical", "allgather")
+"""The collective schemes an outer exchange can go through (each with its own rules)."""
+EXCHANGE = Param(
+    "exchange", "allreduce", "the collective scheme the outer gradients go through, with the "
+    "scheme's compressor", str, choices=EXCHANGES,
+)  # fmt: skip
+
+
+def _nesterov_needs_momentum(given: Params, p: Params) -> str | None:
+    if given.get("nesterov") and p["outer_momentum"] == 0:
+        return (
+            "nesterov is a kind of momentum, and outer_momentum is 0 (torch.optim.SGD refuses "
+            "the same); set `outer_momentum: 0.9` or drop `nesterov`"
+        )
+    return None
+
+
+def _periodic_name(title: str) -> Callable[[Params], str]:
+    def name(p: Params) -> str:
+        out = [f"{title}, H {p['H']}"]
+        if "outer_lr" in p:
+            nesterov = " Nesterov" if p["nesterov"] and p["outer_momentum"] else ""
+            out.append(f"outer lr {p['outer_lr']:g}, momentum {p['outer_momentum']:g}{nesterov}")
+        if p["exchange"] != "allreduce":
+            out.append(f"via {p['exchange']}")
+        return ", ".join(out)
+
+    return name
+
+
+LOCAL_SGD = SchemeEntry(
+    "local-sgd", "each rank steps its own model; parameters averaged every H steps through the "
+    "exchange", "Stich 2019; Lin et al. 2020 (beyond the seeds)",
+    "qbench.aggregate.diloco:LocalSGD", kind="periodic", params=(EVERY, EXCHANGE),
+    display=_periodic_name("local SGD"),
+)  # fmt: skip
+DILOCO = SchemeEntry(
+    "diloco", "each rank steps its own model; every H steps the mean pseudo-gradient (global "
+    "minus local) goes through the exchange and an outer SGD (Nesterov) steps the global model",
+    "Douillard et al. 2023 (beyond the seeds)", "qbench.aggregate.diloco:DiLoCo",
+    kind="periodic",
+    params=(
+        EVERY,
+        Param("outer_lr", 0.7, "outer SGD learning rate (DiLoCo: 0.7)", float, "a number > 0",
+              lambda v: v > 0),
+        Param("outer_momentum", 0.9, "outer SGD momentum (DiLoCo: 0.9)", float,
+              "a number in [0, 1)", lambda v: 0 <= v < 1),
+        Param("nesterov", True, "Nesterov momentum in the outer step (DiLoCo: true)", bool),
+        EXCHANGE,
+    ),
+    cross_check=_nesterov_needs_momentum, display=_periodic_name("DiLoCo"),
+)  # fmt: skip
+
 SCHEMES: Registry[SchemeEntry] = Registry({
     e.name: e
     for e in (ALLREDUCE, REDUCE_BROADCAST, GOSSIP, ALLGATHER, SIMULATED_LOWPREC, INTEGER_ALLREDUCE,
-              PARAMETER_SERVER, PUSH_SUM, ASYNC_PS, HIERARCHICAL, DDP, FSDP)
+              PARAMETER_SERVER, PUSH_SUM, ASYNC_PS, HIERARCHICAL, DDP, FSDP, LOCAL_SGD, DILOCO)
 })  # fmt: skip
 """Every scheme by name; plug-ins (``qbench.catalog.plugins``) join on first read."""
 TORCH_HOOKS = ("none", "fp16", "bf16", "powersgd")

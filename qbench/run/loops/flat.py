@@ -80,6 +80,8 @@ class Run(Training):
         super().__init__(spec, cm)
         self.params, self.flat, self.sizes = _flat_model(self)
         self.aggs = self._aggregators()
+        for part, agg in self.aggs:
+            agg.begin(self.params[part])  # local SGD, DiLoCo: the global model starts here
         self.telemetry = self._telemetry(self.named) if spec.measurement.telemetry else None
         self.guard = _guard(self, cm)
 

@@ -44,9 +44,9 @@ def with_precision(model: nn.Module, spec: RunSpec, rank: int) -> nn.Module:
 
 def weight_draws(spec: RunSpec, rank: int) -> Draws:
     """The draws ``rank`` rounds its parameters with (``weights: {bits: N}``): its own where
-    each rank trains its own model (decentralized schemes), else the replicas' common ones
-    (precision.weight_draws)."""
-    own = spec.method.scheme.entry.kind == "decentralized"
+    each rank trains its own model (decentralized and periodic schemes), else the replicas'
+    common ones (precision.weight_draws)."""
+    own = spec.method.scheme.entry.kind in ("decentralized", "periodic")
     return precision.weight_draws(
         spec.measurement.seed, rank, own, shared=spec.compute.rounding == "shared"
     )

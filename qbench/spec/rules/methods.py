@@ -8,6 +8,7 @@ the one shown).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from qbench import catalog
 from qbench.catalog.schemes import BACKWARD, TORCH_HOOKS, torus_rows
@@ -233,6 +234,8 @@ NO_MEAN = {  # scheme kind (qbench.catalog.schemes) -> why one collective call c
     "see `qbench sweep` for it",
     "ddp": "is a training loop whose buckets overlap backward, not one collective call; see "
     "`qbench sweep` for it",
+    "periodic": "exchanges every H steps after the optimizer step, through the scheme its "
+    "`exchange` names: time that scheme, or see `qbench sweep` for it",
 }
 
 
@@ -242,7 +245,19 @@ def _collective(c: Candidate) -> str | None:
     return f"{c.scheme} {why}" if why else None
 
 
+def _exchange(c: Candidate) -> str | None:
+    """Local SGD and DiLoCo send their outer gradients through a collective scheme: what that
+    scheme refuses (a packed codec under allreduce, bf16 on MPI, ...) they refuse too."""
+    if catalog.SCHEMES[c.scheme].kind != "periodic":
+        return None
+    through = catalog.scheme({"name": c.scheme, **c.params}).params["exchange"]
+    inner = replace(c, scheme=through, params={})
+    why = next((w for rule in RULES if rule is not _exchange and (w := rule(inner))), None)
+    return f"{c.scheme} exchanges through {through}, and {why}" if why else None
+
+
 RULES: tuple[Rule, ...] = (
     _collective, _fsdp, _ddp_backend, _ddp_hooks, _hook_only, _topology, _own_error_feedback,
     _async_ps, _summable, _integer_levels, _ddp_loop, _trains, _qgm_momentum, _profiled, _replayed,
+    _exchange,
 )  # fmt: skip
