@@ -9,7 +9,7 @@ from qbench import catalog
 from qbench.aggregate.allgather import AllGather
 from qbench.aggregate.allreduce import AllReduce
 from qbench.aggregate.base import Aggregator, split_ranges
-from qbench.aggregate.diloco import DiLoCo, LocalSGD
+from qbench.aggregate.diloco import DiLoCo, LocalSGD, StreamingDiLoCo
 from qbench.aggregate.gossip import Gossip
 from qbench.aggregate.hierarchical import Hierarchical
 from qbench.aggregate.integer_allreduce import IntegerAllReduce
@@ -37,6 +37,7 @@ SCHEMES: dict[str, type[Aggregator]] = {
         Hierarchical,
         LocalSGD,
         DiLoCo,
+        StreamingDiLoCo,
     )
 }
 

@@ -15,10 +15,18 @@ mu * buf with Nesterov else buf, theta_global -= lr * update. The ranks agree on
 because every exchange hands every rank the same decoded mean. Error feedback on the outer
 gradients is the compressor's own, keyed by the exchange's slot, so the residual of one round
 is carried into the next.
+
+Streaming DiLoCo (Douillard et al., "Streaming DiLoCo with overlapping communication", 2025)
+cuts the model into fragments that sync in turn, each every H steps at its own offset, and
+merges a fragment's new global value into the local one ``delay`` steps later, as
+alpha * local + (1 - alpha) * global. Here the exchange itself still runs when it starts (its
+time is exposed, not hidden behind the delay's inner steps): the algorithm and its bytes are
+the paper's, its overlap is not yet.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -26,63 +34,108 @@ import torch
 from qbench.aggregate.base import Aggregator
 from qbench.comm.base import Comm
 from qbench.compress import Compressor
+from qbench.errors import UserError
 from qbench.timing import PhaseTimer
 
 Exchange = Callable[[Comm, Compressor, int, int, Sequence[int] | None], Aggregator]
-"""(comm, compressor, numel, offset, tensors) -> the aggregator of the outer exchange."""
+"""(comm, compressor, numel, offset, tensors) -> the aggregator of an outer exchange."""
 
 
-class DiLoCo(Aggregator):
-    """DiLoCo over one slice of the flat parameters; ``exchange`` builds the collective."""
+class StreamingDiLoCo(Aggregator):
+    """The outer loop on ``fragments`` contiguous runs of the slice's tensors, synced in turn:
+    fragment f after the inner steps s with s + 1 = k H + f H // F (k >= 1), its new global
+    value merged ``delay`` steps later. DiLoCo is one fragment, no delay, alpha 0."""
 
-    name = "diloco"
+    name = "streaming-diloco"
 
     def __init__(
         self, comm: Comm, compressor: Compressor, numel: int, offset: int = 0, *,
-        tensors: Sequence[int] | None = None, H: int, outer_lr: float,
-        outer_momentum: float, nesterov: bool, exchange: Exchange,
+        tensors: Sequence[int] | None = None, H: int, fragments: int, delay: int, alpha: float,
+        outer_lr: float, outer_momentum: float, nesterov: bool, exchange: Exchange,
     ) -> None:  # fmt: skip
         super().__init__(comm, compressor, numel, offset, tensors=tensors)
         self.H, self.outer_lr = H, outer_lr
         self.outer_momentum, self.nesterov = outer_momentum, nesterov
-        self.inner = exchange(comm, compressor, numel, offset, tensors)
+        self.delay, self.alpha = delay, alpha
+        self.bounds = fragment_bounds(self.tensors, fragments)
+        self.inners = [
+            exchange(comm, compressor, b - a, offset + a, self.pieces(a, b)) for a, b in self.bounds
+        ]
         self.payload_bytes = 0
         self._global: torch.Tensor | None = None
-        self._momentum: torch.Tensor | None = None
+        self._momenta: dict[int, torch.Tensor] = {}
+        self._pending: dict[int, list[tuple[int, torch.Tensor]]] = {}
+        """step -> (fragment, its new global value) to merge after that step."""
 
     def begin(self, params: torch.Tensor) -> None:
         self._global = params.detach().clone()
 
     def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
-        self.payload_bytes = 0  # an inner step sends nothing
-        return grad
+        return grad  # each rank steps its own model; the exchanges are in after_step
 
-    def syncs(self, step: int) -> bool:
-        """Whether the outer exchange follows inner step ``step`` (0-based): every H-th."""
-        return (step + 1) % self.H == 0
+    def syncs(self, step: int, fragment: int = 0) -> bool:
+        """Whether ``fragment``'s exchange follows inner step ``step`` (0-based)."""
+        shifted = step + 1 - fragment * self.H // len(self.bounds)
+        return shifted >= self.H and shifted % self.H == 0
 
     def after_step(self, params: torch.Tensor, step: int, timer: PhaseTimer) -> None:
-        if not self.syncs(step):
-            return
         if self._global is None:
             raise RuntimeError(f"{self.name}: begin(params) was not called before the first step")
-        delta = torch.sub(self._global, params)  # the pseudo-gradient, this rank's
-        mean = self.inner.aggregate(delta, step, timer)
-        self.payload_bytes = self.inner.payload_bytes
-        self._global.sub_(self.outer_update(mean), alpha=self.outer_lr)
-        params.copy_(self._global)
-        timer.mark("step")
+        self.payload_bytes = 0  # an inner step sends nothing
+        synced = False
+        for f, (a, b) in enumerate(self.bounds):
+            if self.syncs(step, f):
+                self._exchange(f, params[a:b], step, timer)
+                synced = True
+        for f, value in self._pending.pop(step, []):
+            a, b = self.bounds[f]
+            if self.alpha:
+                params[a:b].mul_(self.alpha).add_(value, alpha=1 - self.alpha)
+            else:  # DiLoCo: every rank restarts from the global model, exactly
+                params[a:b].copy_(value)
+            synced = True
+        if synced:
+            timer.mark("step")
 
-    def outer_update(self, mean: torch.Tensor) -> torch.Tensor:
-        """torch.optim.SGD's direction for the mean pseudo-gradient (dampening 0)."""
-        mu = self.outer_momentum
-        if mu == 0:
-            return mean
-        if self._momentum is None:
-            self._momentum = mean.clone()
-        else:
-            self._momentum.mul_(mu).add_(mean)
-        return mean.add(self._momentum, alpha=mu) if self.nesterov else self._momentum
+    def _exchange(self, f: int, local: torch.Tensor, step: int, timer: PhaseTimer) -> None:
+        """Fragment f's pseudo-gradient through its exchange, then its outer step."""
+        assert self._global is not None
+        a, b = self.bounds[f]
+        glob = self._global[a:b]
+        mean = self.inners[f].aggregate(torch.sub(glob, local), step, timer)
+        self.payload_bytes += self.inners[f].payload_bytes
+        self.outer_step(glob, mean, slot=f)
+        self._pending.setdefault(step + self.delay, []).append((f, glob.clone()))
+
+    def outer_step(self, glob: torch.Tensor, mean: torch.Tensor, slot: int) -> None:
+        """glob -= outer_lr * torch.optim.SGD's direction for the mean pseudo-gradient
+        (dampening 0); ``slot``: whose momentum buffer (each fragment has its own)."""
+        mu, direction = self.outer_momentum, mean
+        if mu:
+            buf = self._momenta.get(slot)
+            if buf is None:
+                buf = self._momenta[slot] = mean.clone()
+            else:
+                buf.mul_(mu).add_(mean)
+            direction = mean.add(buf, alpha=mu) if self.nesterov else buf
+        glob.sub_(direction, alpha=self.outer_lr)
+
+
+class DiLoCo(StreamingDiLoCo):
+    """DiLoCo over one slice of the flat parameters: one fragment, merged at once."""
+
+    name = "diloco"
+
+    def __init__(
+        self, comm: Comm, compressor: Compressor, numel: int, offset: int = 0, *,
+        tensors: Sequence[int] | None = None, H: int, outer_lr: float, outer_momentum: float,
+        nesterov: bool, exchange: Exchange,
+    ) -> None:  # fmt: skip
+        super().__init__(
+            comm, compressor, numel, offset, tensors=tensors, H=H, fragments=1, delay=0,
+            alpha=0.0, outer_lr=outer_lr, outer_momentum=outer_momentum, nesterov=nesterov,
+            exchange=exchange,
+        )  # fmt: skip
 
 
 class LocalSGD(DiLoCo):
@@ -98,3 +151,23 @@ class LocalSGD(DiLoCo):
             comm, compressor, numel, offset, tensors=tensors, H=H, outer_lr=1.0,
             outer_momentum=0.0, nesterov=False, exchange=exchange,
         )  # fmt: skip
+
+
+def fragment_bounds(tensors: Sequence[int], fragments: int) -> list[tuple[int, int]]:
+    """[start, end) of ``fragments`` runs of consecutive tensors, each of at least one tensor,
+    cut where the running size first reaches k / fragments of the whole."""
+    if fragments > len(tensors):
+        raise UserError(
+            f"streaming-diloco: {fragments} fragments, but this part of the model holds "
+            f"{len(tensors)} tensor(s) and a fragment is at least one; use fragments <= "
+            f"{len(tensors)}"
+        )
+    total, cuts, pos = sum(tensors), [0], 0
+    for i, n in enumerate(tensors[:-1]):
+        pos += n
+        left = len(tensors) - 1 - i  # tensors after this cut
+        want = len(cuts) * total / fragments
+        if len(cuts) < fragments and (pos >= want or left == fragments - len(cuts)):
+            cuts.append(pos)
+    cuts.append(total)
+    return list(itertools.pairwise(cuts))

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from qbench import aggregate, catalog
+from qbench.aggregate.diloco import fragment_bounds
 from qbench.compress import from_spec
 from qbench.errors import UserError
 from qbench.spec.rules import incompatibility
@@ -36,13 +37,14 @@ THETA0 = torch.randn(N, generator=torch.Generator().manual_seed(7))
 
 def _train(
     scheme: str, params: dict[str, Any], steps: int, comp: dict[str, Any] | None = None,
-    world_size: int = K, momentum: float = 0.9,
+    world_size: int = K, momentum: float = 0.9, tensors: list[int] | None = None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Per rank: its parameters after every step, the bytes each step sent, the phases."""
 
     def fn(cm: LocalComm) -> dict[str, Any]:
         theta = THETA0.clone()
-        agg = aggregate.build(scheme, cm, from_spec(comp or {"name": "none"}), N, params=params)
+        codec = from_spec(comp or {"name": "none"})
+        agg = aggregate.build(scheme, cm, codec, N, params=params, tensors=tensors)
         agg.begin(theta)
         opt = torch.optim.SGD([theta], lr=0.05, momentum=momentum)
         timer = PhaseTimer(torch.device("cpu"))
@@ -202,3 +204,96 @@ def test_display_names_say_h_the_outer_step_and_the_exchange() -> None:
     assert name == "DiLoCo, H 50, outer lr 0.7, momentum 0.9 Nesterov"
     name = catalog.scheme({"name": "local-sgd", "H": 10, "exchange": "reduce-broadcast"}).display()
     assert name == "local SGD, H 10, via reduce-broadcast"
+
+
+# -- Streaming DiLoCo ----------------------------------------------------------------------------
+TENSORS = [10, 5, 8, 14]  # 37 values: fragments of 2 are [0, 23) and [23, 37)
+OUTER = {"outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}
+
+
+def test_one_fragment_merged_at_once_is_diloco_bit_for_bit() -> None:
+    streaming = {"H": 3, "fragments": 1, "delay": 0, "alpha": 0.0, **OUTER}
+    got = _train("streaming-diloco", streaming, 9, tensors=TENSORS)
+    want = _train("diloco", {"H": 3, **OUTER}, 9, tensors=TENSORS)
+    for r in range(K):
+        assert all(map(torch.equal, got[r]["theta"], want[r]["theta"]))
+
+
+def test_each_fragment_syncs_every_h_steps_at_its_own_offset() -> None:
+    """H 4, 2 fragments: the first after steps 4, 8, 12 (1-based), the second 2 steps later;
+    fp32 deltas, so a step's bytes say which fragments went (23 and 14 values)."""
+    params = {"H": 4, "fragments": 2, "delay": 1, "alpha": 0.5, **OUTER}
+    got = _train("streaming-diloco", params, 13, tensors=TENSORS)
+    first, second = 23, 14  # fragment sizes
+    bus = 2 * (K - 1) / K * 4  # bytes a value costs in a ring allreduce (allreduce_bus_bytes)
+    want = {4: first, 6: second, 8: first, 10: second, 12: first}
+    for r in range(K):
+        sent = {s + 1: round(b / bus) for s, b in enumerate(got[r]["bytes"]) if b}
+        assert sent == want
+
+
+def _streaming_reference(h: int, delay: int, alpha: float, steps: int) -> list[list[torch.Tensor]]:
+    """The algorithm written out: per rank its parameters after each step (0-based steps)."""
+    bounds = [(0, 23), (23, 37)]
+    local = [THETA0.clone() for _ in range(K)]
+    inner = [torch.optim.SGD([t], lr=0.05, momentum=0.9) for t in local]
+    glob = THETA0.clone()
+    outer = [torch.optim.SGD([p], **{"lr": 0.7, "momentum": 0.9, "nesterov": True})
+             for p in (glob[a:b].clone() for a, b in bounds)]  # fmt: skip
+    pending: dict[int, list[tuple[int, torch.Tensor]]] = {}
+    out: list[list[torch.Tensor]] = [[] for _ in range(K)]
+    for step in range(steps):
+        for r in range(K):
+            local[r].grad = _grad(r, local[r])
+            inner[r].step()
+        for f, (a, b) in enumerate(bounds):
+            shifted = step + 1 - f * h // 2
+            if shifted >= h and shifted % h == 0:
+                (p,) = outer[f].param_groups[0]["params"]
+                p.grad = torch.stack([p.detach() - t.detach()[a:b] for t in local]).mean(0)
+                outer[f].step()
+                pending.setdefault(step + delay, []).append((f, p.detach().clone()))
+        for f, value in pending.pop(step, []):
+            a, b = bounds[f]
+            for t in local:
+                t.data[a:b] = alpha * t.data[a:b] + (1 - alpha) * value
+        for r in range(K):
+            out[r].append(local[r].detach().clone())
+    return out
+
+
+@pytest.mark.parametrize(("delay", "alpha"), [(0, 0.0), (1, 0.5), (2, 0.25)])
+def test_fragments_merge_delay_steps_later_with_alpha(delay: int, alpha: float) -> None:
+    """Against the algorithm written out with torch's optimizers: fails when the merge lands at
+    the exchange's step instead of `delay` later, when alpha weighs the global side, or when
+    the fragments share one outer momentum buffer."""
+    params = {"H": 4, "fragments": 2, "delay": delay, "alpha": alpha, **OUTER}
+    got = _train("streaming-diloco", params, 14, tensors=TENSORS)
+    want = _streaming_reference(4, delay, alpha, 14)
+    for r in range(K):
+        for step in range(14):
+            torch.testing.assert_close(got[r]["theta"][step], want[r][step], atol=3e-6, rtol=0)
+
+
+def test_fragments_are_runs_of_whole_tensors_cut_near_equal_sizes() -> None:
+    assert fragment_bounds([10, 5, 8, 14], 2) == [(0, 23), (23, 37)]  # 23 first reaches 18.5
+    assert fragment_bounds([10, 5, 8, 14], 4) == [(0, 10), (10, 15), (15, 23), (23, 37)]
+    assert fragment_bounds([100, 1, 1], 3) == [(0, 100), (100, 101), (101, 102)]
+    assert fragment_bounds([1, 1, 100], 2) == [(0, 2), (2, 102)]
+    with pytest.raises(UserError, match=r"5 fragments, .* holds 4 tensor\(s\).* fragments <= 4"):
+        fragment_bounds([10, 5, 8, 14], 5)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"H": 4, "delay": 4}, "delay 4 must be below H 4"),
+        ({"fragments": 0}, "fragments must be an integer >= 1, got 0"),
+        ({"alpha": 1.5}, "alpha must be a number in [0, 1], got 1.5"),
+        ({"delay": -1}, "delay must be an integer >= 0, got -1"),
+    ],
+)
+def test_streaming_refuses_bad_parameters_in_one_line(params: dict[str, Any], message: str) -> None:
+    with pytest.raises(UserError) as e:
+        catalog.scheme({"name": "streaming-diloco", **params})
+    assert message in str(e.value) and "\n" not in str(e.value)

@@ -360,9 +360,20 @@ def _nesterov_needs_momentum(given: Params, p: Params) -> str | None:
     return None
 
 
+def _delay_below_h(given: Params, p: Params) -> str | None:
+    if p["delay"] >= p["H"]:
+        return (
+            f"delay {p['delay']} must be below H {p['H']}: a fragment's merge must land "
+            f"before its next exchange; e.g. `delay: {min(1, p['H'] - 1)}`"
+        )
+    return _nesterov_needs_momentum(given, p)
+
+
 def _periodic_name(title: str) -> Callable[[Params], str]:
     def name(p: Params) -> str:
         out = [f"{title}, H {p['H']}"]
+        if "fragments" in p:
+            out.append(f"{p['fragments']} fragments, delay {p['delay']}, alpha {p['alpha']:g}")
         if "outer_lr" in p:
             nesterov = " Nesterov" if p["nesterov"] and p["outer_momentum"] else ""
             out.append(f"outer lr {p['outer_lr']:g}, momentum {p['outer_momentum']:g}{nesterov}")
@@ -373,6 +384,13 @@ def _periodic_name(title: str) -> Callable[[Params], str]:
     return name
 
 
+OUTER = (
+    Param("outer_lr", 0.7, "outer SGD learning rate (DiLoCo: 0.7)", float, "a number > 0",
+          lambda v: v > 0),
+    Param("outer_momentum", 0.9, "outer SGD momentum (DiLoCo: 0.9)", float,
+          "a number in [0, 1)", lambda v: 0 <= v < 1),
+    Param("nesterov", True, "Nesterov momentum in the outer step (DiLoCo: true)", bool),
+)  # fmt: skip
 LOCAL_SGD = SchemeEntry(
     "local-sgd", "each rank steps its own model; parameters averaged every H steps through the "
     "exchange", "Stich 2019; Lin et al. 2020 (beyond the seeds)",
@@ -383,23 +401,32 @@ DILOCO = SchemeEntry(
     "diloco", "each rank steps its own model; every H steps the mean pseudo-gradient (global "
     "minus local) goes through the exchange and an outer SGD (Nesterov) steps the global model",
     "Douillard et al. 2023 (beyond the seeds)", "qbench.aggregate.diloco:DiLoCo",
+    kind="periodic", params=(EVERY, *OUTER, EXCHANGE),
+    cross_check=_nesterov_needs_momentum, display=_periodic_name("DiLoCo"),
+)  # fmt: skip
+STREAMING_DILOCO = SchemeEntry(
+    "streaming-diloco", "DiLoCo on fragments of the model synced in turn, each every H steps "
+    "at its own offset, merged `delay` steps later as alpha local + (1 - alpha) global",
+    "Douillard et al. 2025 (beyond the seeds)", "qbench.aggregate.diloco:StreamingDiLoCo",
     kind="periodic",
     params=(
         EVERY,
-        Param("outer_lr", 0.7, "outer SGD learning rate (DiLoCo: 0.7)", float, "a number > 0",
-              lambda v: v > 0),
-        Param("outer_momentum", 0.9, "outer SGD momentum (DiLoCo: 0.9)", float,
-              "a number in [0, 1)", lambda v: 0 <= v < 1),
-        Param("nesterov", True, "Nesterov momentum in the outer step (DiLoCo: true)", bool),
-        EXCHANGE,
+        Param("fragments", 2, "runs of consecutive tensors synced in turn", int,
+              "an integer >= 1", at_least(1)),
+        Param("delay", 1, "inner steps between a fragment's exchange and its merge", int,
+              "an integer >= 0", at_least(0)),
+        Param("alpha", 0.5, "weight of the local value in the merge (0: take the global)",
+              float, "a number in [0, 1]", lambda v: 0 <= v <= 1),
+        *OUTER, EXCHANGE,
     ),
-    cross_check=_nesterov_needs_momentum, display=_periodic_name("DiLoCo"),
+    cross_check=_delay_below_h, display=_periodic_name("Streaming DiLoCo"),
 )  # fmt: skip
 
 SCHEMES: Registry[SchemeEntry] = Registry({
     e.name: e
     for e in (ALLREDUCE, REDUCE_BROADCAST, GOSSIP, ALLGATHER, SIMULATED_LOWPREC, INTEGER_ALLREDUCE,
-              PARAMETER_SERVER, PUSH_SUM, ASYNC_PS, HIERARCHICAL, DDP, FSDP, LOCAL_SGD, DILOCO)
+              PARAMETER_SERVER, PUSH_SUM, ASYNC_PS, HIERARCHICAL, DDP, FSDP, LOCAL_SGD, DILOCO,
+              STREAMING_DILOCO)
 })  # fmt: skip
 """Every scheme by name; plug-ins (``qbench.catalog.plugins``) join on first read."""
 TORCH_HOOKS = ("none", "fp16", "bf16", "powersgd")
