@@ -32,7 +32,7 @@ from qbench.records.schema import (
 )
 from qbench.records.store import ResultStore
 from qbench.records.view import clock, run_specs_each
-from qbench.report import accuracy, async_stats, intervals, names, precision, speedups
+from qbench.report import accuracy, async_stats, intervals, names, precision, rounds, speedups
 from qbench.spec.parts import Replay
 
 UNREADABLE = "unreadable"
@@ -127,11 +127,9 @@ def load(root: Path | str) -> Results:
     for run_id in store.run_ids():
         row, frame = _load_run(store, run_id, vocabulary)
         rows.append(row)
-        if frame is not None:
-            frames.append(frame)
+        frames += [frame] if frame is not None else []
         epochs = _read_epochs(store.epochs_path(run_id), run_id)
-        if epochs is not None:
-            epoch_frames.append(epochs)
+        epoch_frames += [epochs] if epochs is not None else []
     iterations = pd.concat(frames, ignore_index=True) if frames else iterations_frame([])
     epochs_all = pd.concat(epoch_frames, ignore_index=True) if epoch_frames else epochs_frame([])
     return Results(_runs_frame(rows), iterations, epochs_all, vocabulary)
@@ -174,7 +172,8 @@ def _load_run(
             row.update(status=UNREADABLE, error="status ok but iterations.parquet is missing")
         return row, None
     try:
-        return row, _undilated(_read_iterations(path, run_id), run_clock)
+        frame = _undilated(_read_iterations(path, run_id), run_clock)
+        return row, frame.assign(**{rounds.PERIOD: rounds.period(parts.scheme)})
     except Exception as exc:  # pyarrow raises many types (ArrowInvalid, OSError, ...)
         if row["status"] == "ok":  # a failed run's partial parquet is not worth a status
             row.update(status=UNREADABLE, error=f"iterations.parquet: {_reason(exc)}")
@@ -276,13 +275,14 @@ def _truthy(value: Any) -> bool:
 
 # -- summarizing -----------------------------------------------------------------------------
 def per_iteration(iterations: pd.DataFrame) -> pd.DataFrame:
-    """One row per (run_id, iteration) of measured iterations: max over ranks for the
-    iteration time (the slowest rank defines it), means over ranks for everything else."""
+    """One row per (run_id, iteration) of measured iterations (per complete round for periodic
+    runs, ``qbench.report.rounds``): the slowest rank's iteration time, means for the rest."""
     measured = iterations[~iterations["warmup"].astype(bool)]
     spec: dict[str, tuple[str, str]] = {"ranks": ("rank", "nunique")}
     spec["t_iteration"] = ("t_iteration", "max")
-    spec.update({c: (c, "mean") for c in _RANK_MEANS})
-    return measured.groupby(["run_id", "iteration"], as_index=False, sort=True).agg(**spec)
+    spec.update({c: (c, "mean") for c in (*_RANK_MEANS, *rounds.present(measured))})
+    per_it = measured.groupby(["run_id", "iteration"], as_index=False, sort=True).agg(**spec)
+    return rounds.collapse(per_it, ("t_iteration",), _RANK_MEANS)
 
 
 def summarize(results: Results, include_disturbed: bool = False) -> pd.DataFrame:

@@ -27,14 +27,12 @@ from qbench.records.store import (
     ResultStore,
     atomic_write_bytes,
 )
-from qbench.report import accuracy, disturbed, intervals, names, plots, stats
+from qbench.report import accuracy, disturbed, intervals, names, stats
+from qbench.report import figures as report_figures
 from qbench.report import page as report_page
 from qbench.report.page import baselines as page_baselines
 from qbench.report.page import breakeven
 from qbench.report.page import cells as page_cells
-from qbench.report.plots import accuracy as plots_accuracy
-from qbench.report.plots import study as plots_study
-from qbench.report.plots import utility as plots_utility
 
 FORMATS = ("table", "csv", "md", "json")
 _LABEL_COLUMNS = ("model", "dataset", "backend", "scheme", "network")
@@ -86,22 +84,12 @@ def _write(
     atomic_write_bytes(md_path, markdown_report(summary, str(root), acc).encode())
     if not acc.empty:
         atomic_write_bytes(report_dir / ACCURACY_CSV, acc.to_csv(index=False).encode())
-    paths, notes = _write_figures(summary, results, acc, report_dir) if figures else ([], [])
+    paths, notes = report_figures.write(summary, results, acc, report_dir) if figures else ([], [])
     through = stats.throughputs(results, summary)
     page = report_page.write_page(report_dir, summary, acc, paths, through, codec)
     if fmt is not None:
         render(summary, fmt, out)
     return ReportPaths(csv_path, md_path, tuple(paths), tuple(notes), summary, page)
-
-
-def _write_figures(summary: pd.DataFrame, results: stats.Results, acc: pd.DataFrame,
-                   out: Path) -> tuple[list[Path], list[str]]:  # fmt: skip
-    """Every figure the summary has runs for (png and pdf), and a note per figure skipped."""
-    figures, notes = plots.write_figures(summary, out)
-    if not acc.empty and (fig := plots_accuracy.accuracy_figure(summary, results.epochs)):
-        figures += plots.save_all(fig, out / "accuracy")
-    study, skipped = plots_study.write_study_figures(summary, out)
-    return figures + study + plots_utility.write_utility_figure(summary, out), notes + skipped
 
 
 def load_results(root: Path | str) -> stats.Results:

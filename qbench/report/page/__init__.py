@@ -90,7 +90,8 @@ def build_sections(
     else:  # no codec times, no section: one line says how to get them
         speed.notes.append(breakeven.HOW if codec is None else codec.origin)
     sections.append(_failed(summary))
-    homes = {"breakdown": 0, "speedup_ratio": 0, "utility": 0, "accuracy": 1, "pareto": 1,
+    homes = {"breakdown": 0, "speedup_ratio": 0, "utility": 0, "utilization": 0, "accuracy": 1,
+             "pareto": 1,
              "scalability": 4}  # fmt: skip
     extra = Section("Other figures", [])
     for name in pngs:

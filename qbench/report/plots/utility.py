@@ -122,7 +122,7 @@ def _panel(
     ax.axhline(1.0, color="0.3", linestyle=":", linewidth=1)
     ax.set_xscale("log")
     ticks = [*sorted(set(shaped)), right]
-    ax.set_xticks(ticks, [_rate(t) for t in ticks[:-1]] + ["loopback"])
+    ax.set_xticks(ticks, [rate_label(t) for t in ticks[:-1]] + ["loopback"])
     ax.minorticks_off()
     ax.set_xlabel("link bandwidth (emulated, tc tbf)")
     ax.set_ylabel("speedup over DDP fp32")
@@ -130,7 +130,7 @@ def _panel(
     ax.set_title(f"{model}, {ranks} ranks, {backend}, {precision}")
 
 
-def _rate(bps: float) -> str:
+def rate_label(bps: float) -> str:
     return f"{bps / 1e9:g} Gbit/s" if bps >= 1e9 else f"{bps / 1e6:g} Mbit/s"
 
 
