@@ -319,6 +319,7 @@ def to_document(result: KernelResult) -> dict[str, Any]:
         "versions": machine.versions(),
         "git_commit": machine.git_commit(),
         "device": result.device,
+        "clock": interleave.describe(result.device),
         "threads": result.threads,
         "backend": result.backend,
         "repeats": result.repeats,

@@ -286,6 +286,7 @@ def test_json_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "k.json"
     path.write_text(json.dumps(kernels.to_document(result)))
     doc = json.loads(path.read_text())
+    assert doc["clock"] == "time.perf_counter around the call: wall time of the calling thread"
     old_fields = {
         "compressor", "spec", "op", "numel", "device", "implementation", "seconds", "gbps",
         "copy_seconds", "ratio", "wire_bytes", "bits_per_value", "samples", "copy_samples",
@@ -399,3 +400,36 @@ def test_before_after_table_puts_two_trees_side_by_side(tiny: KernelResult, tmp_
     empty.mkdir()
     proc = subprocess.run([sys.executable, str(script), str(empty)], capture_output=True, text=True)
     assert proc.returncode == 1 and "no before-r*.json" in proc.stderr
+
+
+def test_the_cuda_clock_queues_gpu_work_before_its_start_event(monkeypatch) -> None:
+    """The host's launch latency hides behind PRIME_S of queued work: _sleep, then the start
+    event, then the call, then the end event (order recorded with fakes: no GPU here)."""
+    from qbench.bench import interleave
+
+    order: list[str] = []
+
+    class Event:
+        def __init__(self, enable_timing: bool) -> None:
+            self.name = "start" if not any(o.startswith("event") for o in order) else "end"
+            order.append(f"event {self.name}")
+
+        def record(self) -> None:
+            order.append(f"record {self.name}")
+
+        def synchronize(self) -> None:
+            order.append("wait")
+
+        def elapsed_time(self, other: object) -> float:
+            return 2.5  # ms
+
+    class Props:
+        clock_rate = 2_000_000  # kHz: 2 GHz
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: order.append("sync"))
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: order.append(f"sleep {cycles}"))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Props())
+    clock = interleave.clock_for(torch.device("cuda", 0))
+    assert clock(lambda: order.append("call")) == pytest.approx(2.5e-3)
+    assert order[2:] == ["sync", "sleep 400000", "record start", "call", "record end", "wait"]
