@@ -451,9 +451,17 @@ def test_cuda_kernels_refuse_nan_and_every_kernel_runs(monkeypatch: pytest.Monke
     with native.backend("native"), cuda_emulate.emulation("emulate"):
         with pytest.raises(ValueError, match="value 33 is nan"):
             codec.encode(x, name="w")
-        assert launched == ["qb_lf_maxes"]  # nothing written after the check
+        # one check, after every launch: the new residual went to a buffer of its own
+        assert launched == ["qb_lf_amax", "qb_lf_encode_vec"]
+        assert torch.equal(codec.state["w"], torch.full((40,), 0.25))
+        off = torch.ones(41)[1:]  # 4 bytes past a 16-byte boundary: the general path
+        off[33] = math.nan
+        with pytest.raises(ValueError, match="value 33 is nan"):
+            codec.encode(off, name="w")
+        assert launched[2:] == ["qb_lf_maxes", "qb_lf_top", "qb_lf_scales", "qb_lf_quantize"]
         assert torch.equal(codec.state["w"], torch.full((40,), 0.25))
         codec.decode(codec.encode(torch.ones(40), name="w"))
+        codec.decode(codec.encode(torch.ones(40), name="w"), out=torch.zeros(41)[1:])
     lowfloat = set(cuda._SOURCES["lowfloat.cu"])
     units = {k for k in lowfloat if k.startswith("qb_lf_units_")}  # test_integer_units.py's
     assert len(units) == 3 and set(launched) == lowfloat - units

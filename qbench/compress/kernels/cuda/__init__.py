@@ -9,9 +9,15 @@ so they are ordered with the surrounding torch work without synchronising. Selec
 ``QBENCH_CUDA=emulate`` CPU tensors take this path too, run by
 ``qbench.compress.kernels.cuda.emulate``.
 
+Why one module: every launch reads one set of launch settings (``_GROUP_THREADS``,
+``_MAX_BLOCKS``, which the tests shrink to exercise the grid-stride loops) and goes through one
+``_launch``; each codec's method lays out its arguments next to the others', in the order its
+.cu kernels declare them. Which kernel a call takes is ``paths``.
+
 The package's submodules: ``args`` (the arguments marshalled as CuPy passes them, checked
 against the kernels' parameters), ``emulate`` (the kernels on CPU threads), ``racecheck`` (its
-race detector), ``nvrtc`` (the sources compiled to PTX without a GPU) and ``coverage`` (the
+race detector), ``nvrtc`` (the sources compiled to PTX without a GPU), ``paths`` (the
+one-pass vector kernels or the general ones) and ``coverage`` (the
 kernels' line coverage under the emulator, ``python -m qbench.compress.kernels.cuda.coverage``).
 """
 
@@ -35,20 +41,29 @@ from qbench.compress.kernels.abi import (
     kernel_dir,
 )
 from qbench.compress.kernels.buckets import num_buckets, tree_width
-from qbench.compress.kernels.cuda import emulate
+from qbench.compress.kernels.cuda import emulate, paths
 
 _SOURCES = {
-    "qsgd.cu": ("qb_qsgd_encode_fused", "qb_qsgd_scales", "qb_qsgd_quantize", "qb_qsgd_decode"),
-    "onebit.cu": ("qb_onebit_means", "qb_onebit_signs", "qb_onebit_decode"),
+    "qsgd.cu": (
+        *("qb_qsgd_encode_vec", "qb_qsgd_decode_vec"),  # one pass, 16-byte accesses
+        *("qb_qsgd_encode_fused", "qb_qsgd_scales", "qb_qsgd_quantize", "qb_qsgd_decode"),  # any
+    ),
+    "onebit.cu": (
+        *("qb_onebit_encode_fused", "qb_onebit_decode_vec"),  # one pass, 16-byte accesses
+        *("qb_onebit_means", "qb_onebit_signs", "qb_onebit_decode"),  # any bucket or alignment
+    ),
     "lowfloat.cu": (
-        *("qb_lf_maxes", "qb_lf_top", "qb_lf_scales", "qb_lf_quantize", "qb_lf_decode"),
+        *("qb_lf_amax", "qb_lf_encode_vec", "qb_lf_decode_vec"),  # one pass, 16-byte accesses
+        *("qb_lf_maxes", "qb_lf_top", "qb_lf_scales", "qb_lf_quantize", "qb_lf_decode"),  # any
         *("qb_lf_units_divisors", "qb_lf_units_encode", "qb_lf_units_decode"),  # integer view
     ),
 }
 # What CuPy's RawModule is given beside -I kernels/ (nvrtc.py compiles with the same, no GPU).
 NVRTC_OPTIONS = ("-std=c++17",)
 _LF_RUN = 64  # kernels/lowfloat.cu: QB_LF_RUN, values per thread of qb_lf_maxes
+_LF_AMAX_GROUPS = 4  # groups of 8 values per thread of qb_lf_amax: fewer blocks, fewer atomics
 _GROUP_THREADS = 256  # threads per block of the one-thread-per-8-values kernels
+_QSGD_BATCHES = 2  # batches of buckets per block of qb_qsgd_encode_vec: its setup paid once
 _MAX_BLOCKS = 1 << 16  # grid-stride loops cover the rest
 _NULL = np.uint64(0)
 
@@ -187,6 +202,15 @@ class _CUDAKernels:
         bucket, bits, layout = _qsgd(fmt)
         norm, key = _i32(fmt.norm_code), (_u32(key_hash), _u32(offset))
         args: tuple[Any, ...]
+        lanes = paths.qsgd_lanes(fmt, x, levels)
+        if lanes:  # one pass, 8 values per thread in registers, `lanes` threads per bucket
+            threads, nb = max(lanes, _GROUP_THREADS), scales.numel()
+            args = (x, _i64(n), bucket, _i64(nb), bits, layout, norm, *key)
+            args += (_i32(lanes.bit_length() - 1), levels, scales)
+            smem = 32 * threads if lanes > 32 else 0  # 2 x 4 floats per thread between warps
+            blocks = -(-nb // (threads // lanes * _QSGD_BATCHES))
+            _launch(dev, "qb_qsgd_encode_vec", blocks, threads, args, smem)
+            return levels, scales
         if fmt.bucket_size % 8 == 0:  # groups of 8 codes stay inside a bucket: one fused pass
             threads = _bucket_threads(fmt.bucket_size // 8)
             args = (x, _i64(n), bucket, bits, layout, norm, *key, levels, scales)
@@ -205,9 +229,14 @@ class _CUDAKernels:
     ) -> torch.Tensor:  # fmt: skip
         out, add = decode_target(out, numel, accumulate, _on(scales.device))
         if numel:
-            args: tuple[Any, ...] = (levels.contiguous(), scales.contiguous(), _i64(numel))
+            packed = levels.contiguous()
+            args: tuple[Any, ...] = (packed, scales.contiguous(), _i64(numel))
             args += (*_qsgd(fmt), out, _i32(add))
-            _launch(scales.device, "qb_qsgd_decode", _group_blocks(numel), _GROUP_THREADS, args, 0)
+            if fmt.bucket_size % 8 == 0 and paths.aligned(16, packed, out):  # 8 floats per thread
+                name, smem = "qb_qsgd_decode_vec", 32 * _GROUP_THREADS
+            else:
+                name, smem = "qb_qsgd_decode", 0
+            _launch(scales.device, name, _group_blocks(numel), _GROUP_THREADS, args, smem)
         return out
 
     def onebit_encode(
@@ -220,8 +249,15 @@ class _CUDAKernels:
         if n == 0:
             return signs, means, new_residual
         r_in, r_out = _ptr_or_null(residual), _ptr_or_null(new_residual)
+        args: tuple[Any, ...]
+        if paths.onebit_one_pass(bucket_size, g, residual, new_residual):
+            args = (g, r_in, r_out, _i32(ef), _i64(n), _i64(bucket_size), means, signs)
+            per_block = _GROUP_THREADS * 8 // tree_width(bucket_size)  # a bucket: w / 8 lanes
+            blocks = -(-(means.numel() // 2) // per_block)
+            _launch(dev, "qb_onebit_encode_fused", blocks, _GROUP_THREADS, args, 0)
+            return signs, means, new_residual
         threads = _bucket_threads(bucket_size)
-        args: tuple[Any, ...] = (g, r_in, _i32(ef), _i64(n), _i64(bucket_size), means)
+        args = (g, r_in, _i32(ef), _i64(n), _i64(bucket_size), means)
         _launch(dev, "qb_onebit_means", means.numel() // 2, threads, args, 8 * threads)
         args = (g, r_in, r_out, _i32(ef), means, _i64(n), _i64(bucket_size), signs)
         _launch(dev, "qb_onebit_signs", _group_blocks(n), _GROUP_THREADS, args, 0)
@@ -235,7 +271,9 @@ class _CUDAKernels:
         if numel:
             args: tuple[Any, ...] = (signs.contiguous(), means.contiguous(), _i64(numel))
             args += (_i64(bucket_size), out, _i32(add))
-            _launch(means.device, "qb_onebit_decode", _group_blocks(numel), _GROUP_THREADS, args, 0)
+            vec = bucket_size % 8 == 0 and out.data_ptr() % 16 == 0  # a group in one bucket
+            name = "qb_onebit_decode_vec" if vec else "qb_onebit_decode"
+            _launch(means.device, name, _group_blocks(numel), _GROUP_THREADS, args, 0)
         return out
 
     def lowfloat_encode(
@@ -244,29 +282,22 @@ class _CUDAKernels:
     ) -> LowFloatEncoded | None:  # fmt: skip
         g, n, dev = grad.contiguous(), grad.numel(), grad.device
         codes, scales, tensor_scale = fmt.outputs(n, _on(dev))
-        residual, new_residual = feedback(residual, ef, lambda: _residual(n, g))
+        # The new residual never overwrites the old one: a NaN or inf in grad is known only once
+        # every launch has run (one sync, at the end), and must leave the caller's as it was.
+        r_in = residual.contiguous() if ef and residual is not None else None
+        enc = LowFloatEncoded(codes, scales, tensor_scale, _residual(n, g) if ef else None)
         if n == 0:
             if tensor_scale is not None:
                 tensor_scale.fill_(1.0)  # blockscale: the scale of no values
-            return LowFloatEncoded(codes, scales, tensor_scale, new_residual)
-        nblocks, block = scales.numel(), _i64(fmt.block)
-        maxes = torch.zeros(nblocks, dtype=torch.int32, device=dev)
-        words = torch.zeros(2, dtype=torch.int32, device=dev)  # NaN / inf seen; NVFP4's top
-        r_in, ts = _ptr_or_null(residual), _ptr_or_null(tensor_scale)
-        args: tuple[Any, ...] = (g, r_in, _i64(n), block, maxes, words)
-        _launch(dev, "qb_lf_maxes", -(-n // _LF_RUN // _GROUP_THREADS), _GROUP_THREADS, args, 0)
-        if words[0].item():  # before anything is written, as the reference refuses it
-            return None
-        if fmt.kind == "nvfp4":
-            threads = _bucket_threads(nblocks)
-            args = (maxes, _i64(nblocks), words)
-            _launch(dev, "qb_lf_top", -(-nblocks // threads), threads, args, 4 * threads)
-        args = (maxes, _i64(nblocks), *_enums(fmt), words, scales, ts)
-        _launch(dev, "qb_lf_scales", -(-nblocks // _GROUP_THREADS), _GROUP_THREADS, args, 0)
-        args = (g, r_in, _ptr_or_null(new_residual), _i32(ef), _i64(n), *_enums(fmt), block)
-        args += (_i32(fmt.stochastic), _u32(key_hash), _u32(offset), scales, ts, codes)
-        _launch(dev, "qb_lf_quantize", _group_blocks(n), _GROUP_THREADS, args, 0)
-        return LowFloatEncoded(codes, scales, tensor_scale, new_residual)
+            return enc
+        words = torch.zeros(2, dtype=torch.int32, device=dev)  # NaN / inf seen; the largest max
+        key = (_u32(key_hash), _u32(offset))
+        shift = paths.lf_encode_shift(fmt.block, n)
+        if shift is not None and paths.aligned(16, g, r_in, enc.residual, codes):
+            _lf_encode_vec(g, r_in, fmt, shift, key, words, enc)
+        else:
+            _lf_encode_general(g, r_in, fmt, key, words, enc)
+        return None if words[0].item() else enc  # the reference refuses a NaN or inf
 
     def lowfloat_decode(
         self, codes: torch.Tensor, scales: torch.Tensor, tensor_scale: torch.Tensor | None,
@@ -274,10 +305,15 @@ class _CUDAKernels:
     ) -> torch.Tensor:  # fmt: skip
         out, add = decode_target(out, numel, accumulate, _on(scales.device))
         if numel:
+            c = codes.contiguous()
             ts = _ptr_or_null(tensor_scale.contiguous() if tensor_scale is not None else None)
-            args: tuple[Any, ...] = (codes.contiguous(), scales.contiguous(), ts, _i64(numel))
-            args += (*_enums(fmt), _i64(fmt.block), out, _i32(add))
-            _launch(scales.device, "qb_lf_decode", _group_blocks(numel), _GROUP_THREADS, args, 0)
+            args: tuple[Any, ...] = (c, scales.contiguous(), ts, _i64(numel), *_enums(fmt))
+            shift = paths.lf_decode_shift(fmt.block, numel)
+            if shift is not None and paths.aligned(8, c) and paths.aligned(16, out):
+                name, args = "qb_lf_decode_vec", (*args, _i32(shift), out, _i32(add))
+            else:
+                name, args = "qb_lf_decode", (*args, _i64(fmt.block), out, _i32(add))
+            _launch(scales.device, name, _group_blocks(numel), _GROUP_THREADS, args, 0)
         return out
 
     def units_divisors(self, amax: torch.Tensor, fmt: LowFloatFormat) -> torch.Tensor:
@@ -335,6 +371,46 @@ def _enums(fmt: LowFloatFormat) -> tuple[np.int32, np.int32]:
     """The kind and the element, as lowfloat.cu numbers them."""
     kind, element = fmt.enums
     return _i32(kind), _i32(element)
+
+
+def _lf_encode_vec(
+    g: torch.Tensor, r_in: torch.Tensor | None, fmt: LowFloatFormat, shift: int,
+    key: tuple[np.uint32, np.uint32], words: torch.Tensor, enc: LowFloatEncoded,
+) -> None:  # fmt: skip
+    """The fast path: qb_lf_encode_vec, one pass, after qb_lf_amax's pass for the tensor's max
+    where a scale needs it (NVFP4's tensor scale, FP8's one scale per tensor)."""
+    n, dev, r = g.numel(), g.device, _ptr_or_null(r_in)
+    if fmt.kind == "nvfp4" or shift < 0:
+        blocks = -(-n // (8 * _LF_AMAX_GROUPS * _GROUP_THREADS))
+        smem = 4 * (_GROUP_THREADS // 32)  # an int32 per warp
+        _launch(dev, "qb_lf_amax", blocks, _GROUP_THREADS, (g, r, _i64(n), words), smem)
+    args: tuple[Any, ...] = (g, r, _ptr_or_null(enc.residual), _i64(n), *_enums(fmt))
+    args += (_i32(shift), _i32(fmt.stochastic), *key, words, enc.scales)
+    args += (_ptr_or_null(enc.tensor_scale),)
+    _launch(dev, "qb_lf_encode_vec", _group_blocks(n), _GROUP_THREADS, (*args, enc.codes), 0)
+
+
+def _lf_encode_general(
+    g: torch.Tensor, r_in: torch.Tensor | None, fmt: LowFloatFormat,
+    key: tuple[np.uint32, np.uint32], words: torch.Tensor, enc: LowFloatEncoded,
+) -> None:  # fmt: skip
+    """Any alignment and block: the block maxima (qb_lf_maxes), NVFP4's top (qb_lf_top), the
+    scales (qb_lf_scales), then the codes and residuals (qb_lf_quantize)."""
+    n, dev, nblocks, block = g.numel(), g.device, enc.scales.numel(), _i64(fmt.block)
+    maxes = torch.zeros(nblocks, dtype=torch.int32, device=dev)
+    r, ts = _ptr_or_null(r_in), _ptr_or_null(enc.tensor_scale)
+    args: tuple[Any, ...] = (g, r, _i64(n), block, maxes, words)
+    _launch(dev, "qb_lf_maxes", -(-n // _LF_RUN // _GROUP_THREADS), _GROUP_THREADS, args, 0)
+    if fmt.kind == "nvfp4":
+        threads = _bucket_threads(nblocks)
+        args = (maxes, _i64(nblocks), words)
+        _launch(dev, "qb_lf_top", -(-nblocks // threads), threads, args, 4 * threads)
+    args = (maxes, _i64(nblocks), *_enums(fmt), words, enc.scales, ts)
+    _launch(dev, "qb_lf_scales", -(-nblocks // _GROUP_THREADS), _GROUP_THREADS, args, 0)
+    r_out, ef = _ptr_or_null(enc.residual), _i32(enc.residual is not None)
+    args = (g, r, r_out, ef, _i64(n), *_enums(fmt), block, _i32(fmt.stochastic), *key)
+    args += (enc.scales, ts, enc.codes)
+    _launch(dev, "qb_lf_quantize", _group_blocks(n), _GROUP_THREADS, args, 0)
 
 
 def _units(fmt: LowFloatFormat) -> tuple[np.int32, np.int64, np.int32]:

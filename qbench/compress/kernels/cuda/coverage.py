@@ -82,9 +82,12 @@ def exercise() -> None:
     x = torch.randn(2053, generator=torch.Generator().manual_seed(0))
     x[:600] = 0.0  # an all-zero bucket: the codes a zero scale skips
     for bits, layout, norm, bucket_size in [
-        (4, "intervals", "max", 8),  # fused, blockDim >= the bucket's tree
-        (5, "intervals", "l2", 16),  # the same with the l2 tree
-        (3, "sign", "l2", 512),  # fused, the strided tree
+        (4, "intervals", "max", 8),  # one pass (qb_qsgd_encode_vec): a thread per bucket
+        (5, "intervals", "l2", 16),  # the l2 butterfly, within a warp
+        (3, "sign", "l2", 512),  # a bucket over two warps: swaps through shared memory
+        (2, "intervals", "max", 128),  # 2-, 8- and 16-bit codes: one access per group
+        (8, "sign", "max", 512),
+        (16, "intervals", "l2", 8192),  # 1024 threads per bucket
         (16, "sign", "max", 7),  # two kernels: groups of 8 cross buckets; 16-bit codes
         (2, "intervals", "l2", 300),  # two kernels, the strided tree
     ]:
@@ -92,6 +95,8 @@ def exercise() -> None:
         payload = c.encode(x, step=1)
         c.decode(payload)
         c.decode(payload, out=torch.ones(x.numel()))
+    c = QSGD(norm="l2", bucket_size=8)  # views 4 bytes in: qb_qsgd_encode_fused, qb_qsgd_decode
+    c.decode(c.encode(x[1:], step=1), out=torch.ones(x.numel())[1:])
     for bucket_size, error_feedback in [(5, True), (300, True), (64, False)]:
         onebit = OneBit(bucket_size=bucket_size, error_feedback=error_feedback)
         for _ in range(2):  # no residual yet, then the residual updated in place

@@ -107,13 +107,15 @@ def _qsgd_outputs(c: QSGD, x: torch.Tensor, offset: int = 77) -> Tensors:
 
 
 def _onebit_outputs(bucket_size: int, error_feedback: bool, n: int, steps: int = 3) -> Tensors:
-    """Per step of a fresh compressor: signs, means, decode, accumulated decode, residual."""
+    """Per step of a fresh compressor: signs, means, decode, accumulated decode (into an aligned
+    buffer and a view 4 bytes past one: the 16-byte and the scalar kernel), residual."""
     c = OneBit(bucket_size=bucket_size, error_feedback=error_feedback)
     outs: Tensors = []
     for step in range(steps):
         p = c.encode(_grad(n, seed=step), name="w")
         outs += [p.buffers["signs"], p.buffers["means"], c.decode(p)]
         outs.append(c.decode(p, out=torch.full((n,), 0.5)))
+        outs.append(c.decode(p, out=torch.full((n + 1,), 0.5)[1:]))
         outs.append(c.decode(p, out=torch.full((n,), 0.5), accumulate=False))
         if error_feedback:
             outs.append(c.state["w"].clone())
@@ -218,11 +220,15 @@ def test_every_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(cuda_emulate, "launch", spy)
     with native.backend("native"), cuda_emulate.emulation("emulate"):
-        _qsgd_outputs(QSGD(bits=4, bucket_size=8), _grad(100))
+        _qsgd_outputs(QSGD(bits=4, bucket_size=8), _grad(100))  # one pass
+        _qsgd_outputs(QSGD(bits=4, bucket_size=8), _grad(101)[1:])  # not 16-byte aligned: fused
         _qsgd_outputs(QSGD(bits=4, bucket_size=7), _grad(100))
-        _onebit_outputs(64, True, 100, steps=1)
+        _onebit_outputs(64, True, 100, steps=1)  # one pass
+        _onebit_outputs(60, True, 100, steps=1)  # not a multiple of 8: means, then signs
         nvfp4 = NVFP4()  # kernels/lowfloat.cu (tests/compress/kernels/test_lowfloat_kernels.py)
-        nvfp4.decode(nvfp4.encode(_grad(100)))
+        nvfp4.decode(nvfp4.encode(_grad(100)))  # the tensor's max, then one pass
+        off = nvfp4.encode(_grad(101)[1:])  # 4 bytes past a 16-byte boundary: any alignment
+        nvfp4.decode(off, out=torch.zeros(101)[1:])
         # tests/compress/kernels/test_integer_units.py
         view = integer_sum.for_compressor(NVFP4(scope="global"))
         assert view is not None
@@ -231,7 +237,10 @@ def test_every_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
         view.decode(sums, divisors, 2, torch.empty(100))
     assert {name for name, *_ in launched} == ALL_KERNELS
     assert ("qb_qsgd_encode_fused", 13, 32, 128) in launched  # a block per bucket, 4 B per thread
+    assert ("qb_qsgd_encode_vec", 1, 256, 0) in launched  # 256 buckets of 8 per block
     assert ("qb_onebit_means", 2, 64, 512) in launched  # 8 B per thread
+    assert ("qb_onebit_encode_fused", 1, 256, 0) in launched  # 32 buckets of 64 per block
+    assert ("qb_lf_amax", 1, 256, 32) in launched  # an int32 per warp
 
 
 def test_racecheck_passes_every_kernel() -> None:

@@ -15,6 +15,7 @@ import pytest
 from qbench.compress.kernels.abi import kernel_dir
 from qbench.compress.kernels.cuda import _SOURCES, nvrtc
 
+
 @pytest.mark.parametrize("arch", nvrtc.ARCHITECTURES)
 @pytest.mark.parametrize("source", sorted(_SOURCES))
 def test_every_kernel_compiles_under_nvrtc(source: str, arch: str) -> None:
