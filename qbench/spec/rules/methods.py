@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from qbench import catalog
-from qbench.catalog.schemes import BACKWARD, TORCH_HOOKS, torus_rows
+from qbench.catalog.schemes import BACKWARD, EXCHANGE, TORCH_HOOKS, torus_rows
 from qbench.catalog.schemes.spelling import DDP, FSDP, overlap
 from qbench.spec.rules.candidate import Candidate
 
@@ -250,7 +250,7 @@ def _exchange(c: Candidate) -> str | None:
     scheme refuses (a packed codec under allreduce, bf16 on MPI, ...) they refuse too."""
     if catalog.SCHEMES[c.scheme].kind != "periodic":
         return None
-    through = catalog.scheme({"name": c.scheme, **c.params}).params["exchange"]
+    through = c.params.get(EXCHANGE.name, EXCHANGE.default)  # given, or the default
     inner = replace(c, scheme=through, params={})
     why = next((w for rule in RULES if rule is not _exchange and (w := rule(inner))), None)
     return f"{c.scheme} exchanges through {through}, and {why}" if why else None
