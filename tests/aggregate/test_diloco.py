@@ -297,3 +297,18 @@ def test_streaming_refuses_bad_parameters_in_one_line(params: dict[str, Any], me
     with pytest.raises(UserError) as e:
         catalog.scheme({"name": "streaming-diloco", **params})
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_codecs_that_cannot_carry_outer_gradients_are_refused_in_one_line() -> None:
+    """torch's PowerSGD hook is no codec a scheme can call; integer-allreduce sums levels on
+    shared scales, which 1bitSGD's signs are not."""
+    powersgd = catalog.compressor({"name": "powersgd"})
+    why = incompatibility("gloo", "diloco", powersgd) or ""
+    assert why.startswith("powersgd is torch's DDP communication hook") and "\n" not in why
+    onebit = catalog.compressor({"name": "onebit"})
+    params = {"exchange": "integer-allreduce"}
+    why = incompatibility("gloo", "streaming-diloco", onebit, params=params) or ""
+    assert why.startswith("streaming-diloco exchanges through integer-allreduce, and ")
+    assert "cannot sum onebit" in why
+    qsgd = catalog.compressor({"name": "qsgd", "bits": 4})
+    assert incompatibility("gloo", "local-sgd", qsgd, params=params) is None
