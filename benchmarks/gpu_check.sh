@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GPU checks for one machine with a CUDA GPU, from the repository root:
-#   benchmarks/gpu_check.sh [OUTDIR]          on the GPU machine (about 4 minutes on an H100)
+#   benchmarks/gpu_check.sh [OUTDIR]          on the GPU machine (about 4 minutes on an H100
+#                                             before issue 48 added tests at 2^26 values: the
+#                                             QSGD device tests alone took over 200 s on an H200)
 #   CPU=1 benchmarks/gpu_check.sh [OUTDIR]    the same flow here, without a GPU: the CUDA
 #                                             kernels under the emulator, the sweep on gloo/CPU
 # Runs the GPU tests (CuPy kernels byte for byte against the CPU reference: QSGD, 1bitSGD, FP8,
@@ -53,7 +55,8 @@ if [ -n "${BEFORE:-}" ]; then
   step "$py" benchmarks/kernels_before_after.py "$out" | tee "$out/before_after.md" || status=1
 fi
 # shellcheck disable=SC2086
-step "$py" -m pytest -q -rs -p no:cacheprovider $tests -o addopts="" -W ignore::DeprecationWarning \
+step "$py" -m pytest -q -rs --durations=10 -p no:cacheprovider $tests -o addopts="" \
+  -W ignore::DeprecationWarning \
   2>&1 | tee "$out/tests.log" || status=1
 # --max-time: a torch-only codec (adaptive: a Python loop per bucket) takes seconds a call on a
 # GPU; on an H100 it took most of the 8 minutes before the limit existed (docs/results/gpu.md).
