@@ -41,6 +41,9 @@ LONGEST_FIRST = (
 order after."""
 
 
+pytest_plugins = ["tests.compress.kernels.cuda.emulated"]  # the emulated kernels' fixtures
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if toolchain.find_c_compiler() is None and toolchain.BACKEND_ENV not in os.environ:
         os.environ[toolchain.BACKEND_ENV] = "torch"  # inherited by every sweep's subprocess

@@ -16,6 +16,7 @@ marker from ``qbench.report.plots.styles`` (dashed: sent after backward, not per
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
@@ -78,24 +79,37 @@ def utility_figure(summary: pd.DataFrame) -> Figure | None:
     rows = utility_rows(summary)
     if rows.empty or rows["bps"].dropna().nunique() < 2:
         return None
+    fig = panel_figure(rows, summary, _panel)
+    fig.suptitle(
+        "Speedup over PyTorch DDP fp32\n(bucketed allreduce overlapped with backward = 1x)"
+        + names.compute_note(rows)
+    )
+    return fig
+
+
+Panel = Callable[[Axes, pd.DataFrame, tuple[object, ...], dict[str, styles.Style]], None]
+"""Draws one panel: (axes, its rows, its PANEL_KEYS values, each method's look)."""
+
+
+def panel_figure(rows: pd.DataFrame, summary: pd.DataFrame, draw: Panel) -> Figure:
+    """One panel per PANEL_KEYS group of ``rows`` (at most MAX_PANELS, two a row), each drawn by
+    ``draw`` with the methods' looks, and one legend below them (a column when names are long)."""
     panels = list(rows.groupby(PANEL_KEYS, dropna=False, sort=True))[:MAX_PANELS]
     cols = min(2, len(panels))
     nrows = math.ceil(len(panels) / cols)
     fig = Figure(figsize=(6.4 * cols, 4.2 * nrows + 0.8), layout="constrained")
     axes = fig.subplots(nrows, cols, squeeze=False).ravel()
-    methods = rows[[*METHOD, "precision"]].drop_duplicates().sort_values([*METHOD, "precision"])
+    methods = summary[[*METHOD, "precision"]].drop_duplicates().sort_values([*METHOD, "precision"])
     looks = styles.assign(((names.method(s, c), styles.key(s, c, p))
                            for s, c, p in methods.itertuples(index=False)), summary)  # fmt: skip
     for ax, (key, panel) in zip(axes, panels, strict=False):
-        _panel(ax, panel, key, looks)
+        draw(ax, panel, key, looks)
     for ax in axes[len(panels) :]:
         ax.set_visible(False)
     found = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
-    fig.legend(handles=list(found.values()), loc="outside lower center", ncols=min(3, len(found)))
-    fig.suptitle(
-        "Speedup over PyTorch DDP fp32\n(bucketed allreduce overlapped with backward = 1x)"
-        + names.compute_note(rows)
-    )
+    wide = max((len(label) for label in found), default=0) > 40  # DiLoCo's names are long
+    ncols = 1 if wide else min(3, len(found))
+    fig.legend(handles=list(found.values()), loc="outside lower center", ncols=ncols)
     return fig
 
 

@@ -10,7 +10,6 @@ holds every run's value and interval and every method's needed rates.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import matplotlib
@@ -21,7 +20,7 @@ from matplotlib.figure import Figure
 from qbench.records.store import atomic_write_bytes
 from qbench.report import names, plots, utilization
 from qbench.report.plots import styles
-from qbench.report.plots.utility import MAX_PANELS, METHOD, PANEL_KEYS, rate_label
+from qbench.report.plots.utility import METHOD, PANEL_KEYS, panel_figure, rate_label
 
 CSV = "utilization.csv"
 
@@ -59,27 +58,14 @@ def figure(pts: pd.DataFrame, summary: pd.DataFrame) -> Figure | None:
     """None without two shaped link rates in some panel."""
     if pts.empty or pts["bps"].dropna().nunique() < 2:
         return None
-    panels = list(pts.groupby(PANEL_KEYS, dropna=False, sort=True))[:MAX_PANELS]
-    cols = min(2, len(panels))
-    nrows = math.ceil(len(panels) / cols)
-    fig = Figure(figsize=(6.4 * cols, 4.2 * nrows + 0.8), layout="constrained")
-    axes = fig.subplots(nrows, cols, squeeze=False).ravel()
-    methods = summary[[*METHOD, "precision"]].drop_duplicates().sort_values([*METHOD, "precision"])
-    looks = styles.assign(((names.method(s, c), styles.key(s, c, p))
-                           for s, c, p in methods.itertuples(index=False)), summary)  # fmt: skip
-    for ax, (key, panel) in zip(axes, panels, strict=False):
-        _panel(ax, panel, key, looks)
-    for ax in axes[len(panels) :]:
-        ax.set_visible(False)
-    found = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
-    wide = max((len(label) for label in found), default=0) > 40  # DiLoCo's names are long
-    ncols = 1 if wide else min(3, len(found))
-    fig.legend(handles=list(found.values()), loc="outside lower center", ncols=ncols)
+    fig = panel_figure(pts, summary, _panel)
     fig.suptitle("Compute utilization (compute time / wall time) against link rate")
     return fig
 
 
-def _panel(ax: Axes, panel: pd.DataFrame, key: tuple[object, ...], looks: dict) -> None:
+def _panel(
+    ax: Axes, panel: pd.DataFrame, key: tuple[object, ...], looks: dict[str, styles.Style]
+) -> None:
     shaped = panel["bps"].dropna()
     right = shaped.max() * 4 if len(shaped) else 1e12
     for (scheme, comp), line in panel.groupby(METHOD, sort=True):

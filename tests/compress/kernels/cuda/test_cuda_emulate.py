@@ -8,7 +8,7 @@ docs/cuda-emulation.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,28 +23,13 @@ from qbench.compress.lowfloat import NVFP4
 from qbench.compress.onebit import OneBit
 from qbench.compress.qsgd import QSGD
 from qbench.errors import UserError
-from tests import compiled
 from tests.compress.kernels.cuda.test_cuda import (
     QSGD_VARIANTS,  # the same variants the GPU tests run
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _kernels() -> None:
-    # each skips without its compiler (C, C++); a broken build fails
-    compiled.require_c_kernels()
-    compiled.require_emulator()
-
-
+pytestmark = pytest.mark.usefixtures("emulated_kernels", "restore_switches")
 ALL_KERNELS = {name for names in cuda._SOURCES.values() for name in names}
 Tensors = list[torch.Tensor]
-
-
-@pytest.fixture(autouse=True)
-def _restore_switches() -> Iterator[None]:
-    backend, mode = native._backend, cuda_emulate._mode
-    yield
-    native._backend, cuda_emulate._mode = backend, mode
 
 
 def _grad(n: int, seed: int = 0) -> torch.Tensor:

@@ -7,7 +7,7 @@ of fewer than 8 values, error feedback over steps, draws past 2^32, NaN refusals
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,40 +18,14 @@ from qbench.compress.base import Payload
 from qbench.compress.kernels import cuda, native
 from qbench.compress.kernels.cuda import emulate as cuda_emulate
 from qbench.compress.lowfloat import ScaledFloat
-from tests import compiled
 from tests.compress.kernels.test_lowfloat_kernels import _adversarial, _canonical, _random
+
+pytestmark = pytest.mark.usefixtures("emulated_kernels", "restore_switches")
 
 Tensors = list[torch.Tensor]
 VEC = ["qb_lf_encode_vec"]
 WHOLE = ["qb_lf_amax", "qb_lf_encode_vec"]  # the tensor's max first
 GENERAL = ["qb_lf_maxes", "qb_lf_scales", "qb_lf_quantize"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _kernels() -> None:
-    compiled.require_c_kernels()
-    compiled.require_emulator()
-
-
-@pytest.fixture(autouse=True)
-def _restore_switches() -> Iterator[None]:
-    backend, mode = native._backend, cuda_emulate._mode
-    yield
-    native._backend, cuda_emulate._mode = backend, mode
-
-
-@pytest.fixture
-def launched(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The names of the kernels launched under the emulator, in order."""
-    names: list[str] = []
-    real = cuda_emulate.launch
-
-    def spy(sources: cuda_emulate.Sources, name: str, *args: object) -> None:
-        names.append(name)
-        real(sources, name, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(cuda_emulate, "launch", spy)
-    yield names
 
 
 def _codec(spec: str) -> ScaledFloat:

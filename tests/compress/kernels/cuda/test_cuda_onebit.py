@@ -5,7 +5,7 @@ that are not a multiple of 8 or whose tree is wider than a warp holds)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,7 +14,6 @@ import torch
 from qbench.compress.kernels import cuda, native
 from qbench.compress.kernels.cuda import emulate as cuda_emulate
 from qbench.compress.onebit import OneBit
-from tests import compiled
 from tests.compress.kernels.cuda.test_cuda_emulate import (
     Tensors,
     _assert_same,
@@ -23,28 +22,10 @@ from tests.compress.kernels.cuda.test_cuda_emulate import (
     _special,
 )
 
+pytestmark = pytest.mark.usefixtures("emulated_kernels", "restore_switches")
+
 FUSED = {"qb_onebit_encode_fused", "qb_onebit_decode_vec"}
 GENERAL_ENCODE = {"qb_onebit_means", "qb_onebit_signs"}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _kernels() -> None:
-    compiled.require_c_kernels()
-    compiled.require_emulator()
-
-
-@pytest.fixture
-def launched(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The names of the kernels launched under the emulator, in order."""
-    names: list[str] = []
-    real = cuda_emulate.launch
-
-    def spy(sources: cuda_emulate.Sources, name: str, *args: object) -> None:
-        names.append(name)
-        real(sources, name, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(cuda_emulate, "launch", spy)
-    yield names
 
 
 def _three_ways(

@@ -4,8 +4,6 @@ and which take the general kernels; their launches (test_cuda_emulate.py has the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -13,7 +11,6 @@ from qbench.compress.base import Payload
 from qbench.compress.kernels import cuda, native
 from qbench.compress.kernels.cuda import emulate as cuda_emulate
 from qbench.compress.qsgd import QSGD
-from tests import compiled
 from tests.compress.kernels.cuda.test_cuda_emulate import (
     Tensors,
     _assert_same,
@@ -23,40 +20,12 @@ from tests.compress.kernels.cuda.test_cuda_emulate import (
     _special,
 )
 
+pytestmark = pytest.mark.usefixtures("emulated_kernels", "restore_switches")
+
 # The formats issue 48 times: (bits, bucket_size); 8192 takes 1024 threads per bucket.
 TARGETS = [(2, 128), (4, 512), (8, 512), (16, 8192)]
 VEC = {"qb_qsgd_encode_vec", "qb_qsgd_decode_vec"}
 Launch = tuple[str, int, int, int]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _kernels() -> None:
-    compiled.require_c_kernels()
-    compiled.require_emulator()
-
-
-@pytest.fixture(autouse=True)
-def _restore_switches() -> Iterator[None]:
-    backend, mode = native._backend, cuda_emulate._mode
-    yield
-    native._backend, cuda_emulate._mode = backend, mode
-
-
-@pytest.fixture
-def launched(monkeypatch: pytest.MonkeyPatch) -> list[Launch]:
-    """The emulated launches of the test: (kernel, grid, block, shared memory bytes)."""
-    seen: list[Launch] = []
-    real = cuda_emulate.launch
-
-    def spy(
-        sources: cuda_emulate.Sources, name: str, grid: int, block: int, args: tuple[object, ...],
-        smem: int,
-    ) -> None:  # fmt: skip
-        seen.append((name, grid, block, smem))
-        real(sources, name, grid, block, args, smem)
-
-    monkeypatch.setattr(cuda_emulate, "launch", spy)
-    return seen
 
 
 def _qsgd(bits: int, bucket_size: int, layout: str = "intervals", norm: str = "max") -> QSGD:
@@ -71,7 +40,7 @@ def _names(launches: list[Launch]) -> set[str]:
 @pytest.mark.parametrize("layout", ["intervals", "sign"])
 @pytest.mark.parametrize(("bits", "bucket_size"), TARGETS)
 def test_one_pass_matches_c_and_torch(
-    bits: int, bucket_size: int, layout: str, norm: str, launched: list[Launch]
+    bits: int, bucket_size: int, layout: str, norm: str, launches: list[Launch]
 ) -> None:
     c = _qsgd(bits, bucket_size, layout, norm)
     # one value; one whole group; a short last group; one whole bucket; a short last bucket
@@ -84,10 +53,10 @@ def test_one_pass_matches_c_and_torch(
     _assert_same(want, got, "special")
     with native.backend("torch"):
         _assert_same(_qsgd_outputs(c, x, 2**32 - 3), got, "torch")
-    assert _names(launched) == VEC
+    assert _names(launches) == VEC
 
 
-def test_views_not_16_byte_aligned_take_the_general_kernels(launched: list[Launch]) -> None:
+def test_views_not_16_byte_aligned_take_the_general_kernels(launches: list[Launch]) -> None:
     def run() -> Tensors:
         c = _qsgd(4, 512, "sign", "l2")
         x = _grad(2001, seed=3)[1:]  # 4 bytes into its storage
@@ -100,14 +69,14 @@ def test_views_not_16_byte_aligned_take_the_general_kernels(launched: list[Launc
 
     want, got = _c_and_emulated(run)
     _assert_same(want, got, "views")
-    assert _names(launched) == {"qb_qsgd_encode_fused", "qb_qsgd_decode"}
+    assert _names(launches) == {"qb_qsgd_encode_fused", "qb_qsgd_decode"}
 
 
-def test_buckets_over_8192_values_take_the_general_kernel(launched: list[Launch]) -> None:
+def test_buckets_over_8192_values_take_the_general_kernel(launches: list[Launch]) -> None:
     c = _qsgd(16, 8200, "intervals", "l2")  # a multiple of 8, over 1024 threads of 8
     want, got = _c_and_emulated(_qsgd_outputs, c, _grad(8200 + 21), 11)
     _assert_same(want, got, "8200")
-    assert _names(launched) == {"qb_qsgd_encode_fused", "qb_qsgd_decode_vec"}
+    assert _names(launches) == {"qb_qsgd_encode_fused", "qb_qsgd_decode_vec"}
 
 
 @pytest.mark.parametrize(
@@ -124,13 +93,13 @@ def test_buckets_over_8192_values_take_the_general_kernel(launched: list[Launch]
 )
 def test_one_pass_launches(
     bits: int, bucket_size: int, norm: str, n: int, config: tuple[int, int, int],
-    launched: list[Launch],
+    launches: list[Launch],
 ) -> None:  # fmt: skip
     with native.backend("native"), cuda_emulate.emulation("emulate"):
         c = _qsgd(bits, bucket_size, "intervals", norm)
         c.decode(c.encode(_grad(n)))
     groups = -(-n // 8)
-    assert launched == [
+    assert launches == [
         ("qb_qsgd_encode_vec", *config),
         ("qb_qsgd_decode_vec", -(-groups // 256), 256, 8192),  # a thread per group of 8
     ]
