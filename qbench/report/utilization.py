@@ -20,6 +20,7 @@ import pandas as pd
 from qbench.report import intervals
 
 TARGETS = (0.5, 0.9, 0.99)
+RUN_COLUMNS = ("run_id", "utilization", "low", "high", "n", "bytes_mean", "bytes_peak")
 
 
 def per_run(per_it: pd.DataFrame) -> pd.DataFrame:
@@ -40,10 +41,7 @@ def per_run(per_it: pd.DataFrame) -> pd.DataFrame:
             "n": len(wall), "bytes_mean": float(rows["bytes_sent"].mean()),
             "bytes_peak": float(rows["bytes_peak"].max()),
         })  # fmt: skip
-    return pd.DataFrame(out, columns=[*RUN_COLUMNS])
-
-
-RUN_COLUMNS = ("run_id", "utilization", "low", "high", "n", "bytes_mean", "bytes_peak")
+    return pd.DataFrame(out, columns=list(RUN_COLUMNS))
 
 
 @dataclass(frozen=True)
