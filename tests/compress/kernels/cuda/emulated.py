@@ -4,9 +4,11 @@ autouse: the GPU and NVRTC tests need neither compiler). A file opts in with
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import pytest
+import torch
 
 from qbench.compress.kernels import native
 from qbench.compress.kernels.cuda import emulate as cuda_emulate
@@ -60,3 +62,40 @@ def launches(_spied: tuple[list[Launch], list[str]]) -> list[Launch]:
 def launched(_spied: tuple[list[Launch], list[str]]) -> list[str]:
     """The names of the test's emulated launches, in order."""
     return _spied[1]
+
+
+Tensors = list[torch.Tensor]
+
+
+def _bytes(t: torch.Tensor, nan_as_one: bool) -> torch.Tensor:
+    t = t.detach().contiguous()
+    if nan_as_one and t.dtype == torch.float32:
+        t = torch.where(t.isnan(), torch.tensor(float("nan")), t)
+    return t.view(torch.uint8)
+
+
+def assert_same(want: Tensors, got: Tensors, where: object, nan_as_one: bool = False) -> None:
+    """The same tensors: dtype, shape and bytes, -0.0 included. ``nan_as_one``: every float NaN
+    as one pattern (a GPU returns its one canonical NaN where x86 keeps a payload, so NaN
+    results of the C loops and the kernels differ in their bits)."""
+    assert len(want) == len(got), where
+    for i, (w, g) in enumerate(zip(want, got, strict=True)):
+        assert (g.dtype, g.shape) == (w.dtype, w.shape), (where, i)
+        assert torch.equal(_bytes(g, nan_as_one), _bytes(w, nan_as_one)), (where, i)
+
+
+def three_ways(
+    fn: Callable[..., Tensors], *args: Any, mode: str = "emulate", nan_as_one: bool = False
+) -> tuple[Tensors, Tensors]:
+    """fn(*args)'s tensors from the torch reference and the C kernels, which must agree (the
+    C ones returned), and from the emulated CUDA kernels under ``mode``, for the caller to
+    compare with C's."""
+    with native.backend("torch"):
+        ref = fn(*args)
+    with native.backend("native"):
+        with cuda_emulate.emulation("off"):
+            want = fn(*args)
+        with cuda_emulate.emulation(mode):
+            got = fn(*args)
+    assert_same(ref, want, ("torch vs C", args[0] if args else None), nan_as_one)
+    return want, got

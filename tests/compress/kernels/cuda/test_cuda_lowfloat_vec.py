@@ -18,6 +18,7 @@ from qbench.compress.base import Payload
 from qbench.compress.kernels import cuda, native
 from qbench.compress.kernels.cuda import emulate as cuda_emulate
 from qbench.compress.lowfloat import ScaledFloat
+from tests.compress.kernels.cuda.emulated import assert_same, three_ways
 from tests.compress.kernels.test_lowfloat_kernels import _adversarial, _canonical, _random
 
 pytestmark = pytest.mark.usefixtures("emulated_kernels", "restore_switches")
@@ -52,25 +53,11 @@ def _steps(spec: str, inputs: Tensors, offset: int, residual: torch.Tensor | Non
     return [_canonical(t) for t in outs]
 
 
-def _assert_same(want: Tensors, got: Tensors, where: object) -> None:
-    assert len(want) == len(got), where
-    for i, (w, g) in enumerate(zip(want, got, strict=True)):
-        assert (g.dtype, g.shape) == (w.dtype, w.shape), (where, i)
-        assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), (where, i)
-
-
 def _three_ways(fn: Callable[..., Tensors], *args: Any, mode: str = "emulate") -> None:
     """fn(*args) on the torch reference, the C kernels and the emulated CUDA kernels: the same
     bytes from all three."""
-    with native.backend("torch"):
-        ref = fn(*args)
-    with native.backend("native"):
-        with cuda_emulate.emulation("off"):
-            want = fn(*args)
-        with cuda_emulate.emulation(mode):
-            got = fn(*args)
-    _assert_same(ref, want, ("torch vs C", args[0]))
-    _assert_same(want, got, ("C vs CUDA", args[0]))
+    want, got = three_ways(fn, *args, mode=mode)
+    assert_same(want, got, ("C vs CUDA", args[0]))
 
 
 def _adversarial_for(codec: ScaledFloat) -> Callable[[int, int], torch.Tensor]:

@@ -5,18 +5,15 @@ that are not a multiple of 8 or whose tree is wider than a warp holds)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import pytest
 import torch
 
 from qbench.compress.kernels import cuda, native
 from qbench.compress.kernels.cuda import emulate as cuda_emulate
 from qbench.compress.onebit import OneBit
+from tests.compress.kernels.cuda.emulated import assert_same, three_ways
 from tests.compress.kernels.cuda.test_cuda_emulate import (
     Tensors,
-    _assert_same,
     _grad,
     _onebit_outputs,
     _special,
@@ -26,22 +23,6 @@ pytestmark = pytest.mark.usefixtures("emulated_kernels", "restore_switches")
 
 FUSED = {"qb_onebit_encode_fused", "qb_onebit_decode_vec"}
 GENERAL_ENCODE = {"qb_onebit_means", "qb_onebit_signs"}
-
-
-def _three_ways(
-    fn: Callable[..., Tensors], *args: Any, mode: str = "emulate"
-) -> tuple[Tensors, Tensors]:
-    """fn(*args)'s tensors from the torch reference, the C kernels and the emulated CUDA
-    kernels; the reference and C must agree, the CUDA ones are returned with C's to compare."""
-    with native.backend("torch"):
-        ref = fn(*args)
-    with native.backend("native"):
-        with cuda_emulate.emulation("off"):
-            want = fn(*args)
-        with cuda_emulate.emulation(mode):
-            got = fn(*args)
-    _assert_same(ref, want, "torch vs C")
-    return want, got
 
 
 # -- the one pass ---------------------------------------------------------------------------------
@@ -54,8 +35,8 @@ def test_one_pass_matches_c_and_torch(
     # five shuffle levels. n: partial last groups and buckets, tensors of one bucket or less.
     for n in (1, 7, 8, 9, 63, 65, 257, 1003, 4099):
         launched.clear()
-        want, got = _three_ways(_onebit_outputs, bucket_size, error_feedback, n)
-        _assert_same(want, got, (bucket_size, n))
+        want, got = three_ways(_onebit_outputs, bucket_size, error_feedback, n, nan_as_one=True)
+        assert_same(want, got, (bucket_size, n), nan_as_one=True)
         assert FUSED.issubset(launched) and GENERAL_ENCODE.isdisjoint(launched), launched
 
 
@@ -66,8 +47,8 @@ def test_wider_buckets_and_odd_ones_take_the_general_kernels(
     # trees of 512 values (512: the 16-byte decode); not a multiple of 8
     for bucket_size, n in ((260, 1003), (512, 1003), (12, 1003), (3, 1003), (5, 9)):
         launched.clear()
-        want, got = _three_ways(_onebit_outputs, bucket_size, True, n, 2, mode=mode)
-        _assert_same(want, got, bucket_size)
+        want, got = three_ways(_onebit_outputs, bucket_size, True, n, 2, mode=mode, nan_as_one=True)
+        assert_same(want, got, bucket_size, nan_as_one=True)
         assert GENERAL_ENCODE.issubset(launched) and "qb_onebit_encode_fused" not in launched
         vec = bucket_size % 8 == 0  # else groups of 8 that buckets cross: the scalar decode
         assert ("qb_onebit_decode_vec" in launched) == vec, launched
@@ -90,8 +71,8 @@ def test_a_strided_residual_is_read_from_a_copy_into_a_new_one(launched: list[st
         p = c.encode(_grad(1003), name="w")
         return [p.buffers["signs"], p.buffers["means"], c.state["w"]]
 
-    want, got = _three_ways(run)
-    _assert_same(want, got, "strided")
+    want, got = three_ways(run, nan_as_one=True)
+    assert_same(want, got, "strided", nan_as_one=True)
     assert launched == ["qb_onebit_encode_fused"]
 
 
@@ -104,8 +85,8 @@ def test_nan_inf_and_signed_zeros_in_one_pass() -> None:
             outs += [p.buffers["signs"], p.buffers["means"], c.decode(p), c.state["w"].clone()]
         return outs
 
-    want, got = _three_ways(run)
-    _assert_same(want, got, "special")
+    want, got = three_ways(run, nan_as_one=True)
+    assert_same(want, got, "special", nan_as_one=True)
 
 
 @pytest.mark.parametrize("mode", ["emulate", "racecheck"])
@@ -117,8 +98,10 @@ def test_warps_stride_over_buckets(
     # end; racecheck: the in-place residual under 4 schedules.
     for blocks in (1, 2):
         monkeypatch.setattr(cuda, "_MAX_BLOCKS", blocks)
-        want, got = _three_ways(_onebit_outputs, bucket_size, True, 9001, 2, mode=mode)
-        _assert_same(want, got, (bucket_size, blocks))
+        want, got = three_ways(
+            _onebit_outputs, bucket_size, True, 9001, 2, mode=mode, nan_as_one=True
+        )
+        assert_same(want, got, (bucket_size, blocks), nan_as_one=True)
 
 
 # -- alignment ------------------------------------------------------------------------------------
@@ -146,8 +129,8 @@ def _views(grad_at: int, residual_at: int, out_at: int) -> Tensors:
 def test_views_at_any_float_take_the_kernel_they_allow(
     grad_at: int, residual_at: int, out_at: int, launched: list[str]
 ) -> None:
-    want, got = _three_ways(_views, grad_at, residual_at, out_at)
-    _assert_same(want, got, (grad_at, residual_at, out_at))
+    want, got = three_ways(_views, grad_at, residual_at, out_at, nan_as_one=True)
+    assert_same(want, got, (grad_at, residual_at, out_at), nan_as_one=True)
     one_pass = grad_at == residual_at == 0
     assert ("qb_onebit_encode_fused" in launched) == one_pass, launched
     assert GENERAL_ENCODE.issubset(launched) == (not one_pass), launched
@@ -167,5 +150,5 @@ def test_a_long_tensor_in_one_pass() -> None:
             outs += [p.buffers["signs"], p.buffers["means"], c.decode(p), c.state["w"].clone()]
         return outs
 
-    want, got = _three_ways(run)
-    _assert_same(want, got, n)
+    want, got = three_ways(run, nan_as_one=True)
+    assert_same(want, got, n, nan_as_one=True)
