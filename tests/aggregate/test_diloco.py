@@ -312,3 +312,23 @@ def test_codecs_that_cannot_carry_outer_gradients_are_refused_in_one_line() -> N
     assert "cannot sum onebit" in why
     qsgd = catalog.compressor({"name": "qsgd", "bits": 4})
     assert incompatibility("gloo", "local-sgd", qsgd, params=params) is None
+
+
+@pytest.mark.parametrize(
+    "comp",
+    [
+        {"name": "mx", "error_feedback": True},
+        {"name": "fp8", "block_size": 128, "error_feedback": True},
+    ],
+)
+def test_integer_allreduce_refuses_error_feedback_it_would_ignore(comp: dict[str, Any]) -> None:
+    """Its kernels quantize on shared scales and keep no residual: an `-ef` label on a run that
+    carried none would be wrong (found while building DiLoCo's exchanges)."""
+    spec = catalog.compressor(comp)
+    why = incompatibility("gloo", "integer-allreduce", spec) or ""
+    assert "carries no residual" in why and "`error_feedback: false`" in why
+    plain = catalog.compressor({**comp, "error_feedback": False})
+    assert incompatibility("gloo", "integer-allreduce", plain) is None
+    assert "carries no residual" in (
+        incompatibility("gloo", "diloco", spec, params={"exchange": "integer-allreduce"}) or ""
+    )

@@ -125,6 +125,12 @@ def _integer_levels(c: Candidate) -> str | None:
             )
         if why:
             return f"integer-allreduce: {why}"
+        if comp.error_feedback:  # its own kernels quantize: no residual is carried
+            return (
+                f"integer-allreduce quantizes on the shared scales with kernels of its own and "
+                f"carries no residual, so {comp.name}'s error feedback would be ignored; set "
+                f"`error_feedback: false`, or use scheme reduce-broadcast"
+            )
     return None
 
 
