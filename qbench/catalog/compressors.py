@@ -207,23 +207,28 @@ QSGD = CompressorEntry(
               "span two tensors; tensor: buckets restart at every tensor (the seed artefact's "
               "buckets live inside one matrix), so a tensor's last bucket may be partial",
               str, choices=("contiguous", "tensor")),
+        Param("error_feedback", False, "add last step's quantization error first (the "
+              "low-bit outer gradients of MuLoCo / SparseLoCo); off: unbiased", bool),
     ),
     label=lambda p: f"qsgd-{p['bits']}b-b{p['bucket_size']}"
     + ("-l2" if p["norm"] == "l2" else "") + ("-sign" if p["layout"] == "sign" else "")
-    + ("-tensor" if p["align"] == "tensor" else ""),
-    unlabel=lambda text: _match(r"qsgd-(\d+)b-b(\d+)(-l2)?(-sign)?(-tensor)?", text, lambda m: {
-        "bits": int(m[1]), "bucket_size": int(m[2]), "norm": "l2" if m[3] else "max",
-        "layout": "sign" if m[4] else "intervals",
-        "align": "tensor" if m[5] else "contiguous"}),
+    + ("-tensor" if p["align"] == "tensor" else "") + ("-ef" if p["error_feedback"] else ""),
+    unlabel=lambda text: _match(
+        r"qsgd-(\d+)b-b(\d+)(-l2)?(-sign)?(-tensor)?(-ef)?", text, lambda m: {
+            "bits": int(m[1]), "bucket_size": int(m[2]), "norm": "l2" if m[3] else "max",
+            "layout": "sign" if m[4] else "intervals",
+            "align": "tensor" if m[5] else "contiguous", "error_feedback": bool(m[6])}),
     display=lambda p, brief: _named(
         f"QSGD {p['bits']}-bit",
         (f"bucket {p['bucket_size']}", not brief or p["bucket_size"] != 512),
         ("l2 norm", p["norm"] == "l2"), ("sign layout", p["layout"] == "sign"),
-        ("buckets per tensor", p["align"] == "tensor")),
+        ("buckets per tensor", p["align"] == "tensor"),
+        ("error feedback", bool(p["error_feedback"]))),
     nominal_bits=lambda p: float(p["bits"]),
     wire=wire.qsgd_wire,
     granularity=lambda p: "tensor" if p["align"] == "tensor" else "bucket",
-    unbiased=lambda p: True,
+    unbiased=lambda p: not p["error_feedback"],
+    error_feedback=lambda p: bool(p["error_feedback"]),
     integer_levels=lambda p: _qsgd_integer(p),
     integer_grid=lambda p: ((1 << (p["bits"] - 1)) - 1, p["bucket_size"]),
     cross_check=lambda p: (

@@ -48,16 +48,26 @@ class QSGD(Compressor):
     norm: Literal["max", "l2"]
     layout: Literal["intervals", "sign"]
     align: Literal["contiguous", "tensor"]
+    error_feedback: bool
 
     def _encode(self, grad: torch.Tensor, key: Key, offset: int, name: str) -> Payload:
-        kernels = native.kernels_for(grad)
+        """With error feedback the values encoded are grad + last step's residual of the slot
+        ``name``, and the new residual is what they lose, values - decode(payload): the
+        payload's own decode, byte-identical on every path, so the residual is too."""
+        residual = self.state.get(name) if self.error_feedback else None
+        values = grad if residual is None else grad + residual
+        kernels = native.kernels_for(values)
         if kernels is None:
-            levels, scales = self._encode_torch(grad, key, offset)
+            levels, scales = self._encode_torch(values, key, offset)
         else:
             levels, scales = kernels.qsgd_encode(
-                grad, self.kernel_format, key_hash=key_hash(key), offset=offset
+                values, self.kernel_format, key_hash=key_hash(key), offset=offset
             )
-        return Payload(numel=grad.numel(), buffers={"levels": levels, "scales": scales})
+        payload = Payload(numel=grad.numel(), buffers={"levels": levels, "scales": scales})
+        if self.error_feedback:
+            decoded = self._decode_into(payload, None, accumulate=False).view(grad.shape)
+            self.state[name] = values - decoded
+        return payload
 
     def _decode_into(
         self, payload: Payload, out: torch.Tensor | None, accumulate: bool = True
