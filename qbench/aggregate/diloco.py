@@ -22,6 +22,12 @@ merges a fragment's new global value into the local one ``delay`` steps later, a
 alpha * local + (1 - alpha) * global. Here the exchange itself still runs when it starts (its
 time is exposed, not hidden behind the delay's inner steps): the algorithm and its bytes are
 the paper's, its overlap is not yet.
+
+``within_node: allreduce`` makes each node of G ranks (``LOCAL_WORLD_SIZE``) one data-parallel
+worker, as torchft's DiLoCo over replica groups does: every inner step averages the gradient
+over the node (an fp32 allreduce on the intra-node communicator), so the node's ranks keep one
+model, and only the node leaders (local rank 0) run the outer exchange among themselves; each
+leader then hands the mean to its node (an intra-node sum to which the others add zeros).
 """
 
 from __future__ import annotations
@@ -31,8 +37,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from qbench.aggregate.allreduce import fp32_mean
 from qbench.aggregate.base import Aggregator
 from qbench.comm.base import Comm
+from qbench.comm.env import ranks_per_node
 from qbench.compress import Compressor
 from qbench.errors import UserError
 from qbench.timing import PhaseTimer
@@ -52,14 +60,21 @@ class StreamingDiLoCo(Aggregator):
         self, comm: Comm, compressor: Compressor, numel: int, offset: int = 0, *,
         tensors: Sequence[int] | None = None, H: int, fragments: int, delay: int, alpha: float,
         outer_lr: float, outer_momentum: float, nesterov: bool, exchange: Exchange,
+        within_node: str = "none",
     ) -> None:  # fmt: skip
         super().__init__(comm, compressor, numel, offset, tensors=tensors)
         self.H, self.outer_lr = H, outer_lr
         self.outer_momentum, self.nesterov = outer_momentum, nesterov
         self.delay, self.alpha = delay, alpha
         self.bounds = fragment_bounds(self.tensors, fragments)
+        self.node: Comm | None = None  # the intra-node communicator of within_node: allreduce
+        outer = comm
+        if within_node == "allreduce":
+            self.node, outer = comm.node_comms(ranks_per_node(comm.world_size))
+        self.leads = self.node is None or self.node.rank == 0
         self.inners = [
-            exchange(comm, compressor, b - a, offset + a, self.pieces(a, b)) for a, b in self.bounds
+            exchange(outer, compressor, b - a, offset + a, self.pieces(a, b))
+            for a, b in self.bounds
         ]
         self.payload_bytes = 0
         self._global: torch.Tensor | None = None
@@ -71,7 +86,8 @@ class StreamingDiLoCo(Aggregator):
         self._global = params.detach().clone()
 
     def aggregate(self, grad: torch.Tensor, step: int, timer: PhaseTimer) -> torch.Tensor:
-        return grad  # each rank steps its own model; the exchanges are in after_step
+        """The gradient itself (each rank steps its own model), or its node's mean."""
+        return grad if self.node is None else fp32_mean(self.node, grad, timer)
 
     def syncs(self, step: int, fragment: int = 0) -> bool:
         """Whether ``fragment``'s exchange follows inner step ``step`` (0-based)."""
@@ -102,8 +118,13 @@ class StreamingDiLoCo(Aggregator):
         assert self._global is not None
         a, b = self.bounds[f]
         glob = self._global[a:b]
-        mean = self.inners[f].aggregate(torch.sub(glob, local), step, timer)
-        self.payload_bytes += self.inners[f].payload_bytes
+        mean = torch.zeros_like(glob)
+        if self.leads:  # every rank, or its node's leader among the leaders
+            mean = self.inners[f].aggregate(torch.sub(glob, local), step, timer)
+            self.payload_bytes += self.inners[f].payload_bytes
+        if self.node is not None:  # the leader's mean to its node: the others add zeros
+            self.node.allreduce_(mean)
+            timer.mark("comm")
         self.outer_step(glob, mean, slot=f)
         self._pending.setdefault(step + self.delay, []).append((f, glob.clone()))
 
@@ -129,12 +150,12 @@ class DiLoCo(StreamingDiLoCo):
     def __init__(
         self, comm: Comm, compressor: Compressor, numel: int, offset: int = 0, *,
         tensors: Sequence[int] | None = None, H: int, outer_lr: float, outer_momentum: float,
-        nesterov: bool, exchange: Exchange,
+        nesterov: bool, exchange: Exchange, within_node: str = "none",
     ) -> None:  # fmt: skip
         super().__init__(
             comm, compressor, numel, offset, tensors=tensors, H=H, fragments=1, delay=0,
             alpha=0.0, outer_lr=outer_lr, outer_momentum=outer_momentum, nesterov=nesterov,
-            exchange=exchange,
+            exchange=exchange, within_node=within_node,
         )  # fmt: skip
 
 
@@ -146,10 +167,11 @@ class LocalSGD(DiLoCo):
     def __init__(
         self, comm: Comm, compressor: Compressor, numel: int, offset: int = 0, *,
         tensors: Sequence[int] | None = None, H: int, exchange: Exchange,
+        within_node: str = "none",
     ) -> None:  # fmt: skip
         super().__init__(
             comm, compressor, numel, offset, tensors=tensors, H=H, outer_lr=1.0,
-            outer_momentum=0.0, nesterov=False, exchange=exchange,
+            outer_momentum=0.0, nesterov=False, exchange=exchange, within_node=within_node,
         )  # fmt: skip
 
 

@@ -332,3 +332,71 @@ def test_integer_allreduce_refuses_error_feedback_it_would_ignore(comp: dict[str
     assert "carries no residual" in (
         incompatibility("gloo", "diloco", spec, params={"exchange": "integer-allreduce"}) or ""
     )
+
+
+# -- data parallel inside a node, DiLoCo between nodes -------------------------------------------
+def _train_nodes(
+    monkeypatch: pytest.MonkeyPatch, params: dict[str, Any], steps: int, k: int = 4, g: int = 2
+) -> list[dict[str, Any]]:
+    """``_train`` on ThreadComm ranks in nodes of ``g`` (LOCAL_WORLD_SIZE), within_node on."""
+    from tests.threadcomm import ThreadComm, run_ranks
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(g))
+
+    def fn(cm: ThreadComm) -> dict[str, Any]:
+        theta = THETA0.clone()
+        agg = aggregate.build(
+            "diloco", cm, from_spec({"name": "none"}), N,
+            params={**params, "within_node": "allreduce"},
+        )  # fmt: skip
+        agg.begin(theta)
+        opt = torch.optim.SGD([theta], lr=0.05, momentum=0.9)
+        timer = PhaseTimer(torch.device("cpu"))
+        out: dict[str, Any] = {"theta": [], "payload": []}
+        for step in range(steps):
+            timer.start()
+            theta.grad = agg.aggregate(_grad(cm.rank % K, theta), step, timer).clone()
+            opt.step()
+            agg.after_step(theta.data, step, timer)
+            out["theta"].append(theta.detach().clone())
+            out["payload"].append(agg.payload_bytes)
+        return out
+
+    return run_ranks(k, fn)
+
+
+def test_within_node_allreduce_with_plain_outer_sgd_every_step_is_ddp_over_every_rank(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two nodes of two ranks, H = 1, outer lr 1, no momentum: the mean over the nodes of each
+    node's mean gradient is the mean over all four ranks, so every rank follows DDP over four
+    (ranks 0-3 on problems 0, 1, 2, 0). Fails when the node mean or the leaders' hand-over to
+    their node is left out."""
+    params = {"H": 1, "outer_lr": 1.0, "outer_momentum": 0.0, "nesterov": False}
+    got = _train_nodes(monkeypatch, params, 6)
+    theta = THETA0.clone()
+    opt = torch.optim.SGD([theta], lr=0.05, momentum=0.9)
+    for step in range(6):
+        theta.grad = torch.stack([_grad(r % K, theta) for r in range(4)]).mean(0)
+        opt.step()
+        for r in range(4):
+            torch.testing.assert_close(got[r]["theta"][step], theta.detach(), atol=2e-6, rtol=0)
+
+
+def test_within_node_a_nodes_ranks_keep_one_model_and_only_leaders_exchange(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    got = _train_nodes(monkeypatch, {"H": 3}, 9)
+    for step in range(9):
+        for a, b in ((0, 1), (2, 3)):  # the two nodes
+            assert torch.equal(got[a]["theta"][step], got[b]["theta"][step]), step
+        synced = all(torch.equal(got[0]["theta"][step], got[r]["theta"][step]) for r in (2, 3))
+        assert synced == ((step + 1) % 3 == 0), step
+    # the leaders sent the pseudo-gradient between nodes on the exchange steps, the others not
+    assert [p > 0 for p in got[0]["payload"]] == [(s + 1) % 3 == 0 for s in range(9)]
+    assert got[1]["payload"] == [0] * 9 and got[3]["payload"] == [0] * 9
+
+
+def test_within_node_refuses_a_hierarchical_exchange() -> None:
+    with pytest.raises(UserError, match="use a flat exchange"):
+        catalog.scheme({"name": "diloco", "within_node": "allreduce", "exchange": "hierarchical"})

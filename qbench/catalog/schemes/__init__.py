@@ -349,6 +349,20 @@ EXCHANGE = Param(
     "exchange", "allreduce", "the collective scheme the outer gradients go through, with the "
     "scheme's compressor", str, choices=EXCHANGES,
 )  # fmt: skip
+WITHIN_NODE = Param(
+    "within_node", "none", "none: every rank is a worker; allreduce: each node's ranks "
+    "(LOCAL_WORLD_SIZE) are one data-parallel worker (gradients averaged over the node every "
+    "step) and the node leaders run the outer exchange", str, choices=("none", "allreduce"),
+)  # fmt: skip
+
+
+def _periodic_check(given: Params, p: Params) -> str | None:
+    if p["within_node"] == "allreduce" and p["exchange"] == "hierarchical":
+        return (
+            "within_node: allreduce already averages inside each node and exchanges among the "
+            "node leaders; use a flat exchange (e.g. `exchange: reduce-broadcast`)"
+        )
+    return None
 
 
 def _nesterov_needs_momentum(given: Params, p: Params) -> str | None:
@@ -357,7 +371,7 @@ def _nesterov_needs_momentum(given: Params, p: Params) -> str | None:
             "nesterov is a kind of momentum, and outer_momentum is 0 (torch.optim.SGD refuses "
             "the same); set `outer_momentum: 0.9` or drop `nesterov`"
         )
-    return None
+    return _periodic_check(given, p)
 
 
 def _delay_below_h(given: Params, p: Params) -> str | None:
@@ -379,6 +393,8 @@ def _periodic_name(title: str) -> Callable[[Params], str]:
             out.append(f"outer lr {p['outer_lr']:g}, momentum {p['outer_momentum']:g}{nesterov}")
         if p["exchange"] != "allreduce":
             out.append(f"via {p['exchange']}")
+        if p["within_node"] == "allreduce":
+            out.append("data parallel inside each node")
         return ", ".join(out)
 
     return name
@@ -394,14 +410,14 @@ OUTER = (
 LOCAL_SGD = SchemeEntry(
     "local-sgd", "each rank steps its own model; parameters averaged every H steps through the "
     "exchange", "Stich 2019; Lin et al. 2020 (beyond the seeds)",
-    "qbench.aggregate.diloco:LocalSGD", kind="periodic", params=(EVERY, EXCHANGE),
-    display=_periodic_name("local SGD"),
+    "qbench.aggregate.diloco:LocalSGD", kind="periodic", params=(EVERY, EXCHANGE, WITHIN_NODE),
+    cross_check=_periodic_check, display=_periodic_name("local SGD"),
 )  # fmt: skip
 DILOCO = SchemeEntry(
     "diloco", "each rank steps its own model; every H steps the mean pseudo-gradient (global "
     "minus local) goes through the exchange and an outer SGD (Nesterov) steps the global model",
     "Douillard et al. 2023 (beyond the seeds)", "qbench.aggregate.diloco:DiLoCo",
-    kind="periodic", params=(EVERY, *OUTER, EXCHANGE),
+    kind="periodic", params=(EVERY, *OUTER, EXCHANGE, WITHIN_NODE),
     cross_check=_nesterov_needs_momentum, display=_periodic_name("DiLoCo"),
 )  # fmt: skip
 STREAMING_DILOCO = SchemeEntry(
@@ -417,7 +433,7 @@ STREAMING_DILOCO = SchemeEntry(
               "an integer >= 0", at_least(0)),
         Param("alpha", 0.5, "weight of the local value in the merge (0: take the global)",
               float, "a number in [0, 1]", lambda v: 0 <= v <= 1),
-        *OUTER, EXCHANGE,
+        *OUTER, EXCHANGE, WITHIN_NODE,
     ),
     cross_check=_delay_below_h, display=_periodic_name("Streaming DiLoCo"),
 )  # fmt: skip
