@@ -77,3 +77,16 @@ def test_bench_comm_asks_the_rules_for_one_collective_call() -> None:
         assert rules.why_not(rules.Candidate(backend="gloo", scheme=scheme, compressor=none,
                                              collective=True)), scheme  # fmt: skip
     assert rules.why_not(rules.Candidate(backend="gloo", scheme="gossip", compressor=none)) is None
+
+
+def test_fsdp_refuses_weight_rounding_and_the_replicas_take_it() -> None:
+    """`weights: {bits: N}` rounds a replica after its step; FSDP keeps shards (rules/workload)."""
+    none = catalog.compressor("none")
+    fsdp = rules.Candidate(backend="gloo", scheme="fsdp", compressor=none, weight_bits=8)
+    assert rules.why_not(fsdp) == (
+        "weights: {bits: 8} rounds a replica's parameters after the step; FSDP keeps shards, "
+        "not replicas; drop `weights:` for fsdp"
+    )
+    flat = rules.Candidate(backend="gloo", scheme="allreduce", compressor=none, weight_bits=8)
+    assert rules.why_not(flat) is None
+    assert rules.why_not(rules.Candidate(backend="gloo", scheme="fsdp", compressor=none)) is None
