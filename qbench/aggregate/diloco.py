@@ -118,10 +118,11 @@ class StreamingDiLoCo(Aggregator):
         assert self._global is not None
         a, b = self.bounds[f]
         glob = self._global[a:b]
-        mean = torch.zeros_like(glob)
         if self.leads:  # every rank, or its node's leader among the leaders
             mean = self.inners[f].aggregate(torch.sub(glob, local), step, timer)
             self.payload_bytes += self.inners[f].payload_bytes
+        else:
+            mean = torch.zeros_like(glob)
         if self.node is not None:  # the leader's mean to its node: the others add zeros
             self.node.allreduce_(mean)
             timer.mark("comm")

@@ -106,6 +106,8 @@ class Throughputs:
 
     def __init__(self, per_iteration: pd.DataFrame, global_batch: pd.Series) -> None:
         """``per_iteration``: run_id, t_iteration rows; ``global_batch``: run_id -> samples."""
+        self.rows = per_iteration
+        """The lock-step runs' ``stats.per_iteration`` rows, kept for whoever else reads them."""
         self._samples: dict[str, np.ndarray] = {}
         for run_id, rows in per_iteration.groupby("run_id", sort=False):
             batch = global_batch.get(run_id, math.nan)

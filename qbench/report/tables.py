@@ -84,8 +84,10 @@ def _write(
     atomic_write_bytes(md_path, markdown_report(summary, str(root), acc).encode())
     if not acc.empty:
         atomic_write_bytes(report_dir / ACCURACY_CSV, acc.to_csv(index=False).encode())
-    paths, notes = report_figures.write(summary, results, acc, report_dir) if figures else ([], [])
-    through = stats.throughputs(results, summary)
+    through = stats.throughputs(results, summary)  # its lock-step rows feed a figure too
+    paths, notes = list[Path](), list[str]()
+    if figures:
+        paths, notes = report_figures.write(summary, results, acc, through.rows, report_dir)
     page = report_page.write_page(report_dir, summary, acc, paths, through, codec)
     if fmt is not None:
         render(summary, fmt, out)
