@@ -400,3 +400,24 @@ def test_within_node_a_nodes_ranks_keep_one_model_and_only_leaders_exchange(
 def test_within_node_refuses_a_hierarchical_exchange() -> None:
     with pytest.raises(UserError, match="use a flat exchange"):
         catalog.scheme({"name": "diloco", "within_node": "allreduce", "exchange": "hierarchical"})
+
+
+def test_the_schemes_hand_their_slice_and_fixed_outer_step_to_the_exchange() -> None:
+    """The exchange works on the slice's offset (its draws) and tensors; local SGD's outer step
+    is lr 1 without momentum, DiLoCo merges at once, and no rank is in a node by default."""
+    (agg,) = on_threads(1, lambda cm: aggregate.build(
+        "local-sgd", cm, from_spec({"name": "none"}), 37, offset=5, tensors=[10, 27],
+        params={"H": 2}))  # fmt: skip
+    (inner,) = agg.inners
+    assert (inner.offset, inner.tensors, inner.numel) == (5, (10, 27), 37)
+    assert (agg.outer_lr, agg.outer_momentum, agg.nesterov, agg.alpha, agg.delay) == (
+        1.0, 0.0, False, 0.0, 0)  # fmt: skip
+    assert agg.node is None and agg.leads
+    (dl,) = on_threads(1, lambda cm: aggregate.build(
+        "diloco", cm, from_spec({"name": "none"}), 37, offset=5, tensors=[10, 27]))  # fmt: skip
+    assert (dl.inners[0].offset, dl.inners[0].tensors, dl.alpha, dl.node) == (
+        5,
+        (10, 27),
+        0.0,
+        None,
+    )

@@ -95,3 +95,29 @@ def test_the_period_is_h_for_the_schemes_that_exchange_every_h_steps() -> None:
     assert rounds.period(catalog.scheme({"name": "local-sgd", "H": 3})) == 3
     assert rounds.period(catalog.scheme({"name": "allreduce"})) == 1
     assert rounds.period(None) == 1  # a scheme this qbench cannot read
+
+
+def test_per_run_rows_hold_every_column_and_skip_only_runs_without_time() -> None:
+    """Runs in order; one with no wall time is skipped and the next still comes; the bytes a
+    step sent on average and at peak, and the rows resampled."""
+    a = _per_it("a", 1, [2.0, 2.0], [1.0, 1.0], [10, 30]).assign(**{rounds.PEAK: [10, 30]})
+    dead = _per_it("b", 1, [0.0], [0.0], [0]).assign(**{rounds.PEAK: [0]})
+    c = _per_it("c", 1, [4.0], [1.0], [8]).assign(**{rounds.PEAK: [8]})
+    frame = pd.concat([c, dead, a]).drop(columns=rounds.PERIOD)
+    got = utilization.per_run(frame)
+    assert list(got.columns) == list(utilization.RUN_COLUMNS)
+    assert list(got["run_id"]) == ["a", "c"]
+    assert got.iloc[0][["n", "bytes_mean", "bytes_peak"]].tolist() == [2, 20.0, 30.0]
+    assert got.iloc[1]["utilization"] == 0.25 and got.iloc[1]["low"] == got.iloc[1]["high"]
+    assert list(utilization.per_run(frame.iloc[0:0]).columns) == list(utilization.RUN_COLUMNS)
+
+
+def test_rounds_of_two_collapse_and_the_rows_are_renumbered() -> None:
+    """Period 2 is periodic too; the rows come back indexed 0..n-1 with the ranks kept."""
+    frame = _per_it("p", 2, [1.0, 3.0, 1.0, 5.0], [1.0] * 4, [0, 8, 0, 8]).assign(ranks=[2] * 4)
+    frame.index = [7, 8, 9, 10]
+    got = rounds.collapse(frame, ("t_iteration",), ("t_compute", "bytes_sent"))
+    assert list(got.index) == [0, 1] and list(got["t_iteration"]) == [2.0, 3.0]
+    assert list(got["ranks"]) == [2, 2] and rounds.PERIOD not in got
+    flat = _per_it("f", 1, [1.0], [1.0], [4]).set_axis([5])
+    assert rounds.PERIOD not in rounds.collapse(flat, ("t_iteration",), ("bytes_sent",))
