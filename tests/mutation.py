@@ -24,6 +24,11 @@ group's survivors and their diffs go to build/mutation/NAME/survivors.txt.
     python tests/mutation.py costmodel bitpack      # some
     python tests/mutation.py --survivors bitpack    # rerun the last run's survivors only
     python tests/mutation.py --list                 # the groups, their files and tests
+    python tests/mutation.py --keep --sample 300 spec  # 300 more of the mutants not yet run
+
+``--sample N`` runs N of the mutants that have no verdict yet, drawn at random (seed 0) from
+every file of the group, for a group too slow to run whole here; the table's "not run" column
+says how many of each file's mutants the score does not rest on.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import argparse
 import configparser
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -144,7 +150,7 @@ def run(
     env.update(line.split("=", 1) for line in _lines(group.get("env", "")))
     mutmut = Path(sys.executable).with_name("mutmut")
     argv = [str(mutmut), "run", "--max-children", str(max_children), *only]
-    shown = " ".join(argv[1:4]) + (f" <{len(only)} survivors>" if only else "")
+    shown = " ".join(argv[1:4]) + (f" <{len(only)} named mutants>" if only else "")
     print(f"== {name}: {shown} in {work.relative_to(ROOT)}", flush=True)
     with open(work / "mutmut.log", "w") as log:
         done = subprocess.run(argv, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -205,6 +211,16 @@ def tally(work: Path, group: configparser.SectionProxy, skip: dict[str, str]) ->
     return out
 
 
+def unrun(work: Path, group: configparser.SectionProxy, n: int) -> list[str]:
+    """n mutants of the group's files that have no verdict yet, drawn at random (seed 0)."""
+    pending = []
+    for pattern in _lines(group["only_mutate"]):
+        for meta in sorted((work / "mutants").glob(pattern + ".meta")):
+            codes = json.loads(meta.read_text())["exit_code_by_key"]
+            pending += sorted(m for m, code in codes.items() if code is None)
+    return sorted(random.Random(0).sample(pending, min(n, len(pending))))
+
+
 def write_survivors(work: Path, tallies: dict[str, Tally]) -> None:
     mutmut = Path(sys.executable).with_name("mutmut")
     with open(work / "survivors.txt", "w") as f:
@@ -219,14 +235,14 @@ def write_survivors(work: Path, tallies: dict[str, Tally]) -> None:
 def table(rows: list[tuple[str, str, Tally]]) -> str:
     lines = [
         "| group | module | mutants | killed | survived | no tests | equivalent | unreachable "
-        "| score |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| not run | score |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, path, t in rows:
         total = t.counted + t.equivalent + t.unreachable + t.not_run
         lines.append(
             f"| {name} | `{path}` | {total} | {t.killed} | {t.survived + t.suspicious} | "
-            f"{t.no_tests} | {t.equivalent} | {t.unreachable} | {t.score:.1f} % |"
+            f"{t.no_tests} | {t.equivalent} | {t.unreachable} | {t.not_run} | {t.score:.1f} % |"
         )
     return "\n".join(lines)
 
@@ -240,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
         "--survivors",
         action="store_true",
         help="only the second pass: rerun the last survivors (after adding tests)",
+    )
+    parser.add_argument(
+        "--sample", type=int, metavar="N", help="run N of the mutants without a verdict yet"
     )
     parser.add_argument("--report-only", action="store_true", help="tally the last runs")
     parser.add_argument("--fail-under", type=float, default=85.0, help="minimum score (%%)")
@@ -262,7 +281,12 @@ def main(argv: list[str] | None = None) -> int:
         if not args.report_only:
             start = time.monotonic()
             work = prepare(name, cfg, fresh=not (args.keep or args.survivors))
-            if not args.survivors:
+            if args.sample:
+                sample = unrun(work, known[name], args.sample)
+                if not sample:
+                    raise SystemExit(f"mutation {name}: no mutant without a verdict to sample")
+                run(name, work, known[name], args.max_children, sample)
+            elif not args.survivors:
                 run(name, work, known[name], args.max_children, [])
             # second pass: the survivors against every test of the files that cover them, and
             # the timeouts once more (a hang the mutant causes hangs again: still a kill)
