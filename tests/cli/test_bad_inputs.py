@@ -195,6 +195,11 @@ CASES: dict[str, Case] = {
     "cost model not json": (command("cost", "predict", "/etc/hostname"), "JSON"),
     "cost fit nothing": (command("cost", "fit", "{tmp}/nodir", "--out", "{tmp}/m.json"),
                          "not a results directory"),
+    "utilization no dir": (command("cost", "utilization", "{tmp}/nodir"),
+                           "not a results directory"),
+    "utilization no runs": (command("cost", "utilization", "{tmp}"), "no ok runs"),
+    "utilization model": (command("cost", "utilization", "{tmp}", "--model", "{tmp}/nope.json"),
+                          "not found"),
     "models extra argument": (command("models", "extra"), "unexpected extra argument"),
 }  # fmt: skip
 

@@ -1,4 +1,5 @@
-"""``qbench cost fit | predict | crossover | validate``: the cost model on the command line.
+"""``qbench cost fit | predict | crossover | validate | utilization``: the cost model on the
+command line.
 
 Listed in ``qbench.cli.COMMANDS`` as ``cost``, and under its old name ``qbench model``
 (hidden, ``moved``), which says on stderr that it moved. The maths lives in
@@ -22,7 +23,9 @@ from qbench.cli.cost.render import (
     print_frame,
     show_crossovers,
     show_fit,
+    show_needed,
     show_predictions,
+    show_utilization,
     show_validation,
 )
 from qbench.cli.tools import ListCommand
@@ -33,6 +36,10 @@ from qbench.costmodel.inputs import load_input
 from qbench.costmodel.model import CostModel
 from qbench.costmodel.predict import predict_frame
 from qbench.costmodel.schemes import ALLREDUCE, BACKWARD, FLAT, SCHEMES, full_precision
+from qbench.costmodel.utilization import IDEAL, FittedTransfer
+from qbench.costmodel.utilization import check as check_utilization
+from qbench.costmodel.utilization import fit as fit_utilization
+from qbench.costmodel.utilization import needed as needed_rates
 from qbench.costmodel.validate import summarize_validation
 from qbench.costmodel.validate import validate as validate_paths
 from qbench.errors import UserError
@@ -229,5 +236,38 @@ def validate(model_path: str, paths: tuple[str, ...], show_all: bool, fmt: str) 
         f"{pct(s.max_abs_error)}, {s.within_target}/{s.points} within {s.target:.0%}"
         if s.points
         else "no held-out rows with a prediction (all were used for fitting; see --all)"
+    )
+    err_console().print(line, highlight=False)
+
+
+# -- utilization ---------------------------------------------------------------------------------
+@cost.command()
+@click.argument("results", metavar="DIR")
+@click.option("--model", "model_path", metavar="MODEL.json", help="A fitted cost model (`qbench "
+              "cost fit --comm ...`): time each phase by its collective's fit instead of the "
+              "link's full rate.")  # fmt: skip
+@options.flag("--all", "show_all", help="Also list the loopback runs the curves are fitted on.")
+@options.table_format(FORMATS)
+def utilization(results: str, model_path: str | None, show_all: bool, fmt: str) -> None:
+    """Compute utilization against link rate: each method's curve, fitted on its loopback run
+    from its declared traffic, scored against its runs on shaped links (held out), and the
+    link rate it needs for 50, 90 and 99 %."""
+    if not Path(results).is_dir():
+        raise UserError(f"{results}: not a results directory; give `qbench sweep --out` DIR")
+    transfer = IDEAL if model_path is None else FittedTransfer(CostModel.load(model_path))
+    fitted = fit_utilization(results, transfer)
+    frame = check_utilization(fitted)
+    if frame.empty:
+        raise UserError(f"{results}: no method with a run over an unshaped link to fit on")
+    shown = frame if show_all else frame[~frame["in_fit"].astype(bool)]
+    print_frame(shown, fmt, show_utilization)
+    if fmt == "table":
+        show_needed(needed_rates(fitted))
+    s = summarize_validation(frame)
+    line = (
+        f"held out: {s.points} runs on shaped links, median |error| {pct(s.median_abs_error)}, "
+        f"max {pct(s.max_abs_error)}, {s.within_target}/{s.points} within {s.target:.0%}"
+        if s.points
+        else "no run on a shaped link to check the curves against (see --all)"
     )
     err_console().print(line, highlight=False)

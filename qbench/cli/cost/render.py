@@ -260,3 +260,35 @@ def rate_text(bps: float) -> str:
         if bps >= div:
             return f"{bps / div:.3g} {unit}"
     return f"{bps / 1e3:.3g} kbit/s"
+
+
+def show_utilization(frame: pd.DataFrame) -> None:
+    t = Table(
+        title="compute utilization, measured (95 % CI over rounds) vs the curve fitted on each "
+        "method's loopback run; error = predicted / measured - 1"
+    )
+    for col in ("scheme", "compressor", "link", "H"):
+        t.add_column(col)
+    for col in ("measured", "95 % CI", "predicted", "error", "bytes/round", "declared", "fit"):
+        t.add_column(col, justify="right")
+    for r in frame.itertuples(index=False):
+        t.add_row(
+            r.scheme, r.compressor, r.network, str(r.H), pct(r.measured),
+            f"{pct(r.low)}-{pct(r.high)}", pct(r.predicted),
+            "" if r.in_fit else pct(r.error, signed=True), f"{r.bytes_round:,.0f}",
+            f"{r.wire_round:,.0f}", "yes" if r.in_fit else "",
+        )  # fmt: skip
+    out_console().print(t)
+
+
+def show_needed(frame: pd.DataFrame) -> None:
+    t = Table(title="link rate the fitted curve needs for each utilization (no token bucket)")
+    for col in ("scheme", "compressor"):
+        t.add_column(col)
+    rates = [c for c in frame.columns if c.startswith("bps_")]
+    for col in rates:
+        t.add_column(f"{col[4:]} %", justify="right")
+    for r in frame.to_dict("records"):
+        cells = [rate_text(r[c]) if math.isfinite(r[c]) else "never" for c in rates]
+        t.add_row(str(r["scheme"]), str(r["compressor"]), *cells)
+    out_console().print(t)
