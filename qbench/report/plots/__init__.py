@@ -107,7 +107,8 @@ def wrap_label(label: str, width: int = 28) -> str:
     for part in label.split("\n"):
         line = ""
         for piece in (
-            part.replace(" · ", " ·\0").replace(", ", ",\0").replace("+", "\0+").split("\0")
+            # the space after a break point starts the next piece: dropped at a line's start
+            part.replace(" · ", " ·\0 ").replace(", ", ",\0 ").replace("+", "\0+").split("\0")
         ):
             if line and len(line) + len(piece) > width:
                 lines.append(line.rstrip())

@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 
 from qbench.catalog.schemes import spelling
 from qbench.report import names, plots
-from qbench.report.plots import styles
+from qbench.report.plots import styles, wrap_label
 
 PANEL_KEYS = ["model", "backend", "world_size", "precision"]
 METHOD = ["scheme", "compressor"]
@@ -109,7 +109,10 @@ def panel_figure(rows: pd.DataFrame, summary: pd.DataFrame, draw: Panel) -> Figu
     found = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
     wide = max((len(label) for label in found), default=0) > 40  # DiLoCo's names are long
     ncols = 1 if wide else min(3, len(found))
-    fig.legend(handles=list(found.values()), loc="outside lower center", ncols=ncols)
+    # a name longer than the figure is wide is cut at both edges: wrapped to fit instead
+    fit = int(13 * fig.get_figwidth())
+    labels = [wrap_label(label, fit) for label in found]
+    fig.legend(list(found.values()), labels, loc="outside lower center", ncols=ncols)
     return fig
 
 

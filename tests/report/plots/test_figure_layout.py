@@ -29,6 +29,7 @@ from qbench.report import names, plots, stats
 from qbench.report.plots import accuracy as plots_accuracy
 from qbench.report.plots import study as plots_study
 from qbench.report.plots import utility as plots_utility
+from qbench.report.plots import utilization as plots_utilization
 from qbench.spec.network import Link
 from tests.report import test_report, test_report_study
 from tests.report.plots import test_utility
@@ -219,6 +220,27 @@ def crowded_accuracy() -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.DataFrame(rows), pd.DataFrame(epochs)
 
 
+def _utilization() -> Figure | None:
+    """Compute utilization of DDP and DiLoCo's family, whose names run past a panel's width
+    (a one-column legend of them was cut at both edges of the figure)."""
+    methods = [
+        ("ddp", "fp32"), ("ddp", "bf16"),
+        ("diloco+H50+exchangereduce-broadcast", "qsgd-2b-b128-ef"),
+        ("streaming-diloco+H50+alpha0.5+delay1+exchangereduce-broadcast+fragments2", "mxfp4"),
+    ]  # fmt: skip
+    panel = {"model": "gpt", "backend": "gloo", "world_size": 4, "precision": "replay"}
+    summary, points = [], []
+    for i, (scheme, comp) in enumerate(methods):
+        specs = RunSpecs(catalog.from_label(comp), catalog.scheme_from_label(scheme), Link())
+        VOCABULARY.learn({"scheme": scheme, "compressor": comp}, specs)
+        summary.append({**panel, "run_id": f"u{i}", "status": "ok", "scheme": scheme,
+                        "compressor": comp, "compressor_name": specs.compressor.name})  # fmt: skip
+        for bps, u in ((1e7, 0.1 + 0.2 * i), (1e8, 0.3 + 0.15 * i), (1e9, 0.8), (math.nan, 0.9)):
+            points.append({**panel, "scheme": scheme, "compressor": comp, "bps": bps,
+                           "utilization": u, "low": u - 0.02, "high": u + 0.02})  # fmt: skip
+    return plots_utilization.figure(pd.DataFrame(points), pd.DataFrame(summary))
+
+
 FIGURES: dict[str, Callable[..., Figure | None]] = {
     "breakdown": lambda speed, study: plots.breakdown_figure(speed),
     "scalability": lambda speed, study: plots.scalability_figure(speed),
@@ -229,6 +251,7 @@ FIGURES: dict[str, Callable[..., Figure | None]] = {
     "accuracy (crowded)": lambda speed, study: plots_accuracy.accuracy_figure(
         *crowded_accuracy()),
     "utility": lambda speed, study: plots_utility.utility_figure(_utility_summary()),
+    "utilization": lambda speed, study: _utilization(),
 }  # fmt: skip
 
 
@@ -261,3 +284,9 @@ def test_the_checker_sees_collisions() -> None:
     fig2 = Figure()
     fig2.subplots().set_title("qsgd-4b-b512 / reduce-broadcast+backward")
     assert machine_labels(fig2) == ["qsgd-4b-b512 / reduce-broadcast+backward"]
+
+
+def test_a_wrapped_name_keeps_its_spaces_and_breaks_after_commas_and_dots() -> None:
+    name = "DiLoCo, H 50, outer lr 0.7 · MXFP4"
+    assert plots.wrap_label(name, 20) == "DiLoCo, H 50,\nouter lr 0.7 · MXFP4"
+    assert plots.wrap_label(name, 40) == name
