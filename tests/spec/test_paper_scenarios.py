@@ -26,6 +26,8 @@ def test_there_are_paper_scenarios_for_every_seed() -> None:
         "replay-scale",  # replayed compute past the cores (issue 34)
         "sharded",  # FSDP with compressed collectives against 16-bit baselines (issue 35)
         "wire-formats",  # FP8 / MX / NVFP4 next to QSGD: top-1 for the bits (issue 36)
+        "diloco",  # local SGD, DiLoCo, Streaming DiLoCo: loss at equal tokens (issue 47)
+        "diloco-links",  # their compute utilization against link rate (issue 47)
     }
 
 
