@@ -130,7 +130,7 @@ class Curve:
 
 
 def round_phases(
-    spec: RunSpecs, ranks: int, groups: list[tuple[CompressorSpec, int]]
+    spec: RunSpecs, ranks: int, groups: list[tuple[CompressorSpec, int]], backend: str = "gloo"
 ) -> tuple[int, tuple[Phase, ...]]:
     """(H, the comm phases of one round) of a run's scheme, from the declared
     traffic of what it exchanges, for each layer group (compressor, values) the run aggregates
@@ -138,7 +138,7 @@ def round_phases(
     curve cannot time."""
     scheme, p = spec.scheme, spec.scheme.params
     periodic = scheme.entry.kind == "periodic"
-    if periodic and p.get("within_node", "none") != "none":
+    if periodic and p["within_node"] != "none":
         raise UserError(f"scheme {scheme.name}: the utilization curve has no two-level rounds")
     # the flat scheme that carries the exchange (DDP's buckets: torch's ring allreduce)
     exchange = Scheme(str(p["exchange"]) if periodic else scheme.name).exchange
@@ -150,7 +150,7 @@ def round_phases(
             raise UserError(f"compressor {compressor.label}: its bytes depend on the data")
         # each fragment's bytes per value are the whole group's
         bits = 8 * wire / values
-        of = traffic(exchange, compressor, ranks, values / fragments, bits, "gloo")
+        of = traffic(exchange, compressor, ranks, values / fragments, bits, backend)
         if any(phase.level != ANY for phase in of.phases):
             raise UserError(f"scheme {scheme.name}: the curve has no two-level rounds")
         phases += list(of.phases) * fragments
@@ -206,7 +206,8 @@ def fit(root: Path | str, transfer: Transfer = IDEAL) -> Fitted:
         first = fitted.iloc[0]
         values = int(first["grad_bytes"]) // 4  # fp32 gradients: the model's parameters
         groups = layer_groups(Path(root) / str(first["run_id"]), first["specs"], values)
-        every, phases = round_phases(first["specs"], int(first["world_size"]), groups)
+        ranks, backend = int(first["world_size"]), str(first["backend"])
+        every, phases = round_phases(first["specs"], ranks, groups, backend)
         c = float(means.loc[fitted["run_id"], "t_compute"].mean())
         wall = float(means.loc[fitted["run_id"], "t_iteration"].mean())
         curve = Curve(every, c, every * (wall - c), phases)

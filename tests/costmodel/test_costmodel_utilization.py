@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,12 @@ def test_a_fitted_model_times_each_phase_by_its_collective(tmp_path: Path) -> No
     assert transfer(phase, network.Link()) == 0.0  # loopback: in the fitted overhead
     curve = u.Curve(every=1, compute_s=1.0, overhead_s=0.0, phases=(phase,))
     assert curve.utilization(_link(1e7), transfer) == pytest.approx(1 / (1 + 3e-3 + 1.6))
+    # 50 % at 1.0 s of transfer: 3 ms + 8e6 / (rate / 2) = 1 s
+    assert curve.needed(0.5, transfer) == pytest.approx(16e6 / 0.997, rel=2e-3)
+    # a token bucket's credit counts on an emulated link only (tbf), never on a real one
+    credited = u.FittedTransfer(CostModel(collectives=[replace(fit, credit_s=0.1)]))
+    assert credited(phase, _link(1e8)) == pytest.approx(3e-3 + 0.16 - 0.002)  # the link's 2 ms
+    assert credited(phase, _link(1e8), tbf=False) == pytest.approx(3e-3 + 0.16)
 
 
 def calls(
@@ -127,6 +134,14 @@ def test_the_round_follows_the_runs_layer_groups(tmp_path: Path) -> None:
     # DDP with torch's hooks casts every bucket alike: one group
     bf16 = catalog.compressor("bf16")
     assert u.layer_groups(run, specs({"name": "ddp"}, bf16), 5216) == [(bf16, 5216)]
+    # the same cast outside DDP's hooks follows the plan
+    got = u.layer_groups(run, specs({"name": "diloco", "H": 2}, bf16), 5216)
+    assert [(c.label, n) for c, n in got] == [("bf16", 5120), ("fp32", 96)]
+    record = json.loads((run / "run.json").read_text())
+    record["spec"]["layers"]["overrides"] = {"w0": {"name": "bf16"}}
+    (run / "run.json").write_text(json.dumps(record))
+    with pytest.raises(UserError, match=r"^layers\.overrides: the utilization curve times the run"):
+        u.layer_groups(run, specs({"name": "diloco", "H": 2}, MXFP4), 5216)
     (run / TIMELINE).unlink()  # no timeline (not replayed): one group
     assert u.layer_groups(run, specs({"name": "diloco", "H": 2}, MXFP4), 5216) == [(MXFP4, 5216)]
 
@@ -180,3 +195,10 @@ def test_the_curve_fits_the_loopback_run_and_scores_the_shaped_one(tmp_path: Pat
     rates = u.needed(fitted)
     assert math.isnan(rates.loc[0, "bps_99"])  # 0.02 s of 0.22: 90.9 % at most
     assert rates.loc[0, "bps_50"] == pytest.approx(8 * 4000 / (0.2 / 0.5 - 0.2 - 0.02), rel=2e-3)
+    # an exchange fitted at half the link's rate needs twice the rate for the same share
+    half = CollectiveFit(
+        backend="gloo", network="1mbit", collective="exchange", alpha_s=0.0,
+        beta_s_per_byte=8 / 0.5e6, r2=1.0, points=3, rel_err_median=0.0, rel_err_max=0.0,
+    )  # fmt: skip
+    slow = u.needed(u.fit(tmp_path, u.FittedTransfer(CostModel(collectives=[half]))))
+    assert slow.loc[0, "bps_50"] == pytest.approx(2 * rates.loc[0, "bps_50"], rel=3e-3)

@@ -19,7 +19,7 @@ from qbench.cli.cost.configs import DEFAULT_COMPRESSORS, DEFAULT_SCHEMES, build_
 from qbench.cli.cost.render import (
     FORMATS,
     err_console,
-    pct,
+    held_out_line,
     print_frame,
     show_crossovers,
     show_fit,
@@ -40,7 +40,6 @@ from qbench.costmodel.utilization import IDEAL, FittedTransfer
 from qbench.costmodel.utilization import check as check_utilization
 from qbench.costmodel.utilization import fit as fit_utilization
 from qbench.costmodel.utilization import needed as needed_rates
-from qbench.costmodel.validate import summarize_validation
 from qbench.costmodel.validate import validate as validate_paths
 from qbench.errors import UserError
 
@@ -230,14 +229,8 @@ def validate(model_path: str, paths: tuple[str, ...], show_all: bool, fmt: str) 
         raise UserError(f"nothing to validate in {', '.join(paths)}")
     shown = frame if show_all else frame[~frame["in_fit"].astype(bool)]
     print_frame(shown, fmt, show_validation)
-    s = summarize_validation(frame)
-    line = (
-        f"held out: {s.points} rows, median |error| {pct(s.median_abs_error)}, max "
-        f"{pct(s.max_abs_error)}, {s.within_target}/{s.points} within {s.target:.0%}"
-        if s.points
-        else "no held-out rows with a prediction (all were used for fitting; see --all)"
-    )
-    err_console().print(line, highlight=False)
+    none = "no held-out rows with a prediction (all were used for fitting; see --all)"
+    err_console().print(held_out_line(frame, "rows", none), highlight=False)
 
 
 # -- utilization ---------------------------------------------------------------------------------
@@ -263,11 +256,5 @@ def utilization(results: str, model_path: str | None, show_all: bool, fmt: str) 
     print_frame(shown, fmt, show_utilization)
     if fmt == "table":
         show_needed(needed_rates(fitted))
-    s = summarize_validation(frame)
-    line = (
-        f"held out: {s.points} runs on shaped links, median |error| {pct(s.median_abs_error)}, "
-        f"max {pct(s.max_abs_error)}, {s.within_target}/{s.points} within {s.target:.0%}"
-        if s.points
-        else "no run on a shaped link to check the curves against (see --all)"
-    )
-    err_console().print(line, highlight=False)
+    none = "no run on a shaped link to check the curves against (see --all)"
+    err_console().print(held_out_line(frame, "runs on shaped links", none), highlight=False)

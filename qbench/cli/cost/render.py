@@ -17,6 +17,7 @@ from rich.table import Table
 from qbench.costmodel.crossover import ALWAYS, CROSSES, Crossover
 from qbench.costmodel.model import CostModel
 from qbench.costmodel.schemes import BACKWARD
+from qbench.costmodel.validate import summarize_validation
 
 FORMATS = ("table", "csv", "json")
 
@@ -292,3 +293,14 @@ def show_needed(frame: pd.DataFrame) -> None:
         cells = [rate_text(r[c]) if math.isfinite(r[c]) else "never" for c in rates]
         t.add_row(str(r["scheme"]), str(r["compressor"]), *cells)
     out_console().print(t)
+
+
+def held_out_line(frame: pd.DataFrame, rows: str, none: str) -> str:
+    """The summary under a validation table: the held-out ``rows``' errors, or ``none``."""
+    s = summarize_validation(frame)
+    if not s.points:
+        return none
+    return (
+        f"held out: {s.points} {rows}, median |error| {pct(s.median_abs_error)}, max "
+        f"{pct(s.max_abs_error)}, {s.within_target}/{s.points} within {s.target:.0%}"
+    )
