@@ -70,7 +70,7 @@ def _ideal(phase: Phase, link: Link, tbf: bool = True) -> float:
     if link.bits_per_s is None:
         return 0.0
     burst = burst_s(link) if tbf else 0.0
-    return sum(max(0.0, 8 * w / phase.lanes / link.bits_per_s - burst) for w in phase.calls)
+    return sum(max(0.0, 8 * w / link.bits_per_s - burst) for w in phase.calls)
 
 
 IDEAL: Transfer = _ideal
@@ -87,7 +87,7 @@ class FittedTransfer:
         if link.bits_per_s is None:
             return 0.0  # loopback: in the fitted overhead
         fit, _ = collective_fit(self.model, self.backend, link, phase.collective)
-        return fit.time(phase.msgs, [w / phase.lanes for w in phase.calls], link, tbf)
+        return fit.time(phase.msgs, phase.calls, link, tbf)
 
 
 @dataclass(frozen=True)
@@ -101,8 +101,8 @@ class Curve:
 
     @property
     def wire(self) -> float:
-        """Bytes one rank sends in a round."""
-        return sum(w / p.lanes for p in self.phases for w in p.calls)
+        """Bytes one rank sends in a round (every phase one level, one lane: ``round_phases``)."""
+        return sum(p.wire for p in self.phases)
 
     def wall(self, link: Link, transfer: Transfer = IDEAL, tbf: bool = True) -> float:
         """Seconds of one round on ``link`` (unshaped: no transfer term)."""
@@ -151,6 +151,7 @@ def round_phases(
         # each fragment's bytes per value are the whole group's
         bits = 8 * wire / values
         of = traffic(exchange, compressor, ranks, values / fragments, bits, backend)
+        # one level, so one lane (only levelled phases share lanes): a call's bytes are a rank's
         if any(phase.level != ANY for phase in of.phases):
             raise UserError(f"scheme {scheme.name}: the curve has no two-level rounds")
         phases += list(of.phases) * fragments
