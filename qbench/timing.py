@@ -7,6 +7,7 @@ alone is enough. The timer only adds floats; it never allocates or checks in the
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -25,11 +26,22 @@ def _sync_for(device: torch.device) -> Callable[[], None]:
 class Pacing:
     """Shared by replayed codec calls (``qbench.run.replay.codec``) and the timer: the seconds
     of the current phase that such calls already gave their dilated length (the timer stretches
-    only the rest), and the calls whose real work outlasted their replayed time."""
+    only the rest), and the calls whose real work outlasted their replayed time.
+
+    ``paced_s`` is each thread's own: a codec call on a helper thread (Streaming DiLoCo's
+    exchange behind the inner steps) paces that thread's phase, never the loop's."""
 
     def __init__(self) -> None:
-        self.paced_s = 0.0
+        self._mine = threading.local()
         self.overruns = 0
+
+    @property
+    def paced_s(self) -> float:
+        return float(getattr(self._mine, "paced_s", 0.0))
+
+    @paced_s.setter
+    def paced_s(self, value: float) -> None:
+        self._mine.paced_s = value
 
 
 class PhaseTimer:
@@ -46,12 +58,21 @@ class PhaseTimer:
         clock stretches it to, so that codecs slow down with the links and the replayed
         compute, and reports that undo the dilation see their real time;
         ``pacing``: less what replayed codec calls already paced (and reset at every mark)."""
+        self._device = device
         self._sync = _sync_for(device)
         self._pacing = pacing or Pacing()
         self._stretch = stretch or float
         self._stretched = STRETCHED if stretch else ()  # decided once, not per mark
         self.totals = dict.fromkeys(PHASES, 0.0)
         self._start = self._last = self._excluded = 0.0
+
+    def fork(self) -> PhaseTimer:
+        """A timer for a helper thread: this one's dilation and pacing, but it waits only for
+        the helper's own CUDA stream, so that its marks never wait for the loop's kernels."""
+        timer = PhaseTimer(self._device, self._stretch if self._stretched else None, self._pacing)
+        if self._device.type == "cuda":
+            timer._sync = lambda: torch.cuda.current_stream().synchronize()
+        return timer
 
     def start(self) -> None:
         self._sync()

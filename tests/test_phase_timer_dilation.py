@@ -95,3 +95,30 @@ def test_every_mark_forgets_what_was_paced(monkeypatch: pytest.MonkeyPatch) -> N
     clock.sleeps.clear()
     timer.mark("encode")
     assert clock.sleeps == [2.0] and timer.totals["encode"] == 3.0
+
+
+def test_a_helper_threads_pacing_and_marks_are_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Streaming DiLoCo's exchange runs on a helper thread with a fork of the loop's timer: what
+    the helper's replayed calls paced is not the loop's to skip (nor the loop's marks the
+    helper's to forget), and the fork stretches as the loop's timer does. Fails when
+    ``paced_s`` is one value for every thread or the fork drops the dilation."""
+    import threading
+
+    pacing = Pacing()
+    timer, clock = _timer(monkeypatch, 3.0, pacing)
+    helper = timer.fork()
+    seen: list[float] = []
+
+    def work() -> None:
+        helper.start()
+        pacing.paced_s = 0.5
+        clock.advance(2.0)
+        helper.mark("encode")  # (3 - 1) x (2 - 0.5): paced on this thread only
+        seen.append(pacing.paced_s)
+
+    pacing.paced_s = 0.25  # the loop's own, before the helper ran
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert pacing.paced_s == 0.25 and seen == [0.0]
+    assert helper.totals["encode"] == 5.0 and timer.totals["encode"] == 0.0

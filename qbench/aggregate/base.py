@@ -43,6 +43,12 @@ class Aggregator(ABC):
         self.payload_bytes = 4 * numel
         self.overlapped = False
         """True when encode / comm / decode interleave, so only the iteration time is real."""
+        self.hidden_s = 0.0
+        """Seconds of the exchanges this step finished that ran behind the loop, not waited for
+        (Streaming DiLoCo's; the records' ``t_comm_total`` less ``t_comm``)."""
+        self.late: list[tuple[int, int, int]] = []
+        """(step, bytes sent, payload bytes) of exchanges that ran behind the loop and finished
+        since: the loop adds them to the record of the step that started them and clears this."""
         self.fixed = compressor.fixed_size
         """The payload's length alone fixes its bytes, so receivers need no size exchange."""
 
@@ -65,6 +71,16 @@ class Aggregator(ABC):
     def after_step(self, params: torch.Tensor, step: int, timer: PhaseTimer) -> None:
         """Called with this slice of the flat parameters after the optimizer step; decentralized
         schemes (gossip) mix models with their neighbours here. Default: nothing."""
+        return None
+
+    def finish(self, params: torch.Tensor) -> None:
+        """Called once the run's last step is recorded, outside the timed loop: what is still
+        in flight ends here (Streaming DiLoCo waits for its exchanges and merges them).
+        Default: nothing."""
+        return None
+
+    def close(self) -> None:
+        """Release threads the scheme started; called when the run ends, well or not."""
         return None
 
     def metrics(self) -> dict[str, float]:

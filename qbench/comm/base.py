@@ -43,6 +43,9 @@ class Comm(ABC):
     backend: str
     rank: int
     world_size: int
+    threads = True
+    """Whether a communicator split from this one may run collectives on a second thread
+    (``qbench.comm.background``)."""
 
     def __init__(self) -> None:
         self._sent = 0

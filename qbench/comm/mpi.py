@@ -32,6 +32,7 @@ class MPIComm(Comm):
         self.rank = self.comm.Get_rank()
         self.world_size = self.comm.Get_size()
         self._threaded = MPI.Query_thread() == MPI.THREAD_MULTIPLE
+        self.threads = self._threaded  # a helper thread's collectives need THREAD_MULTIPLE
         self._bg_comm: Any = None
         self._bg: ThreadPoolExecutor | None = None
 

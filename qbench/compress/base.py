@@ -17,6 +17,7 @@ Other compressors ignore ``pieces``. The receiver passes the same pieces to ``fr
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -263,6 +264,15 @@ class Compressor:
     def reset(self) -> None:
         """Forget error-feedback state."""
         self.state.clear()
+
+    def twin(self) -> Compressor:
+        """This compressor with error-feedback state of its own, for a second exchange whose
+        slot names would meet this one's (Streaming DiLoCo's fragments: each exchange names its
+        slots from its own slice, so two fragments through one compressor would trade
+        residuals). Everything else, kernels and buffers included, is shared."""
+        twin = copy.copy(self)
+        twin.state = {}
+        return twin
 
     # -- to implement ------------------------------------------------------------------------
     def _encode(self, grad: torch.Tensor, key: Key, offset: int, name: str) -> Payload:

@@ -3,15 +3,18 @@
 A method that exchanges every H inner steps (DiLoCo and its family; H = 1 for DDP and every
 per-step scheme) spends, per round of H steps on a link of B bit/s,
 
-    wall(B) = H c + o + sum over the round's calls of max(0, 8 w / B - burst)
+    wall(B) = H c + o + S max(0, T(B) - D c),  T(B) = sum over a sync's calls of
+                                                      max(0, 8 w / B - burst)
 
 * c: one inner step's compute, and o: the rest of a round's time that the link's rate does not
   set (codec, message latency, copies, the loop's own overhead), both measured on the method's
   own run over an unshaped link (loopback), where the transfer term is about nothing;
 * w: each collective call's wire bytes per rank, from the catalog's declared traffic of the
   scheme's exchange (``qbench.catalog.schemes.traffic``; DDP: torch's ring allreduce of its
-  fp32 or 16-bit buckets); Streaming DiLoCo sends its F fragments of n / F values in turn, so
-  a round holds F exchanges of n / F values;
+  fp32 or 16-bit buckets), for each of the round's S syncs: one, but Streaming DiLoCo sends
+  its F fragments of n / F values in turn, S = F syncs of n / F values;
+* D: the inner steps a sync's exchange runs behind (Streaming DiLoCo's delay; 0 for the rest),
+  so that only what outlasts D steps of compute is exposed;
 * burst: what an emulated link's token bucket passes at once (``formulas.burst_s``).
 
 That last sum is the link at its full rate (``IDEAL``). Given a fitted cost model
@@ -21,10 +24,9 @@ alltoallv and allgatherv, which reduce-broadcast uses, run at about half the lin
 (docs/results/comm.md), which the full-rate sum cannot know.
 
 Utilization is H c / wall(B). Only the loopback run of each method is fitted here; every run on
-a shaped link is held out and scored (``error`` = predicted / measured utilization - 1). The
-curve assumes nothing overlaps the transfer: DDP's buckets do overlap backward, so its
-predictions are a lower bound, and Streaming DiLoCo's exchange is not overlapped here
-(docs/schemes.md).
+a shaped link is held out and scored (``error`` = predicted / measured utilization - 1). Only
+Streaming DiLoCo's delay hides transfer here: DDP's buckets do overlap backward, so its
+predictions are a lower bound.
 """
 
 from __future__ import annotations
@@ -91,23 +93,38 @@ class FittedTransfer:
 
 
 @dataclass(frozen=True)
+class Round:
+    """What a round of ``every`` inner steps sends: ``syncs`` exchanges of ``phases`` each, each
+    run behind ``behind`` inner steps (Streaming DiLoCo's delay; 0: all of it exposed)."""
+
+    every: int
+    phases: tuple[Phase, ...]
+    syncs: int = 1
+    behind: int = 0
+
+
+@dataclass(frozen=True)
 class Curve:
-    """One method's round: H inner steps of compute c, overhead o, and its comm phases."""
+    """One method's round: H inner steps of compute c, overhead o, and ``syncs`` exchanges of
+    its comm phases, each behind ``behind`` inner steps."""
 
     every: int
     compute_s: float
     overhead_s: float
     phases: tuple[Phase, ...]
+    syncs: int = 1
+    behind: int = 0
 
     @property
     def wire(self) -> float:
         """Bytes one rank sends in a round (every phase one level, one lane: ``round_phases``)."""
-        return sum(p.wire for p in self.phases)
+        return self.syncs * sum(p.wire for p in self.phases)
 
     def wall(self, link: Link, transfer: Transfer = IDEAL, tbf: bool = True) -> float:
         """Seconds of one round on ``link`` (unshaped: no transfer term)."""
         sent = sum(transfer(p, link, tbf) for p in self.phases)
-        return self.every * self.compute_s + self.overhead_s + sent
+        exposed = max(0.0, sent - self.behind * self.compute_s)
+        return self.every * self.compute_s + self.overhead_s + self.syncs * exposed
 
     def utilization(self, link: Link, transfer: Transfer = IDEAL, tbf: bool = True) -> float:
         return self.every * self.compute_s / self.wall(link, transfer, tbf)
@@ -131,11 +148,11 @@ class Curve:
 
 def round_phases(
     spec: RunSpecs, ranks: int, groups: list[tuple[CompressorSpec, int]], backend: str = "gloo"
-) -> tuple[int, tuple[Phase, ...]]:
-    """(H, the comm phases of one round) of a run's scheme, from the declared
-    traffic of what it exchanges, for each layer group (compressor, values) the run aggregates
-    on its own (``qbench.spec.layers``: small tensors travel in fp32); UserError for what the
-    curve cannot time."""
+) -> Round:
+    """The round of a run's scheme, from the declared traffic of what it exchanges, for each
+    layer group (compressor, values) the run aggregates on its own (``qbench.spec.layers``:
+    small tensors travel in fp32): a sync holds every group's share of one fragment, which the
+    run exchanges together; UserError for what the curve cannot time."""
     scheme, p = spec.scheme, spec.scheme.params
     periodic = scheme.entry.kind == "periodic"
     if periodic and p["within_node"] != "none":
@@ -154,8 +171,8 @@ def round_phases(
         # one level, so one lane (only levelled phases share lanes): a call's bytes are a rank's
         if any(phase.level != ANY for phase in of.phases):
             raise UserError(f"scheme {scheme.name}: the curve has no two-level rounds")
-        phases += list(of.phases) * fragments
-    return every, tuple(phases)
+        phases += list(of.phases)
+    return Round(every, tuple(phases), fragments, int(p.get("delay", 0)) if periodic else 0)
 
 
 def layer_groups(run_dir: Path, spec: RunSpecs, values: int) -> list[tuple[CompressorSpec, int]]:
@@ -208,10 +225,10 @@ def fit(root: Path | str, transfer: Transfer = IDEAL) -> Fitted:
         values = int(first["grad_bytes"]) // 4  # fp32 gradients: the model's parameters
         groups = layer_groups(Path(root) / str(first["run_id"]), first["specs"], values)
         ranks, backend = int(first["world_size"]), str(first["backend"])
-        every, phases = round_phases(first["specs"], ranks, groups, backend)
+        r = round_phases(first["specs"], ranks, groups, backend)
         c = float(means.loc[fitted["run_id"], "t_compute"].mean())
         wall = float(means.loc[fitted["run_id"], "t_iteration"].mean())
-        curve = Curve(every, c, every * (wall - c), phases)
+        curve = Curve(r.every, c, r.every * (wall - c), r.phases, r.syncs, r.behind)
         methods.append((dict(zip(METHOD, key, strict=True)), runs, curve))
     return Fitted(methods, transfer, utilization.per_run(per_it).set_index("run_id"), means)
 

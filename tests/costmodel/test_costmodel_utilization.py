@@ -55,6 +55,20 @@ def test_a_round_is_h_steps_of_compute_its_overhead_and_its_bytes_at_the_link_ra
     assert curve.wire == 6e6
 
 
+def test_a_streaming_sync_hides_what_its_delay_steps_of_compute_cover() -> None:
+    """H 4 steps of 0.1 s, 2 syncs of 1e6 bytes, each behind 1 inner step: at 100 Mbit/s a
+    sync's 0.08 s hides under the step (wall 0.4 s); at 10 Mbit/s 0.8 - 0.1 = 0.7 s of each is
+    exposed (wall 0.4 + 1.4 s). A round's declared delay is the scheme's."""
+    curve = u.Curve(4, 0.1, 0.0, (_phase(1e6),), syncs=2, behind=1)
+    assert curve.wall(_link(1e8), tbf=False) == pytest.approx(0.4)
+    assert curve.wall(_link(1e7), tbf=False) == pytest.approx(1.8)
+    assert curve.wire == 2e6
+    streaming = specs({"name": "streaming-diloco", "H": 8, "fragments": 2, "delay": 3})
+    r = u.round_phases(streaming, 4, [(FP32, 1000)])
+    assert (r.every, r.syncs, r.behind) == (8, 2, 3)
+    assert u.round_phases(specs({"name": "diloco", "H": 8}), 4, [(FP32, 1000)]).behind == 0
+
+
 def test_a_fitted_model_times_each_phase_by_its_collective(tmp_path: Path) -> None:
     """alpha 1 ms a message step, beta of 50 Mbit/s fitted at 100 Mbit/s (half the rate): at
     10 Mbit/s beta scales to 5 Mbit/s."""
@@ -81,8 +95,8 @@ def test_a_fitted_model_times_each_phase_by_its_collective(tmp_path: Path) -> No
 def calls(
     spec: RunSpecs, ranks: int, groups: list[tuple[catalog.CompressorSpec, int]]
 ) -> tuple[int, tuple[float, ...]]:
-    every, phases = u.round_phases(spec, ranks, groups)
-    return every, tuple(w / p.lanes for p in phases for w in p.calls)
+    r = u.round_phases(spec, ranks, groups)
+    return r.every, tuple(w / p.lanes for p in r.phases for w in p.calls) * r.syncs
 
 
 def test_each_scheme_declares_its_round_bytes() -> None:

@@ -101,6 +101,29 @@ class Run(Training):
         """The compressor the scheme calls (replayed runs may time its calls differently)."""
         return compressor
 
+    def after(self, it: int) -> None:
+        """Outside the timed iteration: after the last, what is still in flight ends (Streaming
+        DiLoCo's exchanges), before the epoch's evaluation sees the model."""
+        if it == self.total_iterations - 1:
+            for part, agg in self.aggs:
+                agg.finish(self.params[part])
+            self._settle()
+        super().after(it)
+
+    def _settle(self) -> None:
+        """Bytes of exchanges that ran behind the loop, into the records of the steps that
+        started them (already written: those steps are over)."""
+        for _, agg in self.aggs:
+            for step, sent, payload in agg.late:
+                row = next(r for r in reversed(self.rows) if r["iteration"] == step)
+                row["bytes_sent"] += sent
+                row["payload_bytes"] += payload
+            agg.late.clear()
+
+    def close(self) -> None:
+        for _, agg in self.aggs:
+            agg.close()
+
     def _telemetry(self, named: dict[str, nn.Parameter]) -> Telemetry:
         entries, pos = [], 0
         for g in self.groups:
@@ -148,6 +171,7 @@ class Run(Training):
         profile.phase(None)
         for part, agg in self.aggs:
             agg.after_step(self.params[part], it, timer)  # decentralized schemes mix models
+        self._settle()
         if self.telemetry is not None and grad is not None:  # after the last mark: not timed
             self.telemetry.observe(it, grad)
 
@@ -160,8 +184,11 @@ class Run(Training):
 
     def _record(self, it: int, timer: PhaseTimer, skipped: bool = False) -> None:
         t = dict(timer.totals)
-        # After backward, every second of communication is exposed: none is hidden.
-        comm_total, hidden = t["comm"], 0.0
+        # After backward, every second of communication is exposed, but for exchanges that ran
+        # behind the loop (Streaming DiLoCo's helper) until this step waited for them.
+        behind = sum(agg.hidden_s for _, agg in self.aggs)
+        comm_total = t["comm"] + behind
+        hidden = behind / comm_total if comm_total > 0 else 0.0
         if any(agg.overlapped for _, agg in self.aggs):
             # Overlapped mode: phases interleave, so per-phase times would be made up.
             t.update(encode=float("nan"), comm=float("nan"), decode=float("nan"))

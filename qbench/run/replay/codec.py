@@ -45,6 +45,10 @@ class ReplayedCodec:
         sleep_until(begun + target)
         self._pacing.paced_s += time.perf_counter() - begun  # the timer must not stretch it again
 
+    def twin(self) -> ReplayedCodec:
+        """The wrapped compressor's twin (``Compressor.twin``), its calls paced as these."""
+        return ReplayedCodec(self._inner.twin(), self._times, self._clock, self._pacing)
+
     def encode(self, grad: torch.Tensor, **kwargs: Any) -> Payload:
         begun = time.perf_counter()
         payload = self._inner.encode(grad, **kwargs)
