@@ -148,6 +148,29 @@ def figure(curves: dict[str, pd.DataFrame], seconds: dict[str, float], link: str
     fig.savefig(out, dpi=120)
 
 
+def catch_up(table: pd.DataFrame, curves: dict[str, pd.DataFrame]) -> list[str]:
+    """Per method timed on the link: when DDP's seed-mean curve (smoothed as drawn) first
+    reaches the method's final loss, in DDP's seconds on the link, against the method's own
+    wall time; no interval: both rest on seed means."""
+    timed = table.dropna(subset=["wall s on the link"]).set_index("method")
+    ddp = next((m for m in timed.index if m.startswith("DDP")), None)
+    if ddp is None:
+        return []
+    step, curve, out = timed.loc[ddp, "s/step on the link"], curves[ddp]["mean"], []
+    for method, row in timed.drop(index=ddp).iterrows():
+        target = float(row["final loss"])
+        reached = curve[curve <= target]
+        name = _look(str(method))[0]
+        if reached.empty:
+            out.append(f"{name}: DDP never reaches its final loss {target:.3f}")
+            continue
+        ddp_s = (int(reached.index[0]) + 1) * step
+        wall = float(row["wall s on the link"])
+        out.append(f"{name}: DDP reaches its final loss {target:.3f} after {ddp_s:.0f} s, "
+                   f"{ddp_s / wall:.1f}x its {wall:.1f} s")  # fmt: skip
+    return out
+
+
 def markdown(table: pd.DataFrame) -> str:
     """The table as markdown (no tabulate in the venv): losses to 3 decimals, the rest as
     counts or seconds."""
@@ -180,6 +203,7 @@ def main() -> None:
     table, curves = study(args.study, seconds)
     figure(curves, seconds, args.link, args.out)
     print(markdown(table))
+    print("\n".join(catch_up(table, curves)))
     print(f"figure: {args.out}")
 
 
