@@ -158,7 +158,7 @@ class StreamingDiLoCo(Aggregator):
                 self._helper_timer = timer.fork()
             clock = self._helper_timer
             item = self.behind.submit(
-                lambda _: self._exchange(f, delta, step, clock, fresh=True), delta.device
+                lambda: self._exchange(f, delta, step, clock, fresh=True), delta.device
             )
         self._pending.setdefault(step + self.delay, []).append((f, step, item))
 

@@ -62,7 +62,7 @@ class Background:
     def __init__(self, comm: Comm) -> None:
         self.comm = comm
         self._tasks: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
-        self._given: list[Future[Any]] = []
+        self._last: Future[Any] | None = None  # tasks run in order: when it is done, all are
         self._stream: torch.cuda.Stream | None = None  # made by the helper, on a GPU's first task
         # A daemon: a rank that failed with an exchange in flight must still exit (the task
         # may wait for peers that are gone); a run that ends well has waited for every task.
@@ -83,14 +83,15 @@ class Background:
         dup.parent = None  # the caller adds its bytes (see the module's docstring)
         return cls(dup)
 
-    def submit(self, fn: Callable[[Comm], T], device: torch.device) -> Future[Done[T]]:
-        """``fn(comm)`` on the helper thread, after what the caller queued on ``device``."""
+    def submit(self, fn: Callable[[], T], device: torch.device) -> Future[Done[T]]:
+        """``fn()`` on the helper thread, after what the caller queued on ``device``; fn's
+        collectives go to ``self.comm``."""
         ready = None
         if device.type == "cuda":
             ready = torch.cuda.Event()
             ready.record()  # on the caller's current stream: what fn must see done
         future: Future[Done[T]] = Future()
-        self._given = [f for f in self._given if not f.done()] + [future]
+        self._last = future
         self._tasks.put(_Task(future, fn, device, ready))
         return future
 
@@ -105,13 +106,13 @@ class Background:
     def _run(self, task: _Task) -> Done[Any]:
         begun, before = time.perf_counter(), self.comm.bytes_sent
         if task.ready is None:
-            value = task.fn(self.comm)
+            value = task.fn()
         else:
             if self._stream is None:
                 self._stream = torch.cuda.Stream(task.device)
             self._stream.wait_event(task.ready)
             with torch.cuda.stream(self._stream):
-                value = task.fn(self.comm)
+                value = task.fn()
             self._stream.synchronize()
         return Done(value, self.comm.bytes_sent - before, time.perf_counter() - begun)
 
@@ -122,7 +123,7 @@ class Background:
             return
         self.closed = True
         self._tasks.put(None)
-        if all(f.done() for f in self._given):
+        if self._last is None or self._last.done():
             self._thread.join()
             self.comm.close()
 
@@ -133,6 +134,6 @@ _HELPERS: weakref.WeakKeyDictionary[Comm, Background] = weakref.WeakKeyDictionar
 @dataclass(frozen=True)
 class _Task:
     future: Future[Any]
-    fn: Callable[[Comm], Any]
+    fn: Callable[[], Any]
     device: torch.device
     ready: torch.cuda.Event | None

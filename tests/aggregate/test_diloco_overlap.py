@@ -44,6 +44,7 @@ def _gated(self: Background, task: Any) -> Any:
     """A helper's task starts only once its rank's loop has taken the optimizer step after the
     first exchange started (``STEPPED``): an exchange run in the loop's own thread never gets
     there, and one behind it sees the parameters move on before it reads anything."""
+    assert threading.current_thread().name == "qbench-background"  # what a debugger shows
     CALLED.add(self.comm.rank)
     assert STEPPED[self.comm.rank].wait(20), "the exchange ran in the loop's own thread"
     return _run(self, task)
@@ -74,7 +75,8 @@ def _train(
         agg.begin(theta)
         opt = torch.optim.SGD([theta], lr=0.05, momentum=0.9)
         timer = PhaseTimer(torch.device("cpu"))
-        out: dict[str, Any] = {"theta": [], "bytes": [], "payload": [], "launched": None}
+        out: dict[str, Any] = {"theta": [], "bytes": [], "payload": [], "hidden": [],
+                               "launched": None}  # fmt: skip
         try:
             for step in range(steps):
                 timer.start()
@@ -89,10 +91,12 @@ def _train(
                 out["theta"].append(theta.detach().clone())
                 out["bytes"].append(cm.bytes_sent - before)
                 out["payload"].append(agg.payload_bytes)
+                out["hidden"].append(agg.hidden_s)
                 _settle(agg, out)
             agg.finish(theta.data)  # what the flat loop does once the last step is recorded
             _settle(agg, out)
             out["final"] = theta.detach().clone()
+            out["helper clock"] = None if agg.behind is None else dict(agg._helper_timer.totals)
             out["left"] = dict(agg._pending)
         finally:
             agg.close()
@@ -161,12 +165,16 @@ def test_bytes_count_where_the_exchange_started_and_the_end_leaves_none_in_fligh
     first, second = 23, 14
     bus = 2 * (K - 1) / K * 4  # bytes a value costs in a ring allreduce (allreduce_bus_bytes)
     want = {4: first, 6: second, 8: first, 10: second, 12: first, 14: second}
+    merged = {s + 2 for s in want}
     for r in range(K):
         sent = {s + 1: round(b / bus) for s, b in enumerate(got[r]["bytes"]) if b}
         assert sent == want
         payload = {s + 1: p // 4 for s, p in enumerate(got[r]["payload"]) if p}
         assert payload == want
         assert got[r]["left"] == {}
+        # only a merge's step has hidden time; the helper's clock restarts with each exchange
+        assert all(h == 0.0 for s, h in enumerate(got[r]["hidden"]) if s + 1 not in merged)
+        assert 0.0 < sum(got[r]["helper clock"].values()) < 20.0
         # the merge of step 14's fragment moved the model after the last recorded step
         assert not torch.equal(got[r]["final"], got[r]["theta"][-1])
 
@@ -181,10 +189,10 @@ def test_a_failed_task_raises_where_waited_for_and_one_in_flight_never_blocks_cl
     def fn(cm: ThreadComm) -> tuple[str, bool]:
         helper = background.helper(cm)
         assert helper is not None and helper.comm.parent is None  # its bytes: the caller's
-        failed = helper.submit(lambda _: 1 / 0, torch.device("cpu"))
+        failed = helper.submit(lambda: 1 / 0, torch.device("cpu"))
         with pytest.raises(ZeroDivisionError):
             failed.result(timeout=20)
-        blocked = helper.submit(lambda _: release.wait(20), torch.device("cpu"))
+        blocked = helper.submit(lambda: release.wait(20), torch.device("cpu"))
         assert background.helper(cm) is helper  # shared by everything that asks meanwhile
         helper.close()  # returns: the blocked task is left to the process's end
         closed = helper.closed and not blocked.done()
@@ -192,7 +200,66 @@ def test_a_failed_task_raises_where_waited_for_and_one_in_flight_never_blocks_cl
         assert again is not None and again is not helper
         again.close()
         release.set()
-        assert blocked.result(timeout=20).value is True
+        done = blocked.result(timeout=20)
+        assert done.value is True and 0 < done.seconds < 20 and done.bytes_sent == 0
         return type(failed.exception()).__name__, closed
 
     assert run_ranks(1, fn, comm_type=Counting) == [("ZeroDivisionError", True)]
+
+
+EXITS = """
+import threading, torch
+from qbench.comm.background import Background
+from tests.threadcomm import ThreadComm, _Shared
+
+helper = Background(ThreadComm(_Shared(1), 0, 1))
+helper.submit(threading.Event().wait, torch.device("cpu"))  # never returns
+helper.close()
+print("closed", flush=True)
+"""
+
+
+def test_a_rank_whose_exchange_never_returns_still_exits() -> None:
+    """A rank that failed while its exchange waits for peers that are gone must end (its
+    records are written, the launcher sees its exit code): the helper is a daemon thread.
+    Fails when the process waits for the helper at exit."""
+    import subprocess
+    import sys
+
+    from tests.paths import ROOT
+
+    done = subprocess.run(
+        [sys.executable, "-c", EXITS], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout == "closed\n", done.stderr[-2000:]
+
+
+def test_the_wait_is_exposed_and_what_ran_before_it_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exchange that ran 0.5 s and was waited for 0.2 s hid 0.3 s; one of 0.1 s waited for
+    0.2 s hid nothing (not a negative); the two add up on their step, whose wait is `comm`, and
+    their bytes and payload go to the steps that began them. Fails on a hidden time that is
+    assigned instead of added, taken with the wrong sign, floored above 0, or counts the wait."""
+    from concurrent.futures import Future
+
+    from qbench.aggregate import diloco
+
+    clock = iter([10.0, 10.2, 20.0, 20.2])
+    monkeypatch.setattr(diloco, "time", type("Clock", (), {"perf_counter": lambda: next(clock)}))
+
+    def fn(cm: ThreadComm) -> Any:
+        agg = aggregate.build(
+            "streaming-diloco", cm, from_spec({"name": "none"}), N, params=STREAMING,
+            tensors=TENSORS,
+        )  # fmt: skip
+        timer = PhaseTimer(torch.device("cpu"))
+        timer.start()
+        for began, seconds in ((3, 0.5), (5, 0.1)):
+            item: Future[Any] = Future()
+            item.set_result(background.Done(diloco.Exchanged(torch.ones(2), 7), 100, seconds))
+            agg._wait(began, item, timer)
+        agg.close()
+        return agg.hidden_s, agg.late, timer.totals["comm"] > 0
+
+    ((hidden, late, exposed),) = run_ranks(1, fn, comm_type=Counting)
+    assert hidden == pytest.approx(0.3) and exposed
+    assert late == [(3, 100, 7), (5, 100, 7)]
