@@ -93,6 +93,15 @@ def test_auto_scheme_resolution() -> None:
     }
 
 
+def test_a_replayed_run_computes_in_fp32_and_names_its_clock() -> None:
+    """`compute: replay` stands for the model's work, which was measured in fp32: the run's
+    precision is fp32 (what its codecs and the report's precision column read), with the
+    replay's clock beside it; a real run's precision is its compute's."""
+    replayed, real = matrix.expand(parse("world_size: 2\ncompute: [replay, bf16]\n")).runs
+    assert replayed.compute.precision == "fp32" and replayed.compute.replay is not None
+    assert real.compute.precision == "bf16" and real.compute.replay is None
+
+
 def test_run_id_is_stable_and_config_sensitive() -> None:
     a = matrix.expand(parse("world_size: 2\n")).runs[0]
     b = matrix.expand(parse("world_size: 2\ntimeout: 99\n")).runs[0]
