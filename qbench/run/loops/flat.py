@@ -102,12 +102,13 @@ class Run(Training):
         return compressor
 
     def after(self, it: int) -> None:
-        """Outside the timed iteration: after the last, what is still in flight ends (Streaming
-        DiLoCo's exchanges), before the epoch's evaluation sees the model."""
+        """Outside the timed iteration: late bytes go to their records and, after the last
+        step, what is still in flight ends (Streaming DiLoCo's exchanges), before the epoch's
+        evaluation sees the model."""
         if it == self.total_iterations - 1:
             for part, agg in self.aggs:
                 agg.finish(self.params[part])
-            self._settle()
+        self._settle()
         super().after(it)
 
     def _settle(self) -> None:
@@ -171,7 +172,6 @@ class Run(Training):
         profile.phase(None)
         for part, agg in self.aggs:
             agg.after_step(self.params[part], it, timer)  # decentralized schemes mix models
-        self._settle()
         if self.telemetry is not None and grad is not None:  # after the last mark: not timed
             self.telemetry.observe(it, grad)
 
